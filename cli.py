@@ -1,0 +1,411 @@
+"""The ``graftkit`` command line: thin commands, each builds a config and calls one function.
+
+Every command prints a readable summary, or JSON with ``--json``; progress goes to stderr; bad input is
+one line on stderr (what, which file or tensor, how to fix) and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Callable, List, Optional
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from ._version import __version__
+from .errors import GraftkitError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Weight-delta analysis of RL fine-tunes: where did GRPO move the weights, and did it matter?",
+)
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+def _handled(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except GraftkitError as e:
+            err.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
+            raise typer.Exit(e.exit_code) from None
+
+    return wrapper
+
+
+def _progress(total: int, what: str) -> Progress:
+    p = Progress(
+        TextColumn(f"[bold]{escape(what)}[/]"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+        console=err, transient=True, disable=not err.is_terminal,
+    )
+    p.add_task(what, total=total)
+    return p
+
+
+def runs_root() -> Path:
+    return Path(os.environ.get("GRAFTKIT_RUNS", "runs"))
+
+
+def current_run() -> Path:
+    """The run that commands default to: the one named in runs/.current, else runs/demo."""
+    marker = runs_root() / ".current"
+    if marker.is_file():
+        return Path(marker.read_text().strip())
+    return runs_root() / "demo"
+
+
+def _print_json(obj) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=_json_default) + "\n")
+
+
+def _json_default(o):
+    if isinstance(o, (np.floating, np.integer)):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000
+    return f"{n:.2f} TB"
+
+
+# ------------------------------------------------------------------------------------------- inspect
+
+
+@app.command()
+@_handled
+def inspect(
+    model: Path = typer.Argument(..., help="HF folder or .safetensors file."),
+    allow_pickle: bool = typer.Option(False, help="Load pickled .bin/.pt weights (weights_only=True)."),
+    unknown: str = typer.Option("error", help="Tensors no taxonomy table claims: error | keep-base."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """What every tensor of a checkpoint is: groups, layers, bytes, tied embeddings."""
+    from .weights import GROUPS, band_rule, open_checkpoint
+    from .weights.taxonomy import DECODER
+
+    ck = open_checkpoint(model, allow_pickle=allow_pickle)
+    tax = ck.taxonomy(unknown)
+    rows = {}
+    for g in [*GROUPS, "unknown"]:
+        names = [n for n, r in tax.roles.items() if r.group == g]
+        if names:
+            rows[g] = {"tensors": len(names), "params": sum(ck.metas[n].numel for n in names),
+                       "bytes": sum(ck.metas[n].nbytes for n in names)}
+    n_dec = tax.n_layers.get(DECODER, 0)
+    info = {"path": str(ck.path), "kind": ck.kind, "family": tax.family, "model_type": ck.model_type,
+            "tied_embeddings": tax.tied, "layers": dict(tax.n_layers), "groups": rows,
+            "band_rule": band_rule(n_dec) if n_dec else None, "unknown": list(tax.unknown)}
+    if as_json:
+        return _print_json(info)
+    t = Table(title=f"{escape(str(ck.path))} — {tax.family}, {n_dec} decoder layers, "
+                    f"{'tied' if tax.tied else 'untied'} embeddings")
+    for c in ("group", "tensors", "params", "bytes"):
+        t.add_column(c, justify="left" if c == "group" else "right")
+    for g, r in rows.items():
+        t.add_row(g, str(r["tensors"]), f"{r['params']:,}", _fmt_bytes(r["bytes"]))
+    out.print(t)
+    if n_dec:
+        out.print(band_rule(n_dec))
+
+
+# --------------------------------------------------------------------------------------------- delta
+
+
+def _top_table(title: str, labels, cols: dict[str, np.ndarray], order: np.ndarray, limit: int) -> Table:
+    t = Table(title=title)
+    t.add_column("name", overflow="fold")
+    for c in cols:
+        t.add_column(c, justify="right")
+    for i in order[:limit]:
+        cells = []
+        for c, v in cols.items():
+            x = v[i]
+            if c.startswith("frac") or c == "share":
+                cells.append(f"{100 * x:.2f}%")
+            elif c == "nonfinite":
+                cells.append(f"{int(x)}" if x else "")
+            else:
+                cells.append(f"{x:.4g}")
+        t.add_row(escape(str(labels[i])), *cells)
+    return t
+
+
+@app.command()
+@_handled
+def delta(
+    rl: List[Path] = typer.Option(..., "--from", help="RL checkpoint(s): HF folder, .safetensors, or LoRA adapter."),
+    base: Optional[Path] = typer.Option(None, help="The SFT base (default: the parent recorded in graftkit.json)."),
+    tol: float = typer.Option(1e-5, help="Count entries with |Δ| ≤ tol as (nearly) unchanged."),
+    top: int = typer.Option(15, help="Rows of the largest-movers table."),
+    save: Optional[Path] = typer.Option(None, "--save", help="HDF5 result file (default: RUN/results/delta-*.h5)."),
+    allow_pickle: bool = typer.Option(False, help="Load pickled .bin/.pt weights (weights_only=True)."),
+    allow_nonfinite: bool = typer.Option(False, help="Exit 0 even if a delta has NaN/Inf entries."),
+    unknown: str = typer.Option("error", help="Tensors no taxonomy table claims: error | keep-base."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """Where the RL fine-tune moved the weights: per tensor, layer and group."""
+    from .graft import delta_anatomy
+    from .store import write_result
+    from .weights import check_pair, describe, open_checkpoint, open_rl, resolve_base
+
+    t0 = time.perf_counter()
+    base_path = resolve_base(rl[0], base)
+    b = open_checkpoint(base_path, allow_pickle=allow_pickle)
+    rls = [open_rl(p, b, allow_pickle=allow_pickle) for p in rl]
+    tax = b.taxonomy(unknown)
+    for r in rls:
+        check_pair(b, r, tax)
+    labels = _unique_labels(rl)
+    prov = {"base": describe(b), "runs": [describe(r) for r in rls],
+            "config": {"tol": tol, "unknown": unknown, "command": "delta"}}
+    with _progress(b.nbytes * (1 + len(rls)), "delta") as p:
+        res = delta_anatomy(b, rls, labels, tax, tol,
+                            on_tensor=lambda n, nbytes: p.advance(p.task_ids[0], nbytes), provenance=prov)
+    dest = save or current_run() / "results" / f"delta-{'+'.join(labels)}.h5"
+    write_result(dest, res)
+    seconds = time.perf_counter() - t0
+    bad = {lab: {str(n): int(v) for n, v in zip(res.coords["tensor"], res["n_nonfinite"][i]) if v}
+           for i, lab in enumerate(labels)}
+    bad = {k: v for k, v in bad.items() if v}
+
+    if as_json:
+        _print_json(_delta_json(res, labels, b, dest, seconds))
+    else:
+        _delta_tables(res, labels, top, base_path)
+        out.print(f"saved {escape(str(dest))} ({seconds:.1f} s)")
+    if bad and not allow_nonfinite:
+        first = next(iter(bad.items()))
+        tensors = ", ".join(f"{n} ({c})" for n, c in list(first[1].items())[:3])
+        raise GraftkitError(
+            f"RL run {first[0]} has NaN/Inf delta entries in {len(first[1])} tensor(s): {tensors}; "
+            "they are excluded from every statistic and counted in n_nonfinite",
+            "check that checkpoint (diverged training?); pass --allow-nonfinite to exit 0",
+        )
+
+
+def _unique_labels(paths: List[Path]) -> list[str]:
+    labels = []
+    for p in paths:
+        lab = Path(p).name.removesuffix(".safetensors") or str(p)
+        if lab in labels:
+            lab = f"{Path(p).parent.name}-{lab}"
+        while lab in labels:
+            lab += "'"
+        labels.append(lab)
+    return labels
+
+
+def _delta_json(res, labels, b, dest, seconds) -> dict:
+    groups = list(res.coords["group"])
+    tensors = list(res.coords["tensor"])
+    metrics = ("fro_delta", "rel_delta", "share", "max_abs_delta", "frac_unchanged", "frac_within_tol", "n_nonfinite")
+    out_runs = {}
+    for i, lab in enumerate(labels):
+        out_runs[lab] = {
+            "total": {m: float(res[f"total_{m}"][i, 0]) for m in metrics},
+            "groups": {g: {m: float(res[f"group_{m}"][i, j]) for m in metrics} for j, g in enumerate(groups)},
+            "tensors": [
+                {"name": n, "group": res["tensor_group"][j], "layer": int(res["tensor_layer"][j]),
+                 **{m: float(res[m][i, j]) for m in metrics}}
+                for j, n in sorted(enumerate(tensors), key=lambda x: -res["share"][i, x[0]])
+            ],
+        }
+    payload = {"base": str(b.path), "tol": res.attrs["tol"], "runs": out_runs, "result_file": str(dest),
+               "seconds": seconds}
+    if len(labels) > 1:
+        payload["cosine"] = {
+            "total": res["total_cosine"][..., 0],
+            "groups": {g: res["group_cosine"][..., j] for j, g in enumerate(groups)},
+            "runs": labels,
+        }
+    return payload
+
+
+def _delta_tables(res, labels, top, base_path) -> None:
+    tensors, groups = res.coords["tensor"], res.coords["group"]
+    for i, lab in enumerate(labels):
+        cols = {"share": res["share"][i], "‖Δ‖_F": res["fro_delta"][i], "‖Δ‖/‖W‖": res["rel_delta"][i],
+                "max|Δ|": res["max_abs_delta"][i], "frac_same": res["frac_unchanged"][i],
+                "frac_tol": res["frac_within_tol"][i], "nonfinite": res["n_nonfinite"][i]}
+        order = np.argsort(-res["share"][i], kind="stable")
+        out.print(_top_table(f"{escape(lab)} vs {escape(str(base_path))}: groups", groups,
+                             {k: res[f"group_{m}"][i] for k, m in zip(cols, (
+                                 "share", "fro_delta", "rel_delta", "max_abs_delta", "frac_unchanged",
+                                 "frac_within_tol", "n_nonfinite"))},
+                             np.argsort(-res["group_share"][i], kind="stable"), len(groups)))
+        out.print(_top_table(f"largest movers (top {min(top, len(tensors))} of {len(tensors)} tensors)",
+                             tensors, cols, order, top))
+        tot = {m: res[f"total_{m}"][i, 0] for m in ("fro_delta", "rel_delta", "frac_unchanged")}
+        out.print(f"total ‖Δ‖_F {tot['fro_delta']:.4g}, ‖Δ‖/‖W‖ {tot['rel_delta']:.4g}, "
+                  f"{100 * tot['frac_unchanged']:.2f}% of entries bitwise unchanged (tol {res.attrs['tol']:g})")
+    if len(labels) > 1:
+        t = Table(title="cosine between runs' deltas (all tensors)")
+        t.add_column("run")
+        for lab in labels:
+            t.add_column(escape(lab), justify="right")
+        for i, lab in enumerate(labels):
+            t.add_row(escape(lab), *(f"{res['total_cosine'][i, j, 0]:.3f}" for j in range(len(labels))))
+        out.print(t)
+
+
+# --------------------------------------------------------------------------------------------- graft
+
+
+def _default_graft_out(rl: Path, groups: str, layers: str, alpha: float, reverse: bool) -> Path:
+    tag = f"{Path(rl).name}-{groups.replace(',', '+') or 'none'}-{layers.replace(',', '_')}"
+    if alpha != 1:
+        tag += f"-a{alpha:g}"
+    if reverse:
+        tag += "-reverse"
+    return current_run() / "grafts" / tag
+
+
+@app.command()
+@_handled
+def graft(
+    rl: Path = typer.Option(..., "--from", help="RL checkpoint: HF folder, .safetensors, or LoRA adapter."),
+    groups: str = typer.Option(..., help="Groups to move: comma list of embed,attn,mlp,norm,lm_head,vision,projector | all | none."),
+    base: Optional[Path] = typer.Option(None, help="The SFT base (default: the parent recorded in graftkit.json)."),
+    layers: str = typer.Option("all", help="Decoder layers: all | early | mid | late | 0-3,10."),
+    alpha: float = typer.Option(1.0, help="Scale of the grafted delta (1 = exact copy of RL's tensors)."),
+    reverse: bool = typer.Option(False, help="Revert the selection in the RL model to base (ablation)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Output folder (default: RUN/grafts/<name>)."),
+    force: bool = typer.Option(False, help="Replace an existing output folder written by graftkit."),
+    dry_run: bool = typer.Option(False, help="List what would move, per group and layer; write nothing."),
+    max_shard_size: str = typer.Option("5GB", help="HF max shard size of the output."),
+    allow_pickle: bool = typer.Option(False, help="Load pickled .bin/.pt weights (weights_only=True)."),
+    unknown: str = typer.Option("error", help="Tensors no taxonomy table claims: error | keep-base."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """Splice the RL model's delta for some groups and layers into the base: θ = θ_base + α·M⊙Δ."""
+    from .graft import GraftSpec, export_graft, plan_graft
+    from .weights import check_pair, open_checkpoint, open_rl, parse_size, resolve_base
+
+    t0 = time.perf_counter()
+    spec = GraftSpec.parse(groups, layers, alpha, reverse)
+    parse_size(max_shard_size)
+    base_path = resolve_base(rl, base)
+    b = open_checkpoint(base_path, allow_pickle=allow_pickle)
+    r = open_rl(rl, b, allow_pickle=allow_pickle)
+    tax = b.taxonomy(unknown)
+    check_pair(b, r, tax)
+    plan = plan_graft(tax, spec)
+    neutral = 1.0 if spec.reverse else 0.0  # the coefficient of an unselected tensor
+    moved = {}
+    for n in plan.selected:
+        role = tax.roles[n]
+        key = (role.group, role.layer if role.stack == "decoder" else None)
+        row = moved.setdefault(key, {"tensors": 0, "bytes": 0, "names": []})
+        row["tensors"] += 1
+        row["bytes"] += b.metas[n].nbytes
+        row["names"].append(n)
+    summary = {
+        "base": str(base_path), "rl": str(rl), "spec": spec.as_dict(), "notes": list(plan.notes),
+        "selected": [{"group": g, "layer": L, **v} for (g, L), v in sorted(moved.items(), key=lambda x: (x[0][0], x[0][1] if x[0][1] is not None else -1))],
+        "selected_bytes": sum(v["bytes"] for v in moved.values()),
+        "total_bytes": b.nbytes, "neutral_coefficient": neutral,
+    }
+    if dry_run:
+        if as_json:
+            return _print_json({**summary, "dry_run": True})
+        t = Table(title=f"dry run: {'revert in RL' if reverse else 'graft into base'} "
+                        f"{escape(','.join(spec.groups) or 'nothing')} (layers {escape(layers)}, α={alpha:g})")
+        for c in ("group", "layer", "tensors", "bytes"):
+            t.add_column(c, justify="left" if c in ("group",) else "right")
+        for row in summary["selected"]:
+            t.add_row(row["group"], "—" if row["layer"] is None else str(row["layer"]), str(row["tensors"]),
+                      _fmt_bytes(row["bytes"]))
+        out.print(t)
+        out.print(f"{_fmt_bytes(summary['selected_bytes'])} of {_fmt_bytes(b.nbytes)} selected")
+        for note in plan.notes:
+            out.print(f"note: {escape(note)}", soft_wrap=True)
+        return
+    dest = out_dir or _default_graft_out(rl, groups, layers, alpha, reverse)
+    with _progress(b.nbytes, "graft") as p:
+        written = export_graft(
+            b, r, plan, dest, force=force, max_shard_size=max_shard_size,
+            command={"unknown": unknown, "max_shard_size": max_shard_size},
+            on_tensor=lambda s: p.advance(p.task_ids[0], s.out.nbytes),
+        )
+    seconds = time.perf_counter() - t0
+    if as_json:
+        return _print_json({**summary, "out": str(written), "seconds": seconds})
+    for note in plan.notes:
+        out.print(f"note: {escape(note)}", soft_wrap=True)
+    out.print(f"grafted {len(plan.selected)} tensors ({_fmt_bytes(summary['selected_bytes'])} of "
+              f"{_fmt_bytes(b.nbytes)}) → {escape(str(written))} in {seconds:.1f} s")
+
+
+# ---------------------------------------------------------------------------------------------- demo
+
+
+@app.command()
+@_handled
+def demo(
+    out_dir: Path = typer.Option(Path("runs/demo"), "--out", help="Run folder."),
+    quick: bool = typer.Option(False, help="Smallest settings (same as the default for now)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """The weight tools in miniature: a tiny SFT model, a planted RL delta, its anatomy and a graft."""
+    from .demo import planted_pair
+    from .graft import GraftSpec, delta_anatomy, export_graft, plan_graft
+    from .store import write_result
+    from .weights import check_pair, describe, open_checkpoint
+
+    t0 = time.perf_counter()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sft, rl = planted_pair(out_dir, force=True)
+    b, r = open_checkpoint(sft), open_checkpoint(rl)
+    tax = b.taxonomy()
+    check_pair(b, r, tax)
+    res = delta_anatomy(b, [r], ["rl"], tax, provenance={"base": describe(b), "runs": [describe(r)]})
+    result_file = write_result(out_dir / "results" / "delta-rl.h5", res)
+    plan = plan_graft(tax, GraftSpec(("attn", "mlp")))
+    grafted = export_graft(b, r, plan, out_dir / "grafts" / "rl-attn+mlp-all", force=True)
+    runs_root().mkdir(parents=True, exist_ok=True)
+    (runs_root() / ".current").write_text(str(out_dir.resolve()) + "\n")
+    shares = {g: float(res["group_share"][0, j]) for j, g in enumerate(res.coords["group"])}
+    info = {"sft": str(sft), "rl": str(rl), "delta": str(result_file), "graft": str(grafted),
+            "group_share": shares, "seconds": time.perf_counter() - t0}
+    if as_json:
+        return _print_json(info)
+    out.print(f"[bold]tiny SFT[/]      {escape(str(sft))}")
+    out.print(f"[bold]planted RL[/]    {escape(str(rl))}")
+    out.print("[bold]movement share[/] " + ", ".join(f"{g} {100 * s:.1f}%" for g, s in sorted(shares.items(), key=lambda x: -x[1])))
+    out.print(f"[bold]delta anatomy[/] {escape(str(result_file))}")
+    out.print(f"[bold]graft attn+mlp[/] {escape(str(grafted))}")
+    out.print(f"done in {info['seconds']:.1f} s. Next: graftkit delta --from {escape(str(rl))} ; "
+              f"graftkit graft --from {escape(str(rl))} --groups attn,mlp --layers late --dry-run")
+
+
+@app.command()
+def version():
+    """Print graftkit's version."""
+    out.print(__version__)
+
+
+def main() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    app()
+
+
+if __name__ == "__main__":
+    main()

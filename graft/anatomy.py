@@ -1,0 +1,202 @@
+"""Delta anatomy: where an RL fine-tune moved the weights, per tensor, layer and group.
+
+For base W and RL W' with Δ = W' − W (both upcast to float32 before subtracting; float64 stays float64):
+
+- ``fro_delta``      ‖Δ‖_F
+- ``rel_delta``      ‖Δ‖_F / ‖W‖_F
+- ``share``          ‖Δ‖²_F / Σ_all-tensors ‖Δ‖²_F, the fraction of the run's total squared movement
+- ``max_abs_delta``  max |Δ|
+- ``frac_unchanged`` fraction of entries whose bits are identical in W and W'
+- ``frac_within_tol`` fraction with |Δ| ≤ tol (tol is recorded with the result)
+- ``cosine``         ⟨Δ_a, Δ_b⟩ / (‖Δ_a‖ ‖Δ_b‖) between two runs' deltas (same base)
+
+Aggregates over a set of tensors (a group, a layer, a layer × group cell) are computed from sums, never
+by averaging ratios: ‖Δ‖_F = √Σ‖Δ_t‖², rel = √(Σ‖Δ_t‖² / Σ‖W_t‖²), fractions weighted by entry count,
+cosine = Σ⟨Δ_a,Δ_b⟩ / √(Σ‖Δ_a‖² Σ‖Δ_b‖²). Entries where Δ is NaN or ±Inf are counted in
+``n_nonfinite`` and left out of every other statistic, so a broken tensor is reported, never hidden.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..store import Result
+from ..weights import Checkpoint, Taxonomy
+from ..weights.taxonomy import DECODER
+from .splice import CHUNK_ELEMENTS
+
+#: Per tensor and run: the sums every aggregate is built from.
+SUMS = ("sumsq_delta", "max_abs_delta", "n_unchanged", "n_within_tol", "n_nonfinite")
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def tensor_delta_stats(
+    base: torch.Tensor, rls: Sequence[torch.Tensor], tol: float, chunk: int = CHUNK_ELEMENTS
+) -> tuple[float, np.ndarray, np.ndarray]:
+    """Statistics of Δ_r = rls[r] − base for one tensor.
+
+    Returns ``(sumsq_base, sums[r, SUMS], dots[r, s])`` with ``dots[r, s] = ⟨Δ_r, Δ_s⟩`` over finite
+    entries. Works through the flattened tensor in chunks, so memory stays bounded.
+    """
+    k = len(rls)
+    sums = np.zeros((k, len(SUMS)))
+    dots = np.zeros((k, k))
+    sumsq_base = 0.0
+    work = torch.promote_types(base.dtype, torch.float32) if base.dtype.is_floating_point else torch.float32
+    flat_b = base.reshape(-1)
+    flat_r = [r.reshape(-1) for r in rls]
+    ints = _INT_VIEW[base.element_size()]
+    for i in range(0, flat_b.numel(), chunk):
+        b_raw = flat_b[i : i + chunk]
+        b = b_raw.to(work)
+        sb = float(torch.dot(b, b))
+        if not np.isfinite(sb):
+            b = torch.nan_to_num(b, nan=0.0, posinf=0.0, neginf=0.0)
+            sb = float(torch.dot(b, b))
+        sumsq_base += sb
+        deltas = []
+        for r, fr in enumerate(flat_r):
+            r_raw = fr[i : i + chunk]
+            d = r_raw.to(work) - b_raw.to(work)
+            ss = float(torch.dot(d, d))
+            bad = 0
+            if not np.isfinite(ss):
+                finite = torch.isfinite(d)
+                bad = int(finite.numel() - finite.sum())
+                d = torch.where(finite, d, 0.0)
+                ss = float(torch.dot(d, d))
+            a = d.abs()
+            sums[r, 0] += ss
+            sums[r, 1] = max(sums[r, 1], float(a.max())) if a.numel() else sums[r, 1]
+            sums[r, 2] += int((b_raw.view(ints) == r_raw.view(ints)).sum())
+            sums[r, 3] += int((a <= tol).sum()) - bad
+            sums[r, 4] += bad
+            deltas.append(d)
+        for r in range(k):
+            dots[r, r] = sums[r, 0]
+            for s in range(r + 1, k):
+                v = float(torch.dot(deltas[r], deltas[s]))
+                dots[r, s] += v
+                dots[s, r] += v
+    return sumsq_base, sums, dots
+
+
+def summarise(
+    sumsq_base: np.ndarray, numel: np.ndarray, sums: np.ndarray, dots: np.ndarray, total_sumsq: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Named metrics from sums over some set of tensors (the last axis of each input is that set).
+
+    Shapes: ``sumsq_base [n]``, ``numel [n]``, ``sums [run, n, SUMS]``, ``dots [run, run, n]``,
+    ``total_sumsq [run]`` (the run's movement over all tensors, for ``share``).
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ssd = sums[..., 0]
+        fro = np.sqrt(ssd)
+        out = {
+            "fro_delta": fro,
+            "rel_delta": np.where(sumsq_base > 0, np.sqrt(ssd / sumsq_base), np.where(ssd > 0, np.inf, 0.0)),
+            "share": np.where(total_sumsq[:, None] > 0, ssd / total_sumsq[:, None], 0.0),
+            "max_abs_delta": sums[..., 1],
+            "frac_unchanged": sums[..., 2] / numel,
+            "frac_within_tol": sums[..., 3] / numel,
+            "n_nonfinite": sums[..., 4],
+        }
+        norms = np.sqrt(np.einsum("rrn->rn", dots))
+        denom = norms[:, None, :] * norms[None, :, :]
+        out["cosine"] = np.where(denom > 0, dots / denom, np.nan)
+    return out
+
+
+def _pool(values: np.ndarray, member: np.ndarray, op: str) -> np.ndarray:
+    """Reduce the last axis of ``values`` over tensors, per key: ``member[k, n]`` marks membership."""
+    if op == "max":
+        masked = np.where(member, values[..., None, :], -np.inf)
+        return np.where(member.any(-1), masked.max(-1), 0.0)
+    return values @ member.T.astype(values.dtype)
+
+
+def delta_anatomy(
+    base: Checkpoint,
+    rls: Sequence[Checkpoint],
+    labels: Sequence[str],
+    tax: Taxonomy,
+    tol: float = 1e-5,
+    on_tensor: Callable[[str, int], None] = lambda name, nbytes: None,
+    provenance: dict | None = None,
+) -> Result:
+    """Stream every tensor of ``base`` and each RL checkpoint once; return the labelled anatomy."""
+    names = [n for n in tax.roles if tax.roles[n].group != "unknown"] + list(tax.unknown)
+    k, n = len(rls), len(names)
+    sumsq_base = np.zeros(n)
+    numel = np.zeros(n)
+    sums = np.zeros((k, n, len(SUMS)))
+    dots = np.zeros((k, k, n))
+    for j, name in enumerate(names):
+        b = base.read(name)
+        sb, s, d = tensor_delta_stats(b, [r.read(name) for r in rls], tol)
+        sumsq_base[j], numel[j], sums[:, j], dots[..., j] = sb, b.numel(), s, d
+        on_tensor(name, base.metas[name].nbytes * (1 + k))
+    total = sums[..., 0].sum(-1)
+
+    groups = [g for g in dict.fromkeys(tax.roles[x].group for x in names)]
+    group_of = np.array([tax.roles[x].group for x in names], dtype=object)
+    layer_of = np.array(
+        [tax.roles[x].layer if tax.roles[x].stack == DECODER else -1 for x in names], dtype=np.int64
+    )
+    n_layers = tax.n_layers.get(DECODER, 0)
+
+    def pooled(member: np.ndarray) -> dict[str, np.ndarray]:
+        agg_sums = np.stack([_pool(sums[..., i], member, "max" if f == "max_abs_delta" else "sum")
+                             for i, f in enumerate(SUMS)], -1)
+        return summarise(_pool(sumsq_base, member, "sum"), _pool(numel, member, "sum"), agg_sums,
+                         _pool(dots, member, "sum"), total)
+
+    per_tensor = summarise(sumsq_base, numel, sums, dots, total)
+    per_group = pooled(np.stack([group_of == g for g in groups]))
+    cells = np.stack([(layer_of == L) & (group_of == g) for L in range(n_layers) for g in groups]) if n_layers else np.zeros((0, n), bool)
+    per_cell = pooled(cells) if n_layers else {}
+    per_run = pooled(np.ones((1, n), bool))
+
+    coords = {
+        "run": np.array(labels, dtype=object),
+        "run2": np.array(labels, dtype=object),
+        "tensor": np.array(names, dtype=object),
+        "group": np.array(groups, dtype=object),
+        "layer": np.arange(n_layers),
+        "all": np.array(["all"], dtype=object),
+    }
+    data: dict[str, tuple[tuple[str, ...], np.ndarray]] = {
+        "tensor_group": (("tensor",), group_of),
+        "tensor_layer": (("tensor",), layer_of),
+        "numel": (("tensor",), numel),
+        "sumsq_base": (("tensor",), sumsq_base),
+        "sumsq_delta": (("run", "tensor"), sums[..., 0]),
+        "n_unchanged": (("run", "tensor"), sums[..., 2]),
+        "n_within_tol": (("run", "tensor"), sums[..., 3]),
+        "dot_delta": (("run", "run2", "tensor"), dots),
+    }
+    for scope, table, dims in (("", per_tensor, ("tensor",)), ("group_", per_group, ("group",)),
+                               ("total_", per_run, ("all",))):
+        for metric, values in table.items():
+            if metric == "cosine":
+                data[f"{scope}cosine"] = (("run", "run2", *dims), values)
+            else:
+                data[f"{scope}{metric}"] = (("run", *dims), values)
+    if n_layers:
+        shape = (k, n_layers, len(groups))
+        for metric in ("share", "rel_delta", "fro_delta", "frac_unchanged"):
+            data[f"layer_group_{metric}"] = (("run", "layer", "group"), per_cell[metric].reshape(shape))
+        data["layer_group_rel_delta"] = (("run", "layer", "group"),
+                                         np.where(per_cell["fro_delta"].reshape(shape) > 0,
+                                                  per_cell["rel_delta"].reshape(shape), 0.0))
+    attrs = {
+        "tol": tol,
+        "delta_dtype": "float32 (float64 for float64 tensors), upcast before subtracting",
+        "family": tax.family,
+        "tied_embeddings": tax.tied,
+        **(provenance or {}),
+    }
+    return Result("delta", coords, data, attrs)

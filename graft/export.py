@@ -1,0 +1,73 @@
+"""Export a graft as a new HF folder, streaming tensor by tensor.
+
+Each output tensor is decided by its coefficient c (see :mod:`graftkit.graft.plan`): c = 0 copies the
+base tensor's bytes and c = 1 the RL tensor's, in the kernel where the bytes lie unchanged in a file;
+other c splice in row chunks. Memory is bounded by one chunk, whatever the model's size.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+from typing import Callable
+
+from .._version import __version__
+from ..weights import Checkpoint, OutSpec, describe, write_checkpoint
+from .plan import GraftPlan
+from .splice import splice_chunks
+
+
+def _source(ck: Checkpoint, name: str):
+    entry = ck.raw.get(name)
+    return entry if entry is not None else (lambda: [ck.read(name).contiguous()])
+
+
+def graft_specs(base: Checkpoint, rl: Checkpoint, plan: GraftPlan) -> list[OutSpec]:
+    """What to write, in the base's on-disk order (sequential reads)."""
+    def order(name: str):
+        e = base.raw.get(name)
+        return (str(e.file), e.start) if e is not None else ("", 0)
+
+    specs = []
+    for name in sorted(base.metas, key=order):
+        m, c = base.metas[name], plan.coef[name]
+        if c == 0:
+            src = _source(base, name)
+        elif c == 1:
+            src = _source(rl, name)
+        else:
+            src = (lambda n=name, c=c: splice_chunks(base.read(n), rl.read(n), c))
+        specs.append(OutSpec(name, m.dtype, m.shape, src))
+    return specs
+
+
+def export_graft(
+    base: Checkpoint,
+    rl: Checkpoint,
+    plan: GraftPlan,
+    out: Path,
+    *,
+    force: bool = False,
+    max_shard_size: int | str = "5GB",
+    command: dict | None = None,
+    on_tensor: Callable[[OutSpec], None] = lambda s: None,
+) -> Path:
+    """Write base ⊕ plan ⊕ RL to ``out`` with provenance; inputs are only read."""
+    base_desc, rl_desc = describe(base), describe(rl)
+    provenance = {
+        "producer": "graftkit graft",
+        "graftkit_version": __version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "config": {**plan.spec.as_dict(), **(command or {})},
+        "parents": [{"role": "base", **base_desc}, {"role": "rl", **rl_desc}],
+        "base_model": {"path": base_desc["path"], "sha256": base_desc["sha256"]},
+        "moved_tensors": len(plan.moved()),
+        "selected_tensors": list(plan.selected),
+        "notes": list(plan.notes),
+    }
+    inputs = [base.path, rl.path, *(p.parent for p in rl.weight_files)]
+    return write_checkpoint(
+        out, graft_specs(base, rl, plan), provenance=provenance, inputs=inputs,
+        aux_from=base.folder if base.path.is_dir() else None, force=force,
+        max_shard_size=max_shard_size, on_tensor=on_tensor,
+    )

@@ -1,0 +1,122 @@
+"""What a graft moves: a mask over tensors, chosen by group and layer band.
+
+θ_graft = θ_base + α · M ⊙ (θ_rl − θ_base), M selecting whole tensors by group × layer. Each tensor gets
+one coefficient ``c`` in θ = θ_base + c · (θ_rl − θ_base):
+
+- forward graft: c = α for selected tensors, 0 for the rest;
+- ``reverse`` (ablation: revert the selection in the RL model to base): c = 1 − α for selected tensors,
+  1 for the rest. With α = 1 this is exactly the forward graft of the complement.
+
+Tensors with c = 0 or c = 1 are copied bit for bit from base or RL. ``--layers`` selects decoder layers
+(bands by the rule of :func:`graftkit.weights.band_rule`); tensors outside the decoder stack (embeddings,
+the final norm, the head, the vision tower) are selected only with ``--layers all``. On a model with tied
+embeddings, selecting ``embed`` also moves a stored ``lm_head`` copy, and the plan says so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Mapping
+
+from ..errors import GraftkitError
+from ..weights import GROUPS, Taxonomy, band_rule, parse_layers
+from ..weights.taxonomy import DECODER
+
+
+@dataclass(frozen=True)
+class GraftSpec:
+    """One graft, as a user states it."""
+
+    groups: tuple[str, ...]
+    """Parameter groups to move (embed, attn, mlp, norm, lm_head, vision, projector); empty moves none."""
+    layers: str = "all"
+    """Decoder layers: all | early | mid | late | explicit indices and ranges such as 0-3,10."""
+    alpha: float = 1.0
+    """Scale of the selected delta: 1 copies RL's tensors exactly, 0.5 is the midpoint."""
+    reverse: bool = False
+    """Start from RL and revert the selection to base (an ablation) instead of grafting into base."""
+
+    def __post_init__(self) -> None:
+        bad = [g for g in self.groups if g not in GROUPS]
+        if bad:
+            raise GraftkitError(f"unknown group(s) {', '.join(bad)}", f"choose from {', '.join(GROUPS)}")
+        if not math.isfinite(self.alpha):
+            raise GraftkitError(f"--alpha {self.alpha} is not a finite number", "pass e.g. --alpha 0.5")
+
+    @classmethod
+    def parse(cls, groups: str, layers: str = "all", alpha: float = 1.0, reverse: bool = False) -> "GraftSpec":
+        parts = [g.strip() for g in groups.split(",") if g.strip()]
+        if parts == ["all"]:
+            parts = list(GROUPS)
+        if parts == ["none"]:
+            parts = []
+        return cls(tuple(dict.fromkeys(parts)), layers, float(alpha), bool(reverse))
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class GraftPlan:
+    """Per-tensor coefficients c of θ = θ_base + c · (θ_rl − θ_base), and what the user should know."""
+
+    spec: GraftSpec
+    coef: Mapping[str, float]
+    selected: tuple[str, ...]
+    notes: tuple[str, ...]
+
+    def moved(self) -> list[str]:
+        """Tensors that will not be a bit-exact copy of base."""
+        return [n for n, c in self.coef.items() if c != 0]
+
+
+def plan_graft(tax: Taxonomy, spec: GraftSpec) -> GraftPlan:
+    """The coefficients for ``spec`` over the tensors of ``tax`` (see the module docstring)."""
+    n_dec = tax.n_layers.get(DECODER, 0)
+    layer_set = parse_layers(spec.layers, n_dec)
+    groups = set(spec.groups)
+    notes: list[str] = []
+    heads = [n for n, r in tax.roles.items() if r.group == "lm_head"]
+    if tax.tied and "lm_head" in groups:
+        raise GraftkitError(
+            "this model ties its output head to the token embedding, so lm_head cannot move alone",
+            "select embed (which moves both)",
+        )
+    if layer_set is not None:
+        notes.append(band_rule(n_dec) + "; --layers selects decoder layers only")
+
+    def chosen(name: str) -> bool:
+        r = tax.roles[name]
+        if r.group not in groups:
+            return tax.tied and "embed" in groups and r.group == "lm_head" and layer_set is None
+        return layer_set is None or (r.stack == DECODER and r.layer in layer_set)
+
+    selected = [n for n in tax.roles if chosen(n)]
+    if tax.tied and "embed" in groups and layer_set is None:
+        notes.append(
+            "tied embeddings: grafting embed also moves the output head"
+            + (f" (and its stored copy {', '.join(heads)})" if heads else "")
+        )
+    for g in spec.groups:
+        if not any(tax.roles[n].group == g for n in selected):
+            present = sorted({r.group for r in tax.roles.values() if r.group in GROUPS})
+            where = f" in decoder layers {spec.layers}" if layer_set is not None else ""
+            raise GraftkitError(
+                f"group '{g}' has no tensors{where} in this {tax.family} model",
+                f"groups present: {', '.join(present)}"
+                + ("; --layers applies to decoder layers only, use --layers all" if layer_set is not None else ""),
+            )
+    if tax.unknown:
+        notes.append(f"{len(tax.unknown)} tensor(s) no table claims are kept from base: {', '.join(tax.unknown[:5])}")
+    sel = set(selected)
+    a = spec.alpha
+    coef: dict[str, float] = {}
+    for n, r in tax.roles.items():
+        if r.group == "unknown":
+            coef[n] = 0.0
+        elif spec.reverse:
+            coef[n] = 1.0 - a if n in sel else 1.0
+        else:
+            coef[n] = a if n in sel else 0.0
+    return GraftPlan(spec, coef, tuple(selected), tuple(notes))

@@ -1,0 +1,134 @@
+"""Results as labelled arrays with provenance, one HDF5 file per result.
+
+A :class:`Result` is a few named arrays over named dimensions (``fro_delta[run, tensor]``), the
+coordinate labels of each dimension (``tensor = ["model.embed_tokens.weight", ...]``), and attributes:
+provenance (config, checkpoint fingerprints, graftkit version) and, per array, its unit or convention.
+On disk (h5py): ``/coords/<dim>`` are HDF5 dimension scales attached to every ``/data/<name>`` that uses
+that dimension, so any HDF5 tool sees the labels; attributes are stored as JSON strings. Files are
+written to a temporary sibling, fsynced and renamed: a reader never sees half a result, and a crash
+never damages an earlier one.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import h5py
+import numpy as np
+
+from ._version import __version__
+from .errors import GraftkitError
+
+_STR = h5py.string_dtype("utf-8")
+
+
+@dataclass(frozen=True)
+class Result:
+    """Named arrays over named, labelled dimensions, with provenance."""
+
+    kind: str
+    coords: Mapping[str, np.ndarray]
+    data: Mapping[str, tuple[tuple[str, ...], np.ndarray]]
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    var_attrs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, (dims, values) in self.data.items():
+            if len(dims) != np.ndim(values):
+                raise ValueError(f"{name}: {len(dims)} dims for a {np.ndim(values)}-d array")
+            for d, n in zip(dims, np.shape(values)):
+                if d not in self.coords:
+                    raise ValueError(f"{name}: dimension {d} has no coordinate")
+                if len(self.coords[d]) != n:
+                    raise ValueError(f"{name}: dimension {d} has {len(self.coords[d])} labels, array has {n}")
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.data[name][1]
+
+    def dims(self, name: str) -> tuple[str, ...]:
+        return self.data[name][0]
+
+
+def _as_h5(values: np.ndarray) -> np.ndarray:
+    values = np.asarray(values)
+    if values.dtype.kind in ("U", "O"):
+        return values.astype(object)
+    return values
+
+
+def write_result(path: str | os.PathLike, result: Result) -> Path:
+    """Write ``result`` to ``path`` atomically; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.attrs["kind"] = result.kind
+            f.attrs["graftkit_version"] = __version__
+            f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+            f.attrs["attrs"] = json.dumps(result.attrs, default=str)
+            cg, dg = f.create_group("coords"), f.create_group("data")
+            scales = {}
+            for dim, labels in result.coords.items():
+                arr = _as_h5(labels)
+                ds = cg.create_dataset(dim, data=arr, dtype=_STR if arr.dtype == object else arr.dtype)
+                ds.make_scale(dim)
+                scales[dim] = ds
+            for name, (dims, values) in result.data.items():
+                arr = _as_h5(values)
+                ds = dg.create_dataset(name, data=arr, dtype=_STR if arr.dtype == object else arr.dtype)
+                ds.attrs["dims"] = json.dumps(list(dims))
+                ds.attrs["attrs"] = json.dumps(dict(result.var_attrs.get(name, {})), default=str)
+                for i, d in enumerate(dims):
+                    ds.dims[i].label = d
+                    ds.dims[i].attach_scale(scales[d])
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _from_h5(ds: h5py.Dataset) -> np.ndarray:
+    if h5py.check_string_dtype(ds.dtype) is not None:
+        return np.array(ds.asstr()[()], dtype=object)
+    return ds[()]
+
+
+def read_result(path: str | os.PathLike) -> Result:
+    """Load a result written by :func:`write_result`."""
+    path = Path(path)
+    try:
+        with h5py.File(path, "r") as f:
+            coords = {k: _from_h5(v) for k, v in f["coords"].items()}
+            data, var_attrs = {}, {}
+            for k, ds in f["data"].items():
+                data[k] = (tuple(json.loads(ds.attrs["dims"])), _from_h5(ds))
+                var_attrs[k] = json.loads(ds.attrs.get("attrs", "{}"))
+            attrs = json.loads(f.attrs["attrs"])
+            attrs.setdefault("graftkit_version", f.attrs["graftkit_version"])
+            attrs.setdefault("created", f.attrs["created"])
+            return Result(str(f.attrs["kind"]), coords, data, attrs, var_attrs)
+    except (OSError, KeyError) as exc:
+        raise GraftkitError(f"{path}: not a graftkit result file ({exc})", "point at a .h5 written by graftkit") from None
+
+
+def list_results(run_dir: str | os.PathLike) -> list[dict[str, str]]:
+    """Every result file under ``run_dir``: path, kind and creation time, oldest first."""
+    out = []
+    for p in sorted(Path(run_dir).rglob("*.h5")):
+        if p.name.startswith("."):
+            continue
+        try:
+            with h5py.File(p, "r") as f:
+                out.append({"path": str(p), "kind": str(f.attrs["kind"]), "created": str(f.attrs["created"])})
+        except (OSError, KeyError):
+            continue
+    return sorted(out, key=lambda r: r["created"])

@@ -1,0 +1,28 @@
+"""Checkpoints and what each tensor is. All checkpoint reading and writing goes through here."""
+
+from .checkpoint import PROVENANCE, Checkpoint, TensorMeta, open_checkpoint
+from .fingerprint import fingerprint
+from .lora import apply_lora, is_lora_folder, lora_delta
+from .pair import check_pair, describe, open_rl, recorded_base, resolve_base
+from .safetensors_file import SafetensorsFile, TensorEntry
+from .taxonomy import (
+    BANDS,
+    GROUPS,
+    Taxonomy,
+    TensorRole,
+    UnknownTensors,
+    band_of,
+    band_rule,
+    classify,
+    parse_layers,
+)
+from .hf import save_model
+from .writer import OutSpec, check_destination, parse_size, write_checkpoint, write_json_atomic
+
+__all__ = [
+    "PROVENANCE", "Checkpoint", "TensorMeta", "open_checkpoint", "fingerprint", "apply_lora",
+    "is_lora_folder", "lora_delta", "check_pair", "describe", "open_rl", "recorded_base",
+    "resolve_base", "SafetensorsFile", "TensorEntry", "BANDS", "GROUPS", "Taxonomy", "TensorRole",
+    "UnknownTensors", "band_of", "band_rule", "classify", "parse_layers", "OutSpec",
+    "save_model", "check_destination", "parse_size", "write_checkpoint", "write_json_atomic",
+]

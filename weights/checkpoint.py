@@ -1,0 +1,205 @@
+"""Checkpoints in, one tensor at a time.
+
+:func:`open_checkpoint` reads what a researcher has: an HF folder (``config.json`` with a single
+``model.safetensors`` or shards listed by ``model.safetensors.index.json``), a single ``.safetensors``
+file, a PEFT LoRA adapter folder (only as the ``rl`` side of a pair, over its base: see
+:func:`apply_lora`), or — only with ``allow_pickle`` — pickled ``.bin``/``.pt`` weights, loaded with
+``torch.load(weights_only=True)``. Every kind answers the same questions (:class:`Checkpoint`): which
+tensors, their dtype and shape, a tensor's values, and where its raw bytes lie when they lie in a file
+unchanged (so an exact copy never passes through Python).
+
+Nothing here loads a whole model: safetensors are memory-mapped and a tensor is a view of its pages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Mapping
+
+import torch
+
+from ..errors import GraftkitError
+from .safetensors_file import DTYPES, CODES, SafetensorsFile, TensorEntry
+from .taxonomy import Taxonomy, classify
+
+INDEX = "model.safetensors.index.json"
+PICKLE_INDEX = "pytorch_model.bin.index.json"
+PROVENANCE = "graftkit.json"
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * torch.empty((), dtype=self.dtype).element_size()
+
+
+@dataclass
+class Checkpoint:
+    """A set of named tensors with its folder's config and provenance, read lazily."""
+
+    path: Path
+    kind: str  # "hf-folder" | "safetensors-file" | "pickle" | "lora-merged"
+    metas: dict[str, TensorMeta]
+    reader: Callable[[str], torch.Tensor]
+    raw: Mapping[str, TensorEntry] = field(default_factory=dict)  # bytes on disk, where unchanged
+    config: dict | None = None
+    provenance: dict | None = None  # the folder's graftkit.json, if any
+    weight_files: tuple[Path, ...] = ()
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.metas)
+
+    def read(self, name: str) -> torch.Tensor:
+        """The values of tensor ``name`` (a read-only view where possible: never modify it)."""
+        return self.reader(name)
+
+    @property
+    def folder(self) -> Path:
+        return self.path if self.path.is_dir() else self.path.parent
+
+    @property
+    def model_type(self) -> str | None:
+        return (self.config or {}).get("model_type")
+
+    @property
+    def tied(self) -> bool | None:
+        """Whether the output head shares the embedding, from the config (None if it does not say)."""
+        cfg = self.config or {}
+        for c in (cfg, cfg.get("text_config") or {}):
+            if "tie_word_embeddings" in c:
+                return bool(c["tie_word_embeddings"])
+        return None
+
+    def taxonomy(self, unknown: str = "error") -> Taxonomy:
+        return classify(self.metas, self.model_type, tied=self.tied, unknown=unknown)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(m.nbytes for m in self.metas.values())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.metas)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise GraftkitError(f"{path}: cannot read JSON ({exc})", "fix or restore the file") from None
+
+
+def _from_safetensors(path: Path, kind: str, files: list[Path], config: dict | None) -> Checkpoint:
+    opened = [SafetensorsFile(f) for f in files]
+    entries: dict[str, TensorEntry] = {}
+    by_name: dict[str, SafetensorsFile] = {}
+    for sf in opened:
+        for name, e in sf.entries.items():
+            if name in entries:
+                raise GraftkitError(
+                    f"{path}: tensor {name} appears in both {entries[name].file.name} and {sf.path.name}",
+                    "remove the stale shard",
+                )
+            entries[name], by_name[name] = e, sf
+    metas = {n: TensorMeta(n, e.torch_dtype, e.shape) for n, e in entries.items()}
+    folder = path if path.is_dir() else path.parent
+    prov = _read_json(folder / PROVENANCE) if (path.is_dir() and (folder / PROVENANCE).is_file()) else None
+    return Checkpoint(
+        path, kind, metas, lambda n: by_name[n].read(n), entries, config, prov, tuple(files)
+    )
+
+
+def _shards_from_index(folder: Path, index_name: str) -> list[Path]:
+    index = _read_json(folder / index_name)
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise GraftkitError(f"{folder / index_name}: no weight_map", "re-save the checkpoint")
+    files = list(dict.fromkeys(weight_map.values()))
+    missing = [f for f in files if not (folder / f).is_file()]
+    if missing:
+        raise GraftkitError(
+            f"{folder}: shard(s) listed in {index_name} are missing: {', '.join(missing)}",
+            "download or copy the missing shards",
+        )
+    return [folder / f for f in files]
+
+
+def open_checkpoint(path: str | os.PathLike, allow_pickle: bool = False) -> Checkpoint:
+    """Open an HF folder, a single ``.safetensors`` file, or (``allow_pickle``) pickled weights."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise GraftkitError(f"{path}: no such file or folder", "check the checkpoint path")
+    if path.is_file():
+        if path.suffix == ".safetensors":
+            return _from_safetensors(path, "safetensors-file", [path], None)
+        if path.suffix in (".bin", ".pt", ".pth"):
+            return _open_pickle(path, [path], None, allow_pickle)
+        raise GraftkitError(
+            f"{path}: not a checkpoint (expected a folder, a .safetensors file, or .bin/.pt with --allow-pickle)",
+            "point at the model folder",
+        )
+    if (path / "adapter_config.json").is_file():
+        raise GraftkitError(
+            f"{path} is a LoRA adapter, not a full checkpoint",
+            "pass it as the RL side (--from) with the full base model as --base",
+        )
+    config = _read_json(path / "config.json") if (path / "config.json").is_file() else None
+    if (path / INDEX).is_file():
+        return _from_safetensors(path, "hf-folder", _shards_from_index(path, INDEX), config)
+    if (path / "model.safetensors").is_file():
+        return _from_safetensors(path, "hf-folder", [path / "model.safetensors"], config)
+    singles = sorted(path.glob("*.safetensors"))
+    if singles:
+        return _from_safetensors(path, "hf-folder", singles, config)
+    if (path / PICKLE_INDEX).is_file():
+        return _open_pickle(path, _shards_from_index(path, PICKLE_INDEX), config, allow_pickle)
+    pickles = sorted(p for ext in ("*.bin", "*.pt", "*.pth") for p in path.glob(ext))
+    if pickles:
+        return _open_pickle(path, pickles, config, allow_pickle)
+    raise GraftkitError(
+        f"{path}: no weights found (expected model.safetensors, {INDEX}, or *.safetensors)",
+        "point at the folder that holds the model's weights",
+    )
+
+
+def _open_pickle(path: Path, files: list[Path], config: dict | None, allow: bool) -> Checkpoint:
+    if not allow:
+        raise GraftkitError(
+            f"{files[0]}: pickled weights are refused by default (loading a pickle can run arbitrary code)",
+            "convert to safetensors, or pass --allow-pickle to load with torch.load(weights_only=True)",
+        )
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            sd = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as exc:  # torch raises many types for a bad or unsafe pickle
+            raise GraftkitError(f"{f}: cannot load with weights_only=True ({exc})".splitlines()[0]) from None
+        if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+            raise GraftkitError(f"{f}: not a state dict of tensors", "save model.state_dict() instead")
+        tensors.update(sd)
+    metas = {}
+    for n, t in tensors.items():
+        if t.dtype not in CODES:
+            raise GraftkitError(f"{path}: tensor {n} has unsupported dtype {t.dtype}")
+        metas[n] = TensorMeta(n, t.dtype, tuple(t.shape))
+    prov_path = (path if path.is_dir() else path.parent) / PROVENANCE
+    prov = _read_json(prov_path) if path.is_dir() and prov_path.is_file() else None
+    return Checkpoint(path, "pickle", metas, tensors.__getitem__, {}, config, prov, tuple(files))
+
+
+__all__ = ["Checkpoint", "TensorMeta", "open_checkpoint", "DTYPES", "PROVENANCE"]

@@ -1,0 +1,209 @@
+"""HF folders out, atomically and as a stream.
+
+:func:`write_checkpoint` writes a list of tensors, each given as the raw bytes of a file range (copied in
+the kernel) or as a function yielding the tensor in row chunks, into a new HF folder:
+
+- sharded by HF's rule (tensors in order; a new shard starts when the next tensor would push the current
+  one past ``max_shard_size``; one shard is ``model.safetensors``, more are
+  ``model-0000i-of-0000n.safetensors`` with ``model.safetensors.index.json``);
+- dtypes kept as given; config, tokenizer, processor and generation files copied from a source folder;
+- ``graftkit.json`` recording what produced it;
+- atomically: everything goes to a hidden sibling folder, is fsynced, then renamed into place. An
+  interrupted write leaves the destination as it was. The destination may never be, contain, or lie
+  inside an input, and an existing one is replaced only with ``force`` (and only if graftkit wrote it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Sequence
+
+import torch
+
+from ..errors import GraftkitError
+from .checkpoint import INDEX, PROVENANCE
+from .safetensors_file import CODES, OutTensor, TensorEntry, copy_range, header_bytes, write_tensor_bytes
+
+# Files that describe a model rather than hold its weights; copied into every output.
+AUX_PATTERNS = ("*.json", "*.txt", "*.model", "*.jinja", "*.tiktoken")
+_NOT_AUX = {INDEX, PROVENANCE, "pytorch_model.bin.index.json", "adapter_config.json"}
+
+
+@dataclass(frozen=True)
+class OutSpec:
+    """One tensor to write: its name, dtype and shape, and where its bytes come from.
+
+    ``source`` is either a :class:`TensorEntry` (an exact byte range of an existing file) or a
+    function returning an iterable of tensors whose concatenated row-major bytes are the tensor.
+    """
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    source: TensorEntry | Callable[[], Iterable[torch.Tensor]]
+
+    @property
+    def out(self) -> OutTensor:
+        return OutTensor(self.name, CODES[self.dtype], tuple(self.shape))
+
+
+def parse_size(size: str | int) -> int:
+    """HF's size strings: ``"5GB"`` = 5·10⁹ bytes, ``"5GiB"`` = 5·2³⁰, a bare int is bytes."""
+    if isinstance(size, int):
+        return size
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", size, re.IGNORECASE)
+    if not m:
+        raise GraftkitError(f"--max-shard-size {size!r} is not a size", "write e.g. 5GB, 500MB or 2GiB")
+    unit = (m[2] or "B").upper()
+    base = 1024 if "I" in unit else 1000
+    power = "BKMGT".index(unit[0])
+    return int(float(m[1]) * base**power)
+
+
+def plan_shards(specs: Sequence[OutSpec], max_shard_size: int) -> list[list[OutSpec]]:
+    """HF's rule: fill shards in order; start a new one when the next tensor would overflow it."""
+    shards: list[list[OutSpec]] = [[]]
+    size = 0
+    for s in specs:
+        n = s.out.nbytes
+        if shards[-1] and size + n > max_shard_size:
+            shards.append([])
+            size = 0
+        shards[-1].append(s)
+        size += n
+    return shards if shards[0] else []
+
+
+def _inside(a: Path, b: Path) -> bool:
+    return a == b or b in a.parents
+
+
+def check_destination(dest: Path, inputs: Iterable[Path], force: bool) -> Path:
+    """Refuse a destination that is, contains or lies in an input, or that exists without ``force``."""
+    dest = Path(dest).expanduser().resolve()
+    for i in inputs:
+        i = Path(i).expanduser().resolve()
+        folder = i if i.is_dir() else i.parent
+        if _inside(dest, folder) or _inside(folder, dest):
+            raise GraftkitError(
+                f"output folder {dest} overlaps the input {i}", "choose an output folder outside every input"
+            )
+    if dest.exists():
+        if not force:
+            raise GraftkitError(f"output folder {dest} already exists", "pass --force to replace it")
+        if not dest.is_dir() or (any(dest.iterdir()) and not (dest / PROVENANCE).is_file()):
+            raise GraftkitError(
+                f"{dest} exists and was not written by graftkit; --force only replaces graftkit outputs",
+                "remove it yourself or choose another output folder",
+            )
+    return dest
+
+
+def _fsync_tree(folder: Path) -> None:
+    for p in folder.iterdir():
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_folder(dest: Path) -> Iterator[Path]:
+    """Yield a hidden sibling folder to fill; on success it replaces ``dest`` in one rename."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        _fsync_tree(tmp)
+        if dest.exists():
+            old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+            os.replace(dest, old)
+            os.replace(tmp, dest)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, dest)
+        fd = os.open(dest.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_json_atomic(path: Path, obj: object) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def aux_files(folder: Path | None) -> list[Path]:
+    if folder is None or not folder.is_dir():
+        return []
+    found = {p for pat in AUX_PATTERNS for p in folder.glob(pat) if p.is_file()}
+    return sorted(p for p in found if p.name not in _NOT_AUX)
+
+
+def _write_shard(path: Path, specs: Sequence[OutSpec], on_tensor: Callable[[OutSpec], None]) -> None:
+    with open(path, "wb") as f:
+        f.write(header_bytes([s.out for s in specs]))
+        for s in specs:
+            start = f.tell()
+            if isinstance(s.source, TensorEntry):
+                copy_range(s.source.file, s.source.start, s.source.nbytes, f)
+            else:
+                for chunk in s.source():
+                    if chunk.dtype != s.dtype:
+                        raise AssertionError(f"{s.name}: chunk dtype {chunk.dtype} != {s.dtype}")
+                    write_tensor_bytes(chunk, f)
+            written = f.tell() - start
+            if written != s.out.nbytes:
+                raise AssertionError(f"{s.name}: wrote {written} bytes, expected {s.out.nbytes}")
+            on_tensor(s)
+
+
+def write_checkpoint(
+    dest: Path,
+    specs: Sequence[OutSpec],
+    *,
+    provenance: dict,
+    inputs: Sequence[Path],
+    aux_from: Path | None = None,
+    config: dict | None = None,
+    force: bool = False,
+    max_shard_size: int | str = "5GB",
+    on_tensor: Callable[[OutSpec], None] = lambda s: None,
+) -> Path:
+    """Write ``specs`` as a new HF folder at ``dest`` (see the module docstring); returns its path."""
+    dest = check_destination(dest, inputs, force)
+    shards = plan_shards(specs, parse_size(max_shard_size))
+    with atomic_folder(dest) as tmp:
+        for p in aux_files(aux_from):
+            shutil.copy2(p, tmp / p.name)
+        if config is not None:
+            write_json_atomic(tmp / "config.json", config)
+        if len(shards) == 1:
+            _write_shard(tmp / "model.safetensors", shards[0], on_tensor)
+        elif shards:
+            weight_map, n = {}, len(shards)
+            for i, shard in enumerate(shards, 1):
+                fname = f"model-{i:05d}-of-{n:05d}.safetensors"
+                _write_shard(tmp / fname, shard, on_tensor)
+                weight_map.update({s.name: fname for s in shard})
+            total = sum(s.out.nbytes for s in specs)
+            write_json_atomic(tmp / INDEX, {"metadata": {"total_size": total}, "weight_map": weight_map})
+        write_json_atomic(tmp / PROVENANCE, provenance)
+    return dest
