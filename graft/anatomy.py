@@ -54,13 +54,13 @@ def tensor_delta_stats(
         b = b_raw.to(work)
         sb = float(torch.dot(b, b))
         if not np.isfinite(sb):
-            b = torch.nan_to_num(b, nan=0.0, posinf=0.0, neginf=0.0)
-            sb = float(torch.dot(b, b))
+            finite_b = torch.nan_to_num(b, nan=0.0, posinf=0.0, neginf=0.0)
+            sb = float(torch.dot(finite_b, finite_b))
         sumsq_base += sb
         deltas = []
         for r, fr in enumerate(flat_r):
             r_raw = fr[i : i + chunk]
-            d = r_raw.to(work) - b_raw.to(work)
+            d = r_raw.to(work) - b
             ss = float(torch.dot(d, d))
             bad = 0
             if not np.isfinite(ss):
