@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM := false
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
+	$(PIP) install -q --upgrade pip setuptools wheel
 	$(PIP) install -q "$(TORCH)"
 	$(PIP) install -q -e ".[test]"
 	touch $@
