@@ -9,7 +9,8 @@ name with four kinds of placeholder, so tables read like the names they match:
 - ``{a,b,c}``        one of the alternatives (an alternative may be empty or contain dots);
 - ``*``              one name segment (no dots); ``**`` anything, dots included.
 
-Every tensor must be matched by exactly one pattern of its family's table: none is an
+A table may set ``"fallback_priority"`` (default 10; lower wins) to decide between tables that all
+claim a checkpoint whose config names no model type. Every tensor must be matched by exactly one pattern of its family's table: none is an
 :class:`UnknownTensors` error that lists the names, more than one is a bug in the table (the tests prove
 the partition on a tiny model of every covered architecture).
 
@@ -91,6 +92,7 @@ class Table:
     family: str
     model_types: tuple[str, ...]
     rules: tuple[tuple[str, str, re.Pattern[str]], ...]  # (group, pattern, regex)
+    priority: int = 10  # "fallback_priority": which table wins when names alone must decide
 
     def matches(self, name: str) -> list[tuple[str, str, re.Match[str]]]:
         return [(g, p, m) for g, p, rx in self.rules if (m := rx.match(name))]
@@ -126,20 +128,26 @@ def tables() -> tuple[Table, ...]:
         rules = tuple(
             (group, p, compile_pattern(p)) for group, patterns in raw["groups"].items() for p in patterns
         )
-        out.append(Table(raw["family"], tuple(raw["model_types"]), rules))
+        out.append(Table(raw["family"], tuple(raw["model_types"]), rules, int(raw.get("fallback_priority", 10))))
     return tuple(out)
 
 
 def table_for(model_type: str | None, names: Iterable[str]) -> Table:
-    """The table listing ``model_type``; without one, the single table that claims every name."""
+    """The table listing ``model_type``; without one, the best-fitting table that claims every name."""
     if model_type:
         for t in tables():
             if model_type in t.model_types:
                 return t
     names = list(names)
     complete = [t for t in tables() if all(t.matches(n) for n in names)]
-    if len(complete) >= 1:
-        return complete[0]
+    if complete:
+        # Several tables may claim every name (their groups agree, as the tests prove): the family
+        # is the one with the lowest "fallback_priority" (Llama's, the most common), then the one
+        # that leaves the fewest of its patterns unused.
+        def fit(t: Table) -> tuple[int, int]:
+            return t.priority, sum(1 for _, _, rx in t.rules if not any(rx.match(n) for n in names))
+
+        return min(complete, key=fit)
     known = sorted({mt for t in tables() for mt in t.model_types})
     raise GraftkitError(
         f"no taxonomy table covers model_type '{model_type}' and no table claims all its tensors",
