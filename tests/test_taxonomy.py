@@ -491,7 +491,8 @@ def test_tables_are_well_formed():
     assert len(files) == len(tx.tables()) >= 7
     for path, table in zip(files, tx.tables()):
         raw = json.loads(path.read_text())
-        assert set(raw) == {"family", "model_types", "groups"}, path
+        assert {"family", "model_types", "groups"} <= set(raw) <= {"family", "model_types", "groups",
+                                                                    "fallback_priority"}, path
         assert raw["family"] == path.stem == table.family
         assert set(raw["groups"]) <= set(GROUPS)
         patterns = [p for ps in raw["groups"].values() for p in ps]
