@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import sys
 import time
@@ -67,7 +68,27 @@ def current_run() -> Path:
 
 
 def _print_json(obj) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, default=_json_default) + "\n")
+    # Strict JSON: NaN/±Inf (an undefined cosine, a ratio over a zero norm) are written as null.
+    sys.stdout.write(json.dumps(_finite(obj), indent=2, default=_json_default, allow_nan=False) + "\n")
+
+
+def _finite(o):
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple, np.ndarray)):
+        return [_finite(v) for v in (o.tolist() if isinstance(o, np.ndarray) else o)]
+    if isinstance(o, (np.floating, np.integer, np.bool_)):
+        o = o.item()
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    return o
+
+
+def _must_exist(path: Path) -> Path:
+    """An RL checkpoint path that exists (else resolving its recorded base would mislead)."""
+    if not Path(path).exists():
+        raise GraftkitError(f"{path}: no such file or folder", "check the --from path")
+    return path
 
 
 def _json_default(o):
@@ -167,6 +188,8 @@ def delta(
     from .weights import check_pair, describe, open_checkpoint, open_rl, resolve_base
 
     t0 = time.perf_counter()
+    for p in rl:
+        _must_exist(p)
     base_path = resolve_base(rl[0], base)
     b = open_checkpoint(base_path, allow_pickle=allow_pickle)
     rls = [open_rl(p, b, allow_pickle=allow_pickle) for p in rl]
@@ -302,7 +325,7 @@ def graft(
     t0 = time.perf_counter()
     spec = GraftSpec.parse(groups, layers, alpha, reverse)
     parse_size(max_shard_size)
-    base_path = resolve_base(rl, base)
+    base_path = resolve_base(_must_exist(rl), base)
     b = open_checkpoint(base_path, allow_pickle=allow_pickle)
     r = open_rl(rl, b, allow_pickle=allow_pickle)
     tax = b.taxonomy(unknown)
@@ -379,7 +402,8 @@ def demo(
     res = delta_anatomy(b, [r], ["rl"], tax, provenance={"base": describe(b), "runs": [describe(r)]})
     result_file = write_result(out_dir / "results" / "delta-rl.h5", res)
     plan = plan_graft(tax, GraftSpec(("attn", "mlp")))
-    grafted = export_graft(b, r, plan, out_dir / "grafts" / "rl-attn+mlp-all", force=True)
+    # Not rl-attn+mlp-all: that is where `graftkit graft --from RL --groups attn,mlp` writes by default.
+    grafted = export_graft(b, r, plan, out_dir / "grafts" / "demo-attn+mlp", force=True)
     runs_root().mkdir(parents=True, exist_ok=True)
     (runs_root() / ".current").write_text(str(out_dir.resolve()) + "\n")
     shares = {g: float(res["group_share"][0, j]) for j, g in enumerate(res.coords["group"])}

@@ -61,6 +61,13 @@ def _as_h5(values: np.ndarray) -> np.ndarray:
     return values
 
 
+def _json_default(o: Any) -> Any:
+    """numpy scalars and arrays as their Python values (not their str), anything else as its str."""
+    if isinstance(o, (np.generic, np.ndarray)):
+        return o.tolist()
+    return str(o)
+
+
 def write_result(path: str | os.PathLike, result: Result) -> Path:
     """Write ``result`` to ``path`` atomically; returns the path."""
     path = Path(path)
@@ -71,7 +78,7 @@ def write_result(path: str | os.PathLike, result: Result) -> Path:
             f.attrs["kind"] = result.kind
             f.attrs["graftkit_version"] = __version__
             f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-            f.attrs["attrs"] = json.dumps(result.attrs, default=str)
+            f.attrs["attrs"] = json.dumps(result.attrs, default=_json_default)
             cg, dg = f.create_group("coords"), f.create_group("data")
             scales = {}
             for dim, labels in result.coords.items():
@@ -83,7 +90,7 @@ def write_result(path: str | os.PathLike, result: Result) -> Path:
                 arr = _as_h5(values)
                 ds = dg.create_dataset(name, data=arr, dtype=_STR if arr.dtype == object else arr.dtype)
                 ds.attrs["dims"] = json.dumps(list(dims))
-                ds.attrs["attrs"] = json.dumps(dict(result.var_attrs.get(name, {})), default=str)
+                ds.attrs["attrs"] = json.dumps(dict(result.var_attrs.get(name, {})), default=_json_default)
                 for i, d in enumerate(dims):
                     ds.dims[i].label = d
                     ds.dims[i].attach_scale(scales[d])

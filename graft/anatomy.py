@@ -18,67 +18,104 @@ cosine = Σ⟨Δ_a,Δ_b⟩ / √(Σ‖Δ_a‖² Σ‖Δ_b‖²). Entries where �
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
 from ..store import Result
-from ..weights import Checkpoint, Taxonomy
+from ..weights import Checkpoint, Taxonomy, check_pair
 from ..weights.taxonomy import DECODER
-from .splice import CHUNK_ELEMENTS
 
 #: Per tensor and run: the sums every aggregate is built from.
 SUMS = ("sumsq_delta", "max_abs_delta", "n_unchanged", "n_within_tol", "n_nonfinite")
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
+STATS_CHUNK = 1 << 18  # 256K entries: 1 MB of float32, cache-resident through every pass
+_ROW = 1024
+
+
+def _dot(x: np.ndarray, y: np.ndarray) -> float:
+    """⟨x, y⟩ summed in blocks of 1024 (float32 within a block, float64 across): ~1e-9 relative."""
+    n = x.size - x.size % _ROW
+    head = np.einsum("ij,ij->i", x[:n].reshape(-1, _ROW), y[:n].reshape(-1, _ROW)).sum(dtype=np.float64)
+    return float(head) + float(np.dot(x[n:].astype(np.float64), y[n:].astype(np.float64)))
+
+
+def _to_float(t: torch.Tensor, out: np.ndarray) -> np.ndarray:
+    """Chunk ``t`` converted exactly to ``out``'s float dtype (float32 or float64), written into ``out``.
+
+    bfloat16 → float32 is the 16-bit pattern shifted into the high half of a float32 — exact for every
+    value, NaN and ±Inf included. Conversions run in numpy into preallocated buffers: on a shared CPU
+    torch's threaded conversions and fresh 1 MB allocations (page faults each time) cost more than the
+    arithmetic.
+    """
+    n = t.numel()
+    o = out[:n]
+    if t.dtype == torch.bfloat16 and o.dtype == np.float32:
+        np.left_shift(t.view(torch.int16).numpy().view(np.uint16), 16, out=o.view(np.uint32), dtype=np.uint32)
+    elif t.dtype in (torch.float16, torch.float32, torch.float64):
+        np.copyto(o, t.numpy())
+    else:
+        np.copyto(o, t.to(torch.float64).numpy())
+    return o
+
+
 def tensor_delta_stats(
-    base: torch.Tensor, rls: Sequence[torch.Tensor], tol: float, chunk: int = CHUNK_ELEMENTS
+    base: torch.Tensor, rls: Sequence[torch.Tensor], tol: float, chunk: int = STATS_CHUNK
 ) -> tuple[float, np.ndarray, np.ndarray]:
     """Statistics of Δ_r = rls[r] − base for one tensor.
 
     Returns ``(sumsq_base, sums[r, SUMS], dots[r, s])`` with ``dots[r, s] = ⟨Δ_r, Δ_s⟩`` over finite
-    entries. Works through the flattened tensor in chunks, so memory stays bounded.
+    entries. Works through the flattened tensor in chunks, so memory stays bounded. The reductions run
+    in numpy (single-threaded SIMD; torch's bool reductions are far slower on a shared CPU); dot
+    products accumulate in float32 over blocks of 1024 entries and in float64 across blocks.
     """
     k = len(rls)
     sums = np.zeros((k, len(SUMS)))
     dots = np.zeros((k, k))
     sumsq_base = 0.0
-    work = torch.promote_types(base.dtype, torch.float32) if base.dtype.is_floating_point else torch.float32
+    work = np.float64 if base.dtype == torch.float64 else np.float32
+    ints = _INT_VIEW[base.element_size()]
     flat_b = base.reshape(-1)
     flat_r = [r.reshape(-1) for r in rls]
-    ints = _INT_VIEW[base.element_size()]
+    m = min(chunk, flat_b.numel())
+    b_buf, r_buf, a_buf = (np.empty(m, work) for _ in range(3))
+    d_buf = np.empty((k, m), work)
+    mask = np.empty(m, bool)
     for i in range(0, flat_b.numel(), chunk):
         b_raw = flat_b[i : i + chunk]
-        b = b_raw.to(work)
-        sb = float(torch.dot(b, b))
+        n = b_raw.numel()
+        b = _to_float(b_raw, b_buf)
+        b_bits = b_raw.view(ints).numpy()
+        sb = _dot(b, b)
         if not np.isfinite(sb):
-            finite_b = torch.nan_to_num(b, nan=0.0, posinf=0.0, neginf=0.0)
-            sb = float(torch.dot(finite_b, finite_b))
+            finite_b = np.where(np.isfinite(b), b, 0.0)
+            sb = _dot(finite_b, finite_b)
         sumsq_base += sb
-        deltas = []
         for r, fr in enumerate(flat_r):
             r_raw = fr[i : i + chunk]
-            d = r_raw.to(work) - b
-            ss = float(torch.dot(d, d))
+            d = np.subtract(_to_float(r_raw, r_buf), b, out=d_buf[r, :n])
+            ss = _dot(d, d)
             bad = 0
             if not np.isfinite(ss):
-                finite = torch.isfinite(d)
-                bad = int(finite.numel() - finite.sum())
-                d = torch.where(finite, d, 0.0)
-                ss = float(torch.dot(d, d))
-            a = d.abs()
+                finite = np.isfinite(d)
+                bad = int(n - np.count_nonzero(finite))
+                d[~finite] = 0.0
+                ss = _dot(d, d)
+            a = np.abs(d, out=a_buf[:n])
             sums[r, 0] += ss
-            sums[r, 1] = max(sums[r, 1], float(a.max())) if a.numel() else sums[r, 1]
-            sums[r, 2] += int((b_raw.view(ints) == r_raw.view(ints)).sum())
-            sums[r, 3] += int((a <= tol).sum()) - bad
+            if n:
+                sums[r, 1] = max(sums[r, 1], float(a.max()))
+            sums[r, 2] += np.count_nonzero(np.equal(b_bits, r_raw.view(ints).numpy(), out=mask[:n]))
+            sums[r, 3] += np.count_nonzero(np.less_equal(a, tol, out=mask[:n])) - bad
             sums[r, 4] += bad
-            deltas.append(d)
         for r in range(k):
             dots[r, r] = sums[r, 0]
             for s in range(r + 1, k):
-                v = float(torch.dot(deltas[r], deltas[s]))
+                v = _dot(d_buf[r, :n], d_buf[s, :n])
                 dots[r, s] += v
                 dots[s, r] += v
     return sumsq_base, sums, dots
@@ -126,19 +163,29 @@ def delta_anatomy(
     tol: float = 1e-5,
     on_tensor: Callable[[str, int], None] = lambda name, nbytes: None,
     provenance: dict | None = None,
+    workers: int = 2,
 ) -> Result:
     """Stream every tensor of ``base`` and each RL checkpoint once; return the labelled anatomy."""
+    for r in rls:
+        check_pair(base, r, tax)  # one clear error (e.g. a vocabulary mismatch), not a shape error mid-way
     names = [n for n in tax.roles if tax.roles[n].group != "unknown"] + list(tax.unknown)
     k, n = len(rls), len(names)
     sumsq_base = np.zeros(n)
     numel = np.zeros(n)
     sums = np.zeros((k, n, len(SUMS)))
     dots = np.zeros((k, k, n))
-    for j, name in enumerate(names):
-        b = base.read(name)
-        sb, s, d = tensor_delta_stats(b, [r.read(name) for r in rls], tol)
-        sumsq_base[j], numel[j], sums[:, j], dots[..., j] = sb, b.numel(), s, d
-        on_tensor(name, base.metas[name].nbytes * (1 + k))
+
+    def one(j: int):
+        b = base.read(names[j])
+        return j, b.numel(), tensor_delta_stats(b, [r.read(names[j]) for r in rls], tol)
+
+    # numpy releases the GIL in every reduction: two threads keep two cores busy. Largest tensors
+    # first, so the last one to finish is small.
+    order = sorted(range(n), key=lambda j: -base.metas[names[j]].numel)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for j, count, (sb, s, d) in pool.map(one, order):
+            sumsq_base[j], numel[j], sums[:, j], dots[..., j] = sb, count, s, d
+            on_tensor(names[j], base.metas[names[j]].nbytes * (1 + k))
     total = sums[..., 0].sum(-1)
 
     groups = [g for g in dict.fromkeys(tax.roles[x].group for x in names)]

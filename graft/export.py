@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from .._version import __version__
-from ..weights import Checkpoint, OutSpec, describe, write_checkpoint
+from ..weights import Checkpoint, OutSpec, check_pair, describe, write_checkpoint
 from .plan import GraftPlan
 from .splice import splice_chunks
 
@@ -24,6 +24,8 @@ def _source(ck: Checkpoint, name: str):
 
 def graft_specs(base: Checkpoint, rl: Checkpoint, plan: GraftPlan) -> list[OutSpec]:
     """What to write, in the base's on-disk order (sequential reads)."""
+    check_pair(base, rl, base.taxonomy("keep-base"))  # else a mismatched pair could export silently
+
     def order(name: str):
         e = base.raw.get(name)
         return (str(e.file), e.start) if e is not None else ("", 0)

@@ -29,7 +29,8 @@ class GraftSpec:
     """One graft, as a user states it."""
 
     groups: tuple[str, ...]
-    """Parameter groups to move (embed, attn, mlp, norm, lm_head, vision, projector); empty moves none."""
+    """Parameter groups to move (embed, attn, mlp, norm, lm_head, vision, projector); empty moves none,
+    all seven (``--groups all``) move every group the model has."""
     layers: str = "all"
     """Decoder layers: all | early | mid | late | explicit indices and ranges such as 0-3,10."""
     alpha: float = 1.0
@@ -76,9 +77,11 @@ def plan_graft(tax: Taxonomy, spec: GraftSpec) -> GraftPlan:
     n_dec = tax.n_layers.get(DECODER, 0)
     layer_set = parse_layers(spec.layers, n_dec)
     groups = set(spec.groups)
+    # `--groups all` names every group graftkit knows; it means every group this model has.
+    everything = groups == set(GROUPS)
     notes: list[str] = []
     heads = [n for n, r in tax.roles.items() if r.group == "lm_head"]
-    if tax.tied and "lm_head" in groups:
+    if tax.tied and "lm_head" in groups and not everything:
         raise GraftkitError(
             "this model ties its output head to the token embedding, so lm_head cannot move alone",
             "select embed (which moves both)",
@@ -98,7 +101,7 @@ def plan_graft(tax: Taxonomy, spec: GraftSpec) -> GraftPlan:
             "tied embeddings: grafting embed also moves the output head"
             + (f" (and its stored copy {', '.join(heads)})" if heads else "")
         )
-    for g in spec.groups:
+    for g in () if everything else spec.groups:
         if not any(tax.roles[n].group == g for n in selected):
             present = sorted({r.group for r in tax.roles.values() if r.group in GROUPS})
             where = f" in decoder layers {spec.layers}" if layer_set is not None else ""

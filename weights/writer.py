@@ -20,6 +20,8 @@ import json
 import os
 import re
 import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
@@ -28,7 +30,7 @@ import torch
 
 from ..errors import GraftkitError
 from .checkpoint import INDEX, PROVENANCE
-from .safetensors_file import CODES, OutTensor, TensorEntry, copy_range, header_bytes, write_tensor_bytes
+from .safetensors_file import CODES, OutTensor, TensorEntry, header_bytes
 
 # Files that describe a model rather than hold its weights; copied into every output.
 AUX_PATTERNS = ("*.json", "*.txt", "*.model", "*.jinja", "*.tiktoken")
@@ -157,22 +159,87 @@ def aux_files(folder: Path | None) -> list[Path]:
     return sorted(p for p in found if p.name not in _NOT_AUX)
 
 
-def _write_shard(path: Path, specs: Sequence[OutSpec], on_tensor: Callable[[OutSpec], None]) -> None:
-    with open(path, "wb") as f:
-        f.write(header_bytes([s.out for s in specs]))
-        for s in specs:
-            start = f.tell()
-            if isinstance(s.source, TensorEntry):
-                copy_range(s.source.file, s.source.start, s.source.nbytes, f)
-            else:
-                for chunk in s.source():
-                    if chunk.dtype != s.dtype:
-                        raise AssertionError(f"{s.name}: chunk dtype {chunk.dtype} != {s.dtype}")
-                    write_tensor_bytes(chunk, f)
-            written = f.tell() - start
-            if written != s.out.nbytes:
-                raise AssertionError(f"{s.name}: wrote {written} bytes, expected {s.out.nbytes}")
-            on_tensor(s)
+def _write_all(fd: int, data, pos: int) -> int:
+    view = memoryview(data).cast("B")
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], pos + done)
+    return done
+
+
+def _copy_at(src_fd: int, src_pos: int, dst_fd: int, dst_pos: int, nbytes: int) -> None:
+    """Copy a byte range between files at explicit offsets (thread-safe: no file position moves).
+
+    ``copy_file_range`` keeps the bytes in the kernel (and shares extents on file systems that can);
+    where it is unavailable the copy goes through a 16 MB buffer.
+    """
+    done = 0
+    try:
+        while done < nbytes:
+            n = os.copy_file_range(src_fd, dst_fd, nbytes - done, src_pos + done, dst_pos + done)
+            if n == 0:
+                break
+            done += n
+    except OSError:
+        pass  # EXDEV, ENOSYS, EINVAL on some file systems: finish below
+    while done < nbytes:
+        chunk = os.pread(src_fd, min(16 << 20, nbytes - done), src_pos + done)
+        if not chunk:
+            raise GraftkitError(f"a source file ended early while copying ({nbytes - done} bytes short)",
+                                "the input changed or is truncated; re-run on an intact checkpoint")
+        done += _write_all(dst_fd, chunk, dst_pos + done)
+
+
+def _write_shard(
+    path: Path, specs: Sequence[OutSpec], on_tensor: Callable[[OutSpec], None], workers: int = 2
+) -> None:
+    """Write one safetensors file: header first, then every tensor at its known offset, two at a time.
+
+    Offsets follow from the header, so tensors are written in parallel with positional I/O: kernel
+    copies for byte ranges, ``pwrite`` of row chunks for computed tensors.
+    """
+    head = header_bytes([s.out for s in specs])
+    starts, pos = [], len(head)
+    for s in specs:
+        starts.append(pos)
+        pos += s.out.nbytes
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    sources: dict[Path, int] = {}
+    lock = threading.Lock()
+
+    def source_fd(file: Path) -> int:
+        with lock:
+            if file not in sources:
+                sources[file] = os.open(file, os.O_RDONLY)
+            return sources[file]
+
+    def job(i: int) -> OutSpec:
+        s, at = specs[i], starts[i]
+        if isinstance(s.source, TensorEntry):
+            _copy_at(source_fd(s.source.file), s.source.start, fd, at, s.source.nbytes)
+            written = s.source.nbytes
+        else:
+            written = 0
+            for chunk in s.source():
+                if chunk.dtype != s.dtype:
+                    raise AssertionError(f"{s.name}: chunk dtype {chunk.dtype} != {s.dtype}")
+                flat = chunk.detach().contiguous().reshape(-1)
+                if flat.numel():
+                    written += _write_all(fd, flat.view(torch.uint8).numpy(), at + written)
+        if written != s.out.nbytes:
+            raise AssertionError(f"{s.name}: wrote {written} bytes, expected {s.out.nbytes}")
+        return s
+
+    try:
+        _write_all(fd, head, 0)
+        os.ftruncate(fd, pos)
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            for s in pool.map(job, range(len(specs))):
+                on_tensor(s)
+    finally:
+        os.close(fd)
+        for sfd in sources.values():
+            os.close(sfd)
 
 
 def write_checkpoint(
