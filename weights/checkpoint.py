@@ -139,6 +139,19 @@ def _shards_from_index(folder: Path, index_name: str) -> list[Path]:
     return [folder / f for f in files]
 
 
+def _check_index(index_path: Path, ckpt: Checkpoint) -> None:
+    """Every tensor the index lists must lie in the shard it names: a stale or partial shard would
+    otherwise drop a tensor without a word."""
+    for name, fname in _read_json(index_path)["weight_map"].items():
+        entry = ckpt.raw.get(name)
+        if entry is None or entry.file != index_path.parent / fname:
+            found = f"it is in {entry.file.name}" if entry else "no shard holds it"
+            raise GraftkitError(
+                f"{index_path}: tensor {name} is listed in {fname} but {found}",
+                "re-download or re-save the checkpoint",
+            )
+
+
 def open_checkpoint(path: str | os.PathLike, allow_pickle: bool = False) -> Checkpoint:
     """Open an HF folder, a single ``.safetensors`` file, or (``allow_pickle``) pickled weights."""
     path = Path(path).expanduser()
@@ -160,7 +173,9 @@ def open_checkpoint(path: str | os.PathLike, allow_pickle: bool = False) -> Chec
         )
     config = _read_json(path / "config.json") if (path / "config.json").is_file() else None
     if (path / INDEX).is_file():
-        return _from_safetensors(path, "hf-folder", _shards_from_index(path, INDEX), config)
+        ckpt = _from_safetensors(path, "hf-folder", _shards_from_index(path, INDEX), config)
+        _check_index(path / INDEX, ckpt)
+        return ckpt
     if (path / "model.safetensors").is_file():
         return _from_safetensors(path, "hf-folder", [path / "model.safetensors"], config)
     singles = sorted(path.glob("*.safetensors"))

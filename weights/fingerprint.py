@@ -3,7 +3,8 @@
 A checkpoint's fingerprint is the sha256 of the sorted lines ``"<file name> <sha256 of file>"`` over
 its weight files and ``config.json``. Hashing a multi-GB checkpoint takes seconds, so each file's digest
 is cached under ``$GRAFTKIT_CACHE`` (default ``~/.cache/graftkit``) keyed by its real path, size, inode
-and modification time: any change to the file invalidates the entry. Files are hashed on two threads
+and modification time: any change to the file invalidates the entry (files modified in the last two
+seconds are not cached, since a same-size edit inside the clock's granularity would keep the key). Files are hashed on two threads
 (hashlib releases the GIL on large buffers).
 """
 
@@ -13,11 +14,13 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable
 
 _CHUNK = 8 << 20
+_SETTLE_S = 2.0
 
 
 def cache_dir() -> Path:
@@ -62,12 +65,18 @@ def file_digests(files: Iterable[Path]) -> dict[Path, str]:
     cache = _load_cache()
     keys = {f: _key(f) for f in files}
     todo = [f for f in files if keys[f] not in cache]
+    found = {f: cache[keys[f]] for f in files if keys[f] in cache}
     if todo:
+        now = time.time()
         with ThreadPoolExecutor(max_workers=min(2, len(todo))) as pool:
             for f, digest in zip(todo, pool.map(sha256_file, todo)):
-                cache[keys[f]] = digest
+                found[f] = digest
+                # A file modified in the last seconds may still change within the timestamp
+                # granularity of older kernels: hash it again next time rather than trust its key.
+                if now - f.stat().st_mtime > _SETTLE_S:
+                    cache[keys[f]] = digest
         _save_cache(cache)
-    return {f: cache[keys[f]] for f in files}
+    return {f: found[f] for f in files}
 
 
 def fingerprint(files: Iterable[Path]) -> str:

@@ -8,10 +8,13 @@ module, ``A`` (r × in) and ``B`` (out × r). The module's weight delta is
 with per-module ``r`` and ``lora_alpha`` from ``rank_pattern`` / ``alpha_pattern`` when given,
 transposed when ``fan_in_fan_out`` (GPT-2's Conv1D). Embedding adapters store ``lora_embedding_A``
 (r × vocab) and ``lora_embedding_B`` (dim × r); their delta is (B @ A)ᵀ. Tensors listed in
-``modules_to_save`` are full replacements. :func:`apply_lora` presents base + Δ as a
-:class:`~graftkit.weights.checkpoint.Checkpoint`, each adapted tensor merged in fp32 and cast to the
-base dtype (what ``merge_and_unload`` computes), every other tensor the base's own bytes.
-DoRA (a learned magnitude vector) and non-LoRA adapters are refused.
+``modules_to_save`` are full replacements, as are trained biases (``bias="all"``) and the base weight
+PEFT saves with a targeted embedding (``<module>.base_layer.<param>``, the base's ``<module>.<param>``).
+:func:`apply_lora` presents base + Δ as a :class:`~graftkit.weights.checkpoint.Checkpoint`, each adapted
+tensor merged in fp32 and cast to the base dtype (what ``merge_and_unload`` computes), every other tensor
+the base's own bytes.
+DoRA (a learned magnitude vector), trainable LoRA biases (``lora_bias``) and non-LoRA adapters are
+refused.
 """
 
 from __future__ import annotations
@@ -77,6 +80,13 @@ def read_adapter(path: Path) -> tuple[dict, SafetensorsFile, list[LoraModule], d
     sf = SafetensorsFile(weights)
     r0, alpha0 = int(cfg.get("r", 8)), float(cfg.get("lora_alpha", 8))
     rank_pat, alpha_pat = cfg.get("rank_pattern") or {}, cfg.get("alpha_pattern") or {}
+    bias_keys = [k for k in sf.entries if k.endswith(".lora_B.bias")]
+    if cfg.get("lora_bias") or bias_keys:
+        raise GraftkitError(
+            f"{path}: LoRA adapters with lora_bias=True are not supported"
+            + (f" (tensor {bias_keys[0]})" if bias_keys else ""),
+            "merge the adapter with PEFT's merge_and_unload() and pass the merged folder",
+        )
     modules: list[LoraModule] = []
     full: dict[str, str] = {}
     for key in sf.entries:
@@ -99,7 +109,14 @@ def read_adapter(path: Path) -> tuple[dict, SafetensorsFile, list[LoraModule], d
         else:
             if ".lora_B." in name or name.endswith(".lora_embedding_B"):
                 continue
-            full[name] = key  # modules_to_save: a full replacement tensor
+            # modules_to_save, trained biases (bias="all"/"lora_only") and the saved base weight of a
+            # targeted embedding: full replacements. PEFT saves a wrapped module's own tensors under
+            # ``<module>.base_layer.<param>``, the base model's ``<module>.<param>``.
+            full[name.replace(".base_layer.", ".")] = key
+    paired = {m.b for m in modules}
+    orphans = [k for k in sf.entries if (".lora_B." in k or k.endswith(".lora_embedding_B")) and k not in paired]
+    if orphans:
+        raise GraftkitError(f"{weights}: {orphans[0]} has no matching lora_A tensor", "re-save the adapter")
     return cfg, sf, modules, full
 
 
@@ -141,7 +158,7 @@ def apply_lora(base: Checkpoint, adapter_path: Path) -> Checkpoint:
     def read(name: str) -> torch.Tensor:
         if name in by_target:
             m = by_target[name]
-            w = base.read(name)
+            w = sf.read(full[name]).to(base.metas[name].dtype) if name in full else base.read(name)
             return (w.float() + lora_delta(sf.read(m.a), sf.read(m.b), m.scale, m.transpose)).to(w.dtype)
         if name in full:
             return sf.read(full[name]).to(base.metas[name].dtype)

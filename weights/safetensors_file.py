@@ -140,7 +140,10 @@ def read_header(path: Path) -> tuple[dict[str, TensorEntry], dict[str, str], int
     entries: dict[str, TensorEntry] = {}
     for name, spec in header.items():
         try:
-            code, shape, (b, e) = spec["dtype"], tuple(int(s) for s in spec["shape"]), spec["data_offsets"]
+            code, shape, (b, e) = spec["dtype"], tuple(spec["shape"]), spec["data_offsets"]
+            # JSON numbers only: a string, null or negative size would fail later, inside torch
+            if type(code) is not str or not all(type(x) is int and x >= 0 for x in (*shape, b, e)):
+                raise ValueError
         except (KeyError, TypeError, ValueError):
             raise GraftkitError(
                 f"{path}: corrupt safetensors header entry for tensor {name}: {spec!r}",

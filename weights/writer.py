@@ -132,7 +132,11 @@ def atomic_folder(dest: Path) -> Iterator[Path]:
         if dest.exists():
             old = dest.parent / f".{dest.name}.old-{os.getpid()}"
             os.replace(dest, old)
-            os.replace(tmp, dest)
+            try:
+                os.replace(tmp, dest)
+            except BaseException:
+                os.replace(old, dest)  # put the earlier output back before reporting the failure
+                raise
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, dest)
