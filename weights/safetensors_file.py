@@ -6,10 +6,9 @@ to the end of the header), then the raw little-endian tensor bytes.
 
 Reading validates the whole header before any tensor is touched (a truncated file, a corrupt or oversized
 header, offsets that do not fit the shape are each one clear error) and memory-maps the file, so a tensor
-is a zero-copy view whose pages the kernel can drop again. Writing is a stream: the header is computed
-from the tensor list first, then each tensor's bytes are appended, either copied in the kernel from a
-source file (``os.copy_file_range``: no bytes pass through this process) or written from a tensor. So
-memory stays bounded by one tensor (or one chunk), whatever the model's size.
+is a zero-copy view whose pages the kernel can drop again. Writing is a stream: :func:`header_bytes` lays
+out the header from the tensor list first, so every tensor's offset is known before any byte is written
+(``weights/writer.py`` then fills the file in parallel, copying unchanged byte ranges in the kernel).
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import struct
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import BinaryIO, Iterable
+from typing import Iterable
 
 import torch
 
@@ -201,37 +200,3 @@ def header_bytes(tensors: Iterable[OutTensor], metadata: dict[str, str] | None =
     raw = json.dumps(head, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
     return struct.pack("<Q", len(raw)) + raw
-
-
-def copy_range(src: Path, start: int, nbytes: int, dst: BinaryIO) -> None:
-    """Append ``nbytes`` of ``src`` from ``start`` to ``dst``, in the kernel where it can."""
-    dst.flush()
-    out_fd = dst.fileno()
-    with open(src, "rb") as s:
-        in_fd, done = s.fileno(), 0
-        try:
-            while done < nbytes:
-                n = os.copy_file_range(in_fd, out_fd, nbytes - done, start + done)
-                if n == 0:
-                    break
-                done += n
-        except OSError:
-            pass  # a file system without copy_file_range: finish in user space below
-        if done < nbytes:
-            s.seek(start + done)
-            os.lseek(out_fd, 0, os.SEEK_END)
-            while done < nbytes:
-                chunk = s.read(min(64 << 20, nbytes - done))
-                if not chunk:
-                    raise GraftkitError(f"{src}: ended early while copying", "the file changed or is truncated")
-                dst.write(chunk)
-                done += len(chunk)
-    # copy_file_range moved the fd's offset; keep the Python file object in step.
-    dst.seek(0, os.SEEK_END)
-
-
-def write_tensor_bytes(t: torch.Tensor, dst: BinaryIO) -> None:
-    """Append the raw little-endian bytes of ``t`` to ``dst``."""
-    flat = t.detach().contiguous().reshape(-1)
-    if flat.numel():
-        dst.write(flat.view(torch.uint8).numpy().data)
