@@ -44,3 +44,38 @@ def save_model(
             dest, specs, provenance=provenance, inputs=inputs, aux_from=Path(aux), config=config,
             force=force, max_shard_size=max_shard_size,
         )
+
+
+def load_model(path: Path, *, allow_pickle: bool = False, dtype=None, need_tokenizer: bool = True):
+    """Load an HF causal LM folder and its tokenizer: safetensors only unless ``allow_pickle``, and
+    never remote code. Returns ``(model, tokenizer)``; each failure is one clear error."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..errors import GraftkitError
+    from .checkpoint import open_checkpoint
+
+    path = Path(path)
+    ck = open_checkpoint(path, allow_pickle=allow_pickle)  # validates files, refuses pickles
+    if not path.is_dir() or ck.config is None:
+        raise GraftkitError(f"{path}: a policy needs an HF model folder with config.json", "point at the model folder")
+    tokenizer = None
+    if need_tokenizer:
+        if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+            raise GraftkitError(
+                f"{path}: no tokenizer (tokenizer.json or tokenizer_config.json)",
+                "save the tokenizer into the model folder (tokenizer.save_pretrained)",
+            )
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        except Exception as exc:  # transformers raises many types for a broken tokenizer folder
+            raise GraftkitError(f"{path}: cannot load its tokenizer ({exc})".splitlines()[0]) from None
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, trust_remote_code=False, use_safetensors=not allow_pickle or None,
+            dtype=dtype if dtype is not None else torch.float32,
+        )
+    except Exception as exc:
+        raise GraftkitError(f"{path}: cannot load as a causal LM ({exc})".splitlines()[0],
+                            "check config.json's architecture") from None
+    return model.eval(), tokenizer

@@ -14,6 +14,7 @@ out the header from the tensor list first, so every tensor's offset is known bef
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import struct
@@ -65,10 +66,7 @@ class TensorEntry:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -76,7 +74,7 @@ class TensorEntry:
 
 
 def _itemsize(code: str) -> int:
-    return torch.empty((), dtype=DTYPES[code]).element_size()
+    return DTYPES[code].itemsize
 
 
 class SafetensorsFile:
@@ -152,10 +150,7 @@ def read_header(path: Path) -> tuple[dict[str, TensorEntry], dict[str, str], int
             raise GraftkitError(
                 f"{path}: tensor {name} has unsupported dtype {code}", f"supported: {', '.join(DTYPES)}"
             )
-        numel = 1
-        for s in shape:
-            numel *= s
-        if not (0 <= b <= e) or e - b != numel * _itemsize(code):
+        if not (0 <= b <= e) or e - b != math.prod(shape) * _itemsize(code):
             raise GraftkitError(
                 f"{path}: tensor {name} {code}{list(shape)} has data_offsets [{b}, {e}] that do not fit "
                 "its shape; the header is corrupt",
@@ -184,10 +179,7 @@ class OutTensor:
 
     @property
     def nbytes(self) -> int:
-        n = _itemsize(self.dtype)
-        for s in self.shape:
-            n *= s
-        return n
+        return _itemsize(self.dtype) * math.prod(self.shape)
 
 
 def header_bytes(tensors: Iterable[OutTensor], metadata: dict[str, str] | None = None) -> bytes:
