@@ -377,6 +377,219 @@ def graft(
               f"{_fmt_bytes(b.nbytes)}) → {escape(str(written))} in {seconds:.1f} s")
 
 
+# ------------------------------------------------------------------------------------ eval, headroom
+
+
+def _episode_progress(total: int, what: str) -> Progress:
+    p = Progress(TextColumn(f"[bold]{escape(what)}[/]"), BarColumn(), TextColumn("{task.completed}/{task.total} episodes"),
+                 TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal)
+    p.add_task(what, total=total)
+    return p
+
+
+def _load_policy(path: Path, allow_pickle: bool):
+    from .agent import Policy
+    from .weights import load_model
+
+    model, tok = load_model(path, allow_pickle=allow_pickle)
+    return Policy(model, tok, Path(path))
+
+
+def _run_eval(policy, tasks, seeds, episodes, decode, samples, backend, batch_size, label):
+    from .agent import evaluate
+
+    total = len(tasks) * len(seeds) * episodes * samples
+    with _episode_progress(total, label) as p:
+        return evaluate(policy, tasks, seeds, episodes, decode, samples=samples, backend=backend,
+                        batch_size=batch_size, on_episode=lambda e: p.advance(p.task_ids[0]))
+
+
+def eval_result(outcome, model_desc: dict, extra: dict | None = None, kind: str = "eval", more: dict | None = None):
+    """An evaluation as a labelled result: every episode's outcome over [task, seed, episode, sample]
+    (``more``: further arrays over the same task/seed/episode axes, e.g. greedy outcomes beside sampled)."""
+    from dataclasses import asdict
+
+    from .store import Result
+
+    dims = ("task", "seed", "episode", "sample")
+    coords = {"task": np.array(outcome.tasks, dtype=object), "seed": np.array(outcome.seeds),
+              "episode": np.arange(outcome.episodes), "sample": np.arange(outcome.samples)}
+    for dims_more, values in (more or {}).values():
+        for d, n in zip(dims_more, np.shape(values)):
+            coords.setdefault(d, np.arange(n))
+    data = {k: (dims, getattr(outcome, k)) for k in ("success", "reward", "turns", "invalid")}
+    data["success"] = (dims, outcome.success.astype(np.int8))
+    attrs = {"model": model_desc, "decode": asdict(outcome.decode), "backend": outcome.backend, "obs": outcome.obs,
+             "episode_seed": "env seed = 1000 * seed + episode", "seconds": outcome.seconds,
+             "success": "raw reward == 1 at the end of the episode", **(extra or {})}
+    return Result(kind, coords, {**data, **(more or {})}, attrs)
+
+
+def _seed_list(n: int) -> list[int]:
+    if n < 1:
+        raise GraftkitError(f"--seeds {n} must be ≥ 1", "pass e.g. --seeds 25")
+    return list(range(n))
+
+
+def _check_obs(obs: str, backend: str) -> None:
+    if backend not in ("py", "miniwob"):
+        raise GraftkitError(f"unknown --backend {backend!r}", "use py (the mirror) or miniwob (Chromium)")
+    if obs not in ("text", "som"):
+        raise GraftkitError(f"unknown --obs {obs!r}", "use text or som")
+    if obs == "som":
+        raise GraftkitError(
+            "--obs som needs a vision-language policy; graftkit's policies here are text-only causal LMs",
+            "use --obs text (Set-of-Marks screenshots are rendered by graftkit.webenv for VLM agents)",
+        )
+
+
+@app.command("eval")
+@_handled
+def eval_cmd(
+    model: Path = typer.Option(..., "--model", help="Policy: an HF causal LM folder with its tokenizer."),
+    tasks: str = typer.Option("mastered", help="Suite (mastered, headroom, all) or comma list of tasks."),
+    seeds: int = typer.Option(25, help="Evaluation seeds 0..N-1."),
+    episodes: int = typer.Option(4, help="Episodes per seed and task."),
+    backend: str = typer.Option("py", help="py (the pure-Python mirror) or miniwob (real MiniWoB++ in Chromium)."),
+    obs: str = typer.Option("text", help="Observation: text (element list) or som (Set-of-Marks screenshot)."),
+    compare_to: Optional[Path] = typer.Option(None, "--compare", help="A second policy to compare on identical episodes."),
+    sample: bool = typer.Option(False, help="Sample actions instead of greedy decoding."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature."),
+    top_p: float = typer.Option(1.0, help="Nucleus sampling mass."),
+    batch_size: int = typer.Option(64, help="Episodes advanced together."),
+    save: Optional[Path] = typer.Option(None, "--save", help="HDF5 result file (default: RUN/results/eval-*.h5)."),
+    allow_pickle: bool = typer.Option(False, help="Load pickled .bin/.pt weights (weights_only=True)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """Success per task with intervals over tasks × seeds × episodes; with --compare, the paired verdict."""
+    from .agent import Decode, resolve_tasks
+    from .stats import compare, wilson_interval
+    from .store import write_result
+    from .weights import describe, open_checkpoint
+
+    _check_obs(obs, backend)
+    task_list, seed_list = resolve_tasks(tasks), _seed_list(seeds)
+    decode = Decode(greedy=not sample, temperature=temperature, top_p=top_p)
+    runs = [("model", model)] + ([("compare", compare_to)] if compare_to else [])
+    outcomes = {}
+    for role, path in runs:
+        policy = _load_policy(path, allow_pickle)
+        outcomes[role] = _run_eval(policy, task_list, seed_list, episodes, decode, 1, backend, batch_size,
+                                   f"eval {Path(path).name}")
+        desc = describe(open_checkpoint(path, allow_pickle=allow_pickle))
+        dest = (save if role == "model" and save else
+                current_run() / "results" / f"eval-{Path(path).name}-{'sampled' if sample else 'greedy'}.h5")
+        write_result(dest, eval_result(outcomes[role], desc))
+        outcomes[role].extra["file"] = str(dest)
+    rows = []
+    for i, t in enumerate(task_list + ["all"]):
+        pick = (lambda o: o.success[..., 0].reshape(len(seed_list), -1)) if t == "all" else \
+               (lambda o, i=i: o.success[i, :, :, 0])
+        a = pick(outcomes["model"])
+        row = {"task": t, "model": _rate_json(wilson_interval(int(a.sum()), a.size))}
+        if compare_to:
+            bse = pick(outcomes["compare"])
+            c = compare(bse, a)  # a = the comparison base, b = the model
+            row.update({"compare": _rate_json(c.rate_a), "diff": c.diff,
+                        "bootstrap": [c.bootstrap.low, c.bootstrap.high], "bayes": [c.bayes.low, c.bayes.high],
+                        "mcnemar_p": c.mcnemar.p_value, "verdict": c.verdict})
+        rows.append(row)
+    if as_json:
+        return _print_json({"model": str(model), "compare": str(compare_to) if compare_to else None,
+                            "tasks": rows, "seeds": len(seed_list), "episodes": episodes, "backend": backend,
+                            "decode": decode.__dict__, "files": {k: o.extra["file"] for k, o in outcomes.items()}})
+    t = Table(title=f"{escape(str(model))}: success over {len(seed_list)} seeds × {episodes} episodes "
+                    f"({'sampled' if sample else 'greedy'}, {backend})")
+    t.add_column("task")
+    t.add_column("success (95% Wilson)", justify="right")
+    if compare_to:
+        t.add_column(f"{escape(Path(compare_to).name)}", justify="right")
+        t.add_column("diff [bootstrap] [Bayes]", justify="right")
+        t.add_column("McNemar p", justify="right")
+        t.add_column("verdict")
+    for row in rows:
+        cells = [escape(row["task"]), _rate_text(row["model"])]
+        if compare_to:
+            cells += [_rate_text(row["compare"]),
+                      f"{100 * row['diff']:+.1f} [{100 * row['bootstrap'][0]:+.1f}, {100 * row['bootstrap'][1]:+.1f}] "
+                      f"[{100 * row['bayes'][0]:+.1f}, {100 * row['bayes'][1]:+.1f}]",
+                      f"{row['mcnemar_p']:.3g}", row["verdict"]]
+        t.add_row(*cells)
+    out.print(t)
+    for k, o in outcomes.items():
+        out.print(f"saved {escape(o.extra['file'])} ({o.seconds:.1f} s)")
+
+
+def _rate_json(r) -> dict:
+    return {"rate": r.rate, "low": r.low, "high": r.high, "successes": r.successes, "n": r.n}
+
+
+def _rate_text(r: dict) -> str:
+    return f"{100 * r['rate']:.1f}% [{100 * r['low']:.1f}, {100 * r['high']:.1f}]"
+
+
+@app.command()
+@_handled
+def headroom(
+    model: Path = typer.Option(..., "--model", help="Policy: an HF causal LM folder with its tokenizer."),
+    tasks: str = typer.Option("all", help="Suite (mastered, headroom, all) or comma list of tasks."),
+    k: int = typer.Option(8, help="Samples per episode (pass@k uses all k)."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature."),
+    top_p: float = typer.Option(1.0, help="Nucleus sampling mass."),
+    seeds: int = typer.Option(25, help="Evaluation seeds 0..N-1."),
+    episodes: int = typer.Option(2, help="Episodes per seed and task."),
+    backend: str = typer.Option("py", help="py (the mirror) or miniwob (Chromium)."),
+    batch_size: int = typer.Option(64, help="Episodes advanced together."),
+    save: Optional[Path] = typer.Option(None, "--save", help="HDF5 result file (default: RUN/results/headroom-*.h5)."),
+    allow_pickle: bool = typer.Option(False, help="Load pickled .bin/.pt weights (weights_only=True)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """Greedy vs sampled success per task, pass@k, and whether GRPO has room to climb (headroom)."""
+    from .agent import Decode, resolve_tasks
+    from .stats import headroom as headroom_table
+    from .stats import pass_at_k
+    from .store import write_result
+    from .weights import describe, open_checkpoint
+
+    _check_obs("text", backend)
+    if k < 2:
+        raise GraftkitError(f"--k {k} must be ≥ 2", "pass e.g. --k 8")
+    task_list, seed_list = resolve_tasks(tasks), _seed_list(seeds)
+    policy = _load_policy(model, allow_pickle)
+    greedy = _run_eval(policy, task_list, seed_list, episodes, Decode(greedy=True), 1, backend, batch_size, "greedy")
+    sampled = _run_eval(policy, task_list, seed_list, episodes,
+                        Decode(greedy=False, temperature=temperature, top_p=top_p), k, backend, batch_size, "sampled")
+    S = len(seed_list)
+    g = {t: np.repeat(greedy.success[i, :, :, 0], k, axis=1).reshape(S, -1) for i, t in enumerate(task_list)}
+    s_ = {t: sampled.success[i].reshape(S, -1) for i, t in enumerate(task_list)}
+    table = headroom_table(g, s_)
+    rows = []
+    for i, t in enumerate(task_list):
+        c = sampled.success[i].sum(-1)  # successes among k samples, per (seed, episode)
+        h = table[t]
+        rows.append({"task": t, "greedy": float(greedy.success[i].mean()), "sampled": float(sampled.success[i].mean()),
+                     f"pass@{k}": float(np.mean([pass_at_k(k, int(x), k) for x in c.ravel()])),
+                     "headroom": h.headroom, "bootstrap": [h.comparison.bootstrap.low, h.comparison.bootstrap.high],
+                     "bayes": [h.comparison.bayes.low, h.comparison.bayes.high], "verdict": h.verdict})
+    desc = describe(open_checkpoint(model, allow_pickle=allow_pickle))
+    dest = save or current_run() / "results" / f"headroom-{Path(model).name}.h5"
+    write_result(dest, eval_result(
+        sampled, desc, {"k": k, "temperature": temperature, "top_p": top_p}, kind="headroom",
+        more={"greedy_success": (("task", "seed", "episode", "greedy_sample"), greedy.success.astype(np.int8))},
+    ))
+    if as_json:
+        return _print_json({"model": str(model), "k": k, "temperature": temperature, "tasks": rows, "file": str(dest)})
+    t = Table(title=f"headroom of {escape(str(model))}: {S} seeds × {episodes} episodes, k={k}, T={temperature:g}")
+    for col in ("task", "greedy", "sampled", f"pass@{k}", "headroom [bootstrap] [Bayes]", "verdict"):
+        t.add_column(col, justify="left" if col in ("task", "verdict") else "right")
+    for r in rows:
+        t.add_row(escape(r["task"]), f"{100 * r['greedy']:.1f}%", f"{100 * r['sampled']:.1f}%", f"{100 * r[f'pass@{k}']:.1f}%",
+                  f"{100 * r['headroom']:+.1f} [{100 * r['bootstrap'][0]:+.1f}, {100 * r['bootstrap'][1]:+.1f}] "
+                  f"[{100 * r['bayes'][0]:+.1f}, {100 * r['bayes'][1]:+.1f}]", r["verdict"])
+    out.print(t)
+    out.print(f"saved {escape(str(dest))}")
+
+
 # ---------------------------------------------------------------------------------------------- demo
 
 

@@ -22,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
 import numpy as np
-import torch
 
 from ..store import Result
 from ..weights import Checkpoint, Taxonomy, check_pair
@@ -30,7 +29,6 @@ from ..weights.taxonomy import DECODER
 
 #: Per tensor and run: the sums every aggregate is built from.
 SUMS = ("sumsq_delta", "max_abs_delta", "n_unchanged", "n_within_tol", "n_nonfinite")
-_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 STATS_CHUNK = 1 << 18  # 256K entries: 1 MB of float32, cache-resident through every pass
@@ -44,52 +42,66 @@ def _dot(x: np.ndarray, y: np.ndarray) -> float:
     return float(head) + float(np.dot(x[n:].astype(np.float64), y[n:].astype(np.float64)))
 
 
-def _to_float(t: torch.Tensor, out: np.ndarray) -> np.ndarray:
-    """Chunk ``t`` converted exactly to ``out``'s float dtype (float32 or float64), written into ``out``.
+def _to_float(x: np.ndarray, code: str, out: np.ndarray) -> np.ndarray:
+    """Chunk ``x`` (typed as :meth:`Checkpoint.array` gives it) converted exactly to ``out``'s float
+    dtype, written into ``out``.
 
     bfloat16 → float32 is the 16-bit pattern shifted into the high half of a float32 — exact for every
     value, NaN and ±Inf included. Conversions run in numpy into preallocated buffers: on a shared CPU
     torch's threaded conversions and fresh 1 MB allocations (page faults each time) cost more than the
     arithmetic.
     """
-    n = t.numel()
-    o = out[:n]
-    if t.dtype == torch.bfloat16 and o.dtype == np.float32:
-        np.left_shift(t.view(torch.int16).numpy().view(np.uint16), 16, out=o.view(np.uint32), dtype=np.uint32)
-    elif t.dtype in (torch.float16, torch.float32, torch.float64):
-        np.copyto(o, t.numpy())
+    o = out[: x.size]
+    if code == "BF16":
+        np.left_shift(x, 16, out=o.view(np.uint32), dtype=np.uint32)  # o is float32 for BF16
+    elif code.startswith("F8"):
+        import torch
+
+        from ..weights import torch_dtype
+
+        np.copyto(o, torch.from_numpy(np.ascontiguousarray(x)).view(torch_dtype(code)).to(torch.float64).numpy())
     else:
-        np.copyto(o, t.to(torch.float64).numpy())
+        np.copyto(o, x)
     return o
 
 
+def _bits(x: np.ndarray) -> np.ndarray:
+    return x.view(f"u{x.itemsize}") if x.dtype.kind != "b" else x.view(np.uint8)
+
+
 def tensor_delta_stats(
-    base: torch.Tensor, rls: Sequence[torch.Tensor], tol: float, chunk: int = STATS_CHUNK
+    base, rls: Sequence, tol: float, chunk: int = STATS_CHUNK, code: str | None = None
 ) -> tuple[float, np.ndarray, np.ndarray]:
     """Statistics of Δ_r = rls[r] − base for one tensor.
 
-    Returns ``(sumsq_base, sums[r, SUMS], dots[r, s])`` with ``dots[r, s] = ⟨Δ_r, Δ_s⟩`` over finite
-    entries. Works through the flattened tensor in chunks, so memory stays bounded. The reductions run
-    in numpy (single-threaded SIMD; torch's bool reductions are far slower on a shared CPU); dot
-    products accumulate in float32 over blocks of 1024 entries and in float64 across blocks.
+    ``base`` and ``rls`` are numpy arrays typed as :meth:`Checkpoint.array` gives them, with the
+    tensor's safetensors dtype ``code`` (or torch tensors, whose code is read off them). Returns
+    ``(sumsq_base, sums[r, SUMS], dots[r, s])`` with ``dots[r, s] = ⟨Δ_r, Δ_s⟩`` over finite entries.
+    Works through the flattened tensor in chunks, so memory stays bounded. The reductions run in numpy
+    (single-threaded SIMD; torch's bool reductions are far slower on a shared CPU); dot products
+    accumulate in float32 over blocks of 1024 entries and in float64 across blocks.
     """
+    if code is None:  # torch tensors
+        from ..weights import code_of, tensor_bits
+
+        code = code_of(base.dtype)
+        base, rls = tensor_bits(base), [tensor_bits(r) for r in rls]
     k = len(rls)
     sums = np.zeros((k, len(SUMS)))
     dots = np.zeros((k, k))
     sumsq_base = 0.0
-    work = np.float64 if base.dtype == torch.float64 else np.float32
-    ints = _INT_VIEW[base.element_size()]
+    work = np.float64 if code in ("F64", "I64", "U64", "I32", "U32") else np.float32
     flat_b = base.reshape(-1)
     flat_r = [r.reshape(-1) for r in rls]
-    m = min(chunk, flat_b.numel())
+    m = min(chunk, flat_b.size)
     b_buf, r_buf, a_buf = (np.empty(m, work) for _ in range(3))
     d_buf = np.empty((k, m), work)
     mask = np.empty(m, bool)
-    for i in range(0, flat_b.numel(), chunk):
+    for i in range(0, flat_b.size, chunk):
         b_raw = flat_b[i : i + chunk]
-        n = b_raw.numel()
-        b = _to_float(b_raw, b_buf)
-        b_bits = b_raw.view(ints).numpy()
+        n = b_raw.size
+        b = _to_float(b_raw, code, b_buf)
+        b_bits = _bits(b_raw)
         sb = _dot(b, b)
         if not np.isfinite(sb):
             finite_b = np.where(np.isfinite(b), b, 0.0)
@@ -97,7 +109,7 @@ def tensor_delta_stats(
         sumsq_base += sb
         for r, fr in enumerate(flat_r):
             r_raw = fr[i : i + chunk]
-            d = np.subtract(_to_float(r_raw, r_buf), b, out=d_buf[r, :n])
+            d = np.subtract(_to_float(r_raw, code, r_buf), b, out=d_buf[r, :n])
             ss = _dot(d, d)
             bad = 0
             if not np.isfinite(ss):
@@ -109,7 +121,7 @@ def tensor_delta_stats(
             sums[r, 0] += ss
             if n:
                 sums[r, 1] = max(sums[r, 1], float(a.max()))
-            sums[r, 2] += np.count_nonzero(np.equal(b_bits, r_raw.view(ints).numpy(), out=mask[:n]))
+            sums[r, 2] += np.count_nonzero(np.equal(b_bits, _bits(r_raw), out=mask[:n]))
             sums[r, 3] += np.count_nonzero(np.less_equal(a, tol, out=mask[:n])) - bad
             sums[r, 4] += bad
         for r in range(k):
@@ -176,8 +188,9 @@ def delta_anatomy(
     dots = np.zeros((k, k, n))
 
     def one(j: int):
-        b = base.read(names[j])
-        return j, b.numel(), tensor_delta_stats(b, [r.read(names[j]) for r in rls], tol)
+        name = names[j]
+        b = base.array(name)
+        return j, b.size, tensor_delta_stats(b, [r.array(name) for r in rls], tol, code=base.metas[name].code)
 
     # numpy releases the GIL in every reduction: two threads keep two cores busy. Largest tensors
     # first, so the last one to finish is small.

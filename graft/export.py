@@ -39,7 +39,7 @@ def graft_specs(base: Checkpoint, rl: Checkpoint, plan: GraftPlan) -> list[OutSp
             src = _source(rl, name)
         else:
             src = (lambda n=name, c=c: splice_chunks(base.read(n), rl.read(n), c))
-        specs.append(OutSpec(name, m.dtype, m.shape, src))
+        specs.append(OutSpec(name, m.code, m.shape, src))
     return specs
 
 

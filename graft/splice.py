@@ -7,11 +7,12 @@ in row chunks so memory stays bounded by the chunk, not the tensor.
 
 from __future__ import annotations
 
-from typing import Iterator
-
-import torch
+from typing import TYPE_CHECKING, Iterator
 
 from ..errors import GraftkitError
+
+if TYPE_CHECKING:
+    import torch
 
 CHUNK_ELEMENTS = 1 << 22  # 4M elements: 16 MB of float32 per operand
 
@@ -22,6 +23,8 @@ def splice(base: torch.Tensor, rl: torch.Tensor, c: float) -> torch.Tensor:
         return base
     if c == 1:
         return rl
+    import torch
+
     if not base.dtype.is_floating_point:
         raise GraftkitError(
             f"cannot scale a delta of a {base.dtype} tensor by {c}", "use --alpha 0 or 1 for integer tensors"

@@ -354,3 +354,28 @@ def test_version(cli):
 
     r = cli("version")
     assert r.exit_code == 0 and r.stdout.strip() == __version__
+
+
+@pytest.mark.slow
+def test_exact_graft_and_delta_never_import_torch(tmp_path):
+    """Byte-exact grafts and delta anatomy run on headers, kernel copies and numpy: importing torch
+    (a second or more) is not needed, and this keeps it so."""
+    from graftkit.demo import planted_pair
+
+    sft, rl = planted_pair(tmp_path / "pair")
+    code = f"""
+import sys
+from typer.testing import CliRunner
+from graftkit.cli import app
+r = CliRunner()
+res = r.invoke(app, ["graft", "--base", {str(sft)!r}, "--from", {str(rl)!r}, "--groups", "attn,mlp",
+                     "--layers", "late", "--out", {str(tmp_path / "g")!r}])
+assert res.exit_code == 0, res.output
+res = r.invoke(app, ["delta", "--base", {str(sft)!r}, "--from", {str(rl)!r}, "--save", {str(tmp_path / "d.h5")!r}])
+assert res.exit_code == 0, res.output
+assert "torch" not in sys.modules, "torch was imported"
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "GRAFTKIT_RUNS": str(tmp_path / "runs")})
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]

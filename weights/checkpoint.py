@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
-import torch
+import numpy as np
 
 from ..errors import GraftkitError
-from .safetensors_file import DTYPES, CODES, SafetensorsFile, TensorEntry
+from .safetensors_file import ITEMSIZE, NUMPY, SafetensorsFile, TensorEntry, code_of, torch_dtype
 from .taxonomy import Taxonomy, classify
 
 INDEX = "model.safetensors.index.json"
@@ -34,8 +34,13 @@ PROVENANCE = "graftkit.json"
 @dataclass(frozen=True)
 class TensorMeta:
     name: str
-    dtype: torch.dtype
+    code: str  # safetensors dtype code, e.g. "BF16"
     shape: tuple[int, ...]
+
+    @property
+    def dtype(self):
+        """The torch dtype (imports torch on first use)."""
+        return torch_dtype(self.code)
 
     @property
     def numel(self) -> int:
@@ -43,7 +48,19 @@ class TensorMeta:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * self.dtype.itemsize
+        return self.numel * ITEMSIZE[self.code]
+
+
+def tensor_bits(t) -> np.ndarray:
+    """A torch tensor as the numpy array :meth:`Checkpoint.array` gives (bfloat16/float8 as raw bits)."""
+    import torch
+
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return t.view(torch.uint8).numpy()
+    return t.numpy()
 
 
 @dataclass
@@ -53,19 +70,27 @@ class Checkpoint:
     path: Path
     kind: str  # "hf-folder" | "safetensors-file" | "pickle" | "lora-merged"
     metas: dict[str, TensorMeta]
-    reader: Callable[[str], torch.Tensor]
+    reader: Callable[[str], object]  # name -> torch.Tensor
     raw: Mapping[str, TensorEntry] = field(default_factory=dict)  # bytes on disk, where unchanged
     config: dict | None = None
     provenance: dict | None = None  # the folder's graftkit.json, if any
     weight_files: tuple[Path, ...] = ()
+    arrays: Callable[[str], np.ndarray] | None = None  # name -> numpy view, without torch
 
     @property
     def names(self) -> list[str]:
         return list(self.metas)
 
-    def read(self, name: str) -> torch.Tensor:
-        """The values of tensor ``name`` (a read-only view where possible: never modify it)."""
+    def read(self, name: str):
+        """The values of tensor ``name`` as a torch tensor (a read-only view where possible)."""
         return self.reader(name)
+
+    def array(self, name: str) -> np.ndarray:
+        """Tensor ``name`` as numpy, typed by its dtype code (bfloat16 and float8 as raw bits): a view of
+        the mapped file for safetensors, so reading needs no torch."""
+        if self.arrays is not None and name in self.raw:
+            return self.arrays(name)
+        return tensor_bits(self.read(name))
 
     @property
     def folder(self) -> Path:
@@ -114,11 +139,12 @@ def _from_safetensors(path: Path, kind: str, files: list[Path], config: dict | N
                     "remove the stale shard",
                 )
             entries[name], by_name[name] = e, sf
-    metas = {n: TensorMeta(n, e.torch_dtype, e.shape) for n, e in entries.items()}
+    metas = {n: TensorMeta(n, e.dtype, e.shape) for n, e in entries.items()}
     folder = path if path.is_dir() else path.parent
     prov = _read_json(folder / PROVENANCE) if (path.is_dir() and (folder / PROVENANCE).is_file()) else None
     return Checkpoint(
-        path, kind, metas, lambda n: by_name[n].read(n), entries, config, prov, tuple(files)
+        path, kind, metas, lambda n: by_name[n].read(n), entries, config, prov, tuple(files),
+        lambda n: by_name[n].array(n),
     )
 
 
@@ -196,6 +222,8 @@ def _open_pickle(path: Path, files: list[Path], config: dict | None, allow: bool
             f"{files[0]}: pickled weights are refused by default (loading a pickle can run arbitrary code)",
             "convert to safetensors, or pass --allow-pickle to load with torch.load(weights_only=True)",
         )
+    import torch
+
     tensors: dict[str, torch.Tensor] = {}
     for f in files:
         try:
@@ -207,12 +235,13 @@ def _open_pickle(path: Path, files: list[Path], config: dict | None, allow: bool
         tensors.update(sd)
     metas = {}
     for n, t in tensors.items():
-        if t.dtype not in CODES:
-            raise GraftkitError(f"{path}: tensor {n} has unsupported dtype {t.dtype}")
-        metas[n] = TensorMeta(n, t.dtype, tuple(t.shape))
+        try:
+            metas[n] = TensorMeta(n, code_of(t.dtype), tuple(t.shape))
+        except KeyError:
+            raise GraftkitError(f"{path}: tensor {n} has unsupported dtype {t.dtype}") from None
     prov_path = (path if path.is_dir() else path.parent) / PROVENANCE
     prov = _read_json(prov_path) if path.is_dir() and prov_path.is_file() else None
     return Checkpoint(path, "pickle", metas, tensors.__getitem__, {}, config, prov, tuple(files))
 
 
-__all__ = ["Checkpoint", "TensorMeta", "open_checkpoint", "DTYPES", "PROVENANCE"]
+__all__ = ["Checkpoint", "TensorMeta", "open_checkpoint", "tensor_bits", "PROVENANCE", "NUMPY"]

@@ -24,8 +24,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from ..errors import GraftkitError
 from .checkpoint import Checkpoint, TensorMeta, _read_json
 from .safetensors_file import SafetensorsFile
@@ -120,7 +118,7 @@ def read_adapter(path: Path) -> tuple[dict, SafetensorsFile, list[LoraModule], d
     return cfg, sf, modules, full
 
 
-def lora_delta(a: torch.Tensor, b: torch.Tensor, scale: float, transpose: bool) -> torch.Tensor:
+def lora_delta(a, b, scale: float, transpose: bool):
     """Δ = s · B @ A in float32 (transposed for fan_in_fan_out layers and embeddings)."""
     d = scale * (b.float() @ a.float())
     return d.T.contiguous() if transpose else d
@@ -155,7 +153,7 @@ def apply_lora(base: Checkpoint, adapter_path: Path) -> Checkpoint:
                 "pass the base model the adapter was trained on as --base",
             )
 
-    def read(name: str) -> torch.Tensor:
+    def read(name: str):
         if name in by_target:
             m = by_target[name]
             w = sf.read(full[name]).to(base.metas[name].dtype) if name in full else base.read(name)
@@ -166,8 +164,8 @@ def apply_lora(base: Checkpoint, adapter_path: Path) -> Checkpoint:
 
     changed = set(by_target) | set(full)
     raw = {n: e for n, e in base.raw.items() if n not in changed}
-    metas = {n: TensorMeta(n, m.dtype, m.shape) for n, m in base.metas.items()}
+    metas = {n: TensorMeta(n, m.code, m.shape) for n, m in base.metas.items()}
     ckpt = Checkpoint(adapter_path, "lora-merged", metas, read, raw, base.config,
-                      None, (sf.path, *base.weight_files))
+                      None, (sf.path, *base.weight_files), base.arrays)
     ckpt.provenance = {"lora": {"config": cfg, "base": str(base.path), "targets": sorted(changed)}}
     return ckpt

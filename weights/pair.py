@@ -15,6 +15,7 @@ from ..errors import GraftkitError
 from .checkpoint import PROVENANCE, Checkpoint, open_checkpoint
 from .fingerprint import fingerprint
 from .lora import apply_lora, is_lora_folder
+from .safetensors_file import dtype_name
 from .taxonomy import Taxonomy
 
 
@@ -83,10 +84,9 @@ def check_pair(base: Checkpoint, rl: Checkpoint, taxonomy: Taxonomy) -> None:
                 f"tensor {n} has shape {list(mb.shape)} in base but {list(mr.shape)} in RL",
                 "pass two checkpoints of the same architecture and size",
             )
-        if mb.dtype != mr.dtype:
+        if mb.code != mr.code:
             raise GraftkitError(
-                f"tensor {n} is {str(mb.dtype).removeprefix('torch.')} in base but "
-                f"{str(mr.dtype).removeprefix('torch.')} in RL",
+                f"tensor {n} is {dtype_name(mb.code)} in base but {dtype_name(mr.code)} in RL",
                 "save both checkpoints in the same dtype",
             )
 

@@ -23,30 +23,50 @@ from functools import cached_property
 from pathlib import Path
 from typing import Iterable
 
-import torch
+import numpy as np
 
 from ..errors import GraftkitError
 
 MAX_HEADER_BYTES = 100_000_000  # the limit of the reference implementation
 
-DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
-    "U16": torch.uint16,
-    "U32": torch.uint32,
-    "U64": torch.uint64,
+#: Bytes per element of each safetensors dtype code.
+ITEMSIZE: dict[str, int] = {
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+    "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8,
 }
-CODES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+#: The numpy view of each code's bytes; bfloat16 and float8 (which numpy lacks) as their raw bits.
+NUMPY: dict[str, str] = {
+    "F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4", "I16": "<i2",
+    "I8": "i1", "U8": "u1", "BOOL": "?", "F8_E4M3": "u1", "F8_E5M2": "u1", "U16": "<u2", "U32": "<u4",
+    "U64": "<u8",
+}
+_TORCH_NAMES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
+    "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool", "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2", "U16": "uint16", "U32": "uint32", "U64": "uint64",
+}
+
+
+def dtype_name(code: str) -> str:
+    """The dtype's usual name (``"BF16"`` → ``"bfloat16"``)."""
+    return _TORCH_NAMES[code]
+
+
+def torch_dtype(code: str):
+    """The torch dtype of a safetensors code. torch is imported here, on first use, not with graftkit:
+    reading headers, planning and byte-exact copies never need it."""
+    import torch
+
+    return getattr(torch, _TORCH_NAMES[code])
+
+
+def code_of(dtype) -> str:
+    """The safetensors code of a torch dtype; ``KeyError`` for a dtype safetensors cannot hold."""
+    name = str(dtype).removeprefix("torch.")
+    for code, n in _TORCH_NAMES.items():
+        if n == name:
+            return code
+    raise KeyError(name)
 
 
 @dataclass(frozen=True)
@@ -69,12 +89,12 @@ class TensorEntry:
         return math.prod(self.shape)
 
     @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+    def torch_dtype(self):
+        return torch_dtype(self.dtype)
 
 
 def _itemsize(code: str) -> int:
-    return DTYPES[code].itemsize
+    return ITEMSIZE[code]
 
 
 class SafetensorsFile:
@@ -91,13 +111,21 @@ class SafetensorsFile:
             # write can ever reach the file.
             return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
 
-    def read(self, name: str) -> torch.Tensor:
-        """The tensor ``name`` as a view of the mapped file (treat it as read-only)."""
+    def read(self, name: str):
+        """The tensor ``name`` (torch) as a view of the mapped file (treat it as read-only)."""
+        import torch
+
         e = self.entries[name]
         if e.numel == 0:
             return torch.empty(e.shape, dtype=e.torch_dtype)
         flat = torch.frombuffer(self._map, dtype=torch.uint8, count=e.nbytes, offset=e.start)
         return flat.view(e.torch_dtype).reshape(e.shape)
+
+    def array(self, name: str) -> np.ndarray:
+        """The tensor ``name`` as a numpy view of the mapped file, typed by :data:`NUMPY` (bfloat16 and
+        float8 as their raw bits). No torch involved."""
+        e = self.entries[name]
+        return np.frombuffer(self._map, dtype=NUMPY[e.dtype], count=e.numel, offset=e.start).reshape(e.shape)
 
 
 def read_header(path: Path) -> tuple[dict[str, TensorEntry], dict[str, str], int]:
@@ -146,9 +174,9 @@ def read_header(path: Path) -> tuple[dict[str, TensorEntry], dict[str, str], int
                 f"{path}: corrupt safetensors header entry for tensor {name}: {spec!r}",
                 "re-download or re-save the checkpoint",
             ) from None
-        if code not in DTYPES:
+        if code not in ITEMSIZE:
             raise GraftkitError(
-                f"{path}: tensor {name} has unsupported dtype {code}", f"supported: {', '.join(DTYPES)}"
+                f"{path}: tensor {name} has unsupported dtype {code}", f"supported: {', '.join(ITEMSIZE)}"
             )
         if not (0 <= b <= e) or e - b != math.prod(shape) * _itemsize(code):
             raise GraftkitError(
