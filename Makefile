@@ -7,22 +7,31 @@ PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
+export SE_OFFLINE := true
+export MINIWOB_CHROME_BINARY ?= /usr/bin/chromium
+export MINIWOB_CHROMEDRIVER ?= /usr/bin/chromedriver
 
-.PHONY: setup demo test bench clean
+.PHONY: setup browser demo test bench clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
 	$(PIP) install -q "$(TORCH)"
-	$(PIP) install -q -e ".[test]"
+	$(PIP) install -q -e ".[test,browser]"
 	touch $@
+
+# Real MiniWoB++ runs in Debian's Chromium (the browser tests and --backend miniwob need it).
+browser:
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium chromium-driver; fi
 
 setup: $(VENV)/.installed
 
 demo: setup
 	$(VENV)/bin/graftkit demo
 
-test: setup
+test: setup browser
 	$(PY) -m pytest -q -n 2 tests
 
 bench: setup

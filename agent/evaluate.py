@@ -1,0 +1,110 @@
+"""Evaluation over tasks × evaluation seeds × episodes (× samples), every episode kept.
+
+Episode ``e`` of evaluation seed ``s`` plays the environment seed ``episode_seed(s, e) = 1000·s + e``,
+so any two models evaluated with the same seeds and episode count meet identical episodes and can be
+compared pair by pair. ``samples`` > 1 plays each episode several times with independent sampling
+generators (for headroom and pass@k); greedy decoding uses one sample.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..errors import GraftkitError
+from ..webenv import tasks as webtasks
+from .policy import Policy
+from .rollout import Decode, Episode, rollout
+
+MAX_EPISODES_PER_SEED = 1000
+
+
+def episode_seed(seed: int, episode: int) -> int:
+    """The environment seed of episode ``episode`` under evaluation seed ``seed``."""
+    return MAX_EPISODES_PER_SEED * seed + episode
+
+
+def resolve_tasks(spec: str | Sequence[str]) -> list[str]:
+    """A suite name (``mastered``, ``headroom``, ``all``) or a comma list of task names."""
+    TASKS, SUITES = webtasks.TASKS, getattr(webtasks, "SUITES", {})
+    names = spec.split(",") if isinstance(spec, str) else list(spec)
+    out: list[str] = []
+    for n in (x.strip() for x in names if x.strip()):
+        if n == "all":
+            out.extend(TASKS)
+        elif n in SUITES:
+            out.extend(SUITES[n])
+        elif n in TASKS:
+            out.append(n)
+        else:
+            raise GraftkitError(
+                f"unknown task or suite {n!r}",
+                f"suites: {', '.join(SUITES)}; tasks: {', '.join(sorted(TASKS))}",
+            )
+    if not out:
+        raise GraftkitError("no tasks selected", "pass --tasks mastered, headroom, or task names")
+    return list(dict.fromkeys(out))
+
+
+@dataclass
+class EvalOutcome:
+    """Every episode's outcome: arrays indexed [task, seed, episode, sample]."""
+
+    tasks: list[str]
+    seeds: list[int]
+    episodes: int
+    samples: int
+    decode: Decode
+    success: np.ndarray
+    reward: np.ndarray
+    turns: np.ndarray
+    invalid: np.ndarray
+    seconds: float
+    backend: str = "py"
+    obs: str = "text"
+    extra: dict = field(default_factory=dict)
+
+    def rate(self, task: str | None = None) -> float:
+        s = self.success if task is None else self.success[self.tasks.index(task)]
+        return float(s.mean())
+
+
+def evaluate(
+    policy: Policy,
+    tasks: Sequence[str],
+    seeds: Sequence[int],
+    episodes: int,
+    decode: Decode,
+    samples: int = 1,
+    backend: str = "py",
+    batch_size: int = 64,
+    on_episode: Callable[[Episode], None] = lambda e: None,
+) -> EvalOutcome:
+    """Play every (task, seed, episode, sample) and keep its outcome."""
+    if not 1 <= episodes <= MAX_EPISODES_PER_SEED:
+        raise GraftkitError(f"--episodes {episodes} must be in 1..{MAX_EPISODES_PER_SEED}")
+    if samples < 1 or (decode.greedy and samples > 1):
+        raise GraftkitError(f"samples={samples}: greedy decoding plays each episode once", "sample to repeat episodes")
+    if not seeds:
+        raise GraftkitError("no evaluation seeds", "pass --seeds N (N ≥ 1)")
+    shape = (len(tasks), len(seeds), episodes, samples)
+    index = {}
+    jobs = []
+    for a, t in enumerate(tasks):
+        for b, s in enumerate(seeds):
+            for e in range(episodes):
+                for k in range(samples):
+                    index[(t, episode_seed(s, e), k)] = (a, b, e, k)
+                    jobs.append((t, episode_seed(s, e), k))
+    t0 = time.perf_counter()
+    played = rollout(policy, jobs, decode, backend=backend, batch_size=batch_size, on_episode=on_episode)
+    success, reward = np.zeros(shape, bool), np.zeros(shape)
+    turns, invalid = np.zeros(shape, np.int32), np.zeros(shape, np.int32)
+    for ep in played:
+        i = index[(ep.task, ep.seed, ep.sample)]
+        success[i], reward[i], turns[i], invalid[i] = ep.success, ep.reward, len(ep.turns), ep.invalid
+    return EvalOutcome(list(tasks), list(seeds), episodes, samples, decode, success, reward, turns, invalid,
+                       time.perf_counter() - t0, backend)

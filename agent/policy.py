@@ -1,0 +1,183 @@
+"""The policy: an HF causal LM and its tokenizer, the prompt it reads and the action it writes.
+
+Prompt (plain format, for tokenizers without a chat template)::
+
+    <observation text>
+    previous: click(3) ; type(5, "Agustina")      (or "previous: none")
+    action:
+
+and the model continues with one action string and its end-of-sequence token. With a chat template the
+same text is the user message of a one-turn conversation, after a short system message. The action text
+is read back with :func:`canonical_action`, which removes the spaces a word-level tokenizer puts around
+punctuation (``click ( 8 )`` → ``click(8)``) and nothing else, then parsed by the web tasks' strict
+grammar; an output that does not parse is a counted no-op turn.
+
+:func:`tiny_tokenizer` builds the embedded default's tokenizer: word-level over the task vocabulary
+(every word the web tasks' generators use), with WordPiece continuation pieces for single characters so
+that any typed string still has an exact encoding.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from ..errors import GraftkitError
+
+SYSTEM = "You operate a web page. Answer with one action: click(REF) or type(REF, \"TEXT\")."
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def format_prompt(observation_text: str, history: Sequence[str]) -> str:
+    """The plain prompt for one turn (see the module docstring)."""
+    previous = " ; ".join(history) if history else "none"
+    return f"{observation_text}\nprevious: {previous}\naction:"
+
+
+def canonical_action(text: str) -> str:
+    """Undo a word-level decoder's spacing: no spaces around ``( ) ,`` outside quotes, none just inside
+    the quotes. ``type ( 5 , " John Smith " )`` → ``type(5,"John Smith")``."""
+    text = text.strip().split("\n")[0].strip()
+    out, last = [], 0
+    for m in _QUOTED.finditer(text):
+        out.append(re.sub(r"\s*([(),])\s*", r"\1", text[last : m.start()]))
+        out.append('"' + m.group(0)[1:-1].strip() + '"')
+        last = m.end()
+    out.append(re.sub(r"\s*([(),])\s*", r"\1", text[last:]))
+    return "".join(out)
+
+
+@dataclass
+class Policy:
+    """A causal LM, its tokenizer, and how prompts are built and actions read for it."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    path: Path | None = None
+
+    def __post_init__(self) -> None:
+        vocab = self.tokenizer.get_vocab()
+        ids = {self.tokenizer.eos_token_id}
+        ids.update(vocab[t] for t in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>") if t in vocab)
+        ids.discard(None)
+        if not ids:
+            raise GraftkitError("the tokenizer has no end-of-sequence token", "set tokenizer.eos_token")
+        self.eos_ids: frozenset[int] = frozenset(ids)
+        self.chat = bool(getattr(self.tokenizer, "chat_template", None))
+
+    @property
+    def pad_id(self) -> int:
+        pid = self.tokenizer.pad_token_id
+        return pid if pid is not None else next(iter(self.eos_ids))
+
+    def prompt_ids(self, observation_text: str, history: Sequence[str]) -> list[int]:
+        text = format_prompt(observation_text, history)
+        if self.chat:
+            msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
+            ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+            return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        bos = self.tokenizer.bos_token_id
+        return ([bos] if bos is not None else []) + list(ids)
+
+    def action_ids(self, action: str) -> list[int]:
+        """The target tokens for ``action`` (for supervised training): its tokens and an end token."""
+        ids = self.tokenizer(action if self.chat else " " + action, add_special_tokens=False)["input_ids"]
+        return list(ids) + [min(self.eos_ids) if self.tokenizer.eos_token_id is None else self.tokenizer.eos_token_id]
+
+    def decode_action(self, ids: Sequence[int]) -> str:
+        ids = [i for i in ids if i not in self.eos_ids]
+        return canonical_action(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+
+def next_token_logits(model, ids: torch.Tensor, mask: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
+    """Logits predicting token t+1 at the positions t where ``select [B, L-1]`` is true: ``[N, V]``.
+
+    The decoder runs over every position, but the output head (the largest matrix of a small model)
+    only over the selected ones: training on action tokens needs a few logits per sequence, not L.
+    """
+    hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state  # [B, L, H]
+    return model.get_output_embeddings()(hidden[:, :-1][select]).float()
+
+
+# ------------------------------------------------------------------------------ the tiny default
+
+SPECIALS = ("[PAD]", "[UNK]", "[BOS]", "[EOS]")
+_CHARS = string.ascii_letters + string.digits + string.punctuation
+
+
+def tiny_tokenizer(words: Sequence[str]):
+    """A word-level tokenizer over ``words`` plus single characters and their continuation pieces."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab: dict[str, int] = {}
+    for w in (*SPECIALS, *_CHARS, *(f"##{c}" for c in _CHARS), *sorted(set(words))):
+        vocab.setdefault(w, len(vocab))
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=200))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", bos_token="[BOS]", eos_token="[EOS]"
+    )
+
+
+SIZES = {
+    "nano": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
+    "micro": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2),
+    "small": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4),
+}
+
+
+def tiny_policy(words: Sequence[str], size: str = "micro", seed: int = 0, max_positions: int = 1024) -> Policy:
+    """A randomly initialised tiny Qwen3 policy with :func:`tiny_tokenizer` (nothing downloaded)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    if size not in SIZES:
+        raise GraftkitError(f"unknown model size {size!r}", f"choose one of {', '.join(SIZES)}")
+    tok = tiny_tokenizer(words)
+    s = SIZES[size]
+    cfg = Qwen3Config(
+        vocab_size=len(tok), head_dim=s["hidden_size"] // s["num_attention_heads"],
+        max_position_embeddings=max_positions, tie_word_embeddings=False, pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, **s,
+    )
+    torch.manual_seed(seed)
+    return Policy(Qwen3ForCausalLM(cfg).eval(), tok)
+
+
+@lru_cache(maxsize=1)
+def task_words(seeds: int = 40) -> tuple[str, ...]:
+    """The tiny vocabulary: the prompt template's words, the numbers 0–999 (refs), every word of the
+    web tasks' word lists, and every word of the rendered observations and oracle actions of seeds
+    0..``seeds``-1 of every task (button labels, tab names, instructions)."""
+    from tokenizers import pre_tokenizers
+
+    from ..webenv import make_env
+    from ..webenv.render import render_text
+    from ..webenv.tasks import TASKS
+    from ..webenv.words import ui_utils
+
+    split = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
+    words: set[str] = {str(i) for i in range(1000)}
+
+    def add(text: str) -> None:
+        words.update(w for w, _ in split.pre_tokenize_str(text))
+
+    for values in ui_utils().values():
+        for v in values if isinstance(values, (list, tuple)) else [values]:
+            add(str(v))
+    add(format_prompt("", ["click(1)", "invalid"]) + " " + SYSTEM)
+    for task, spec in TASKS.items():
+        env = make_env(task)
+        for seed in range(seeds):
+            obs = env.reset(seed)
+            add(render_text(obs))
+            add(" ".join(spec.oracle(obs)))
+    return tuple(sorted(words))

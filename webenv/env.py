@@ -1,0 +1,126 @@
+"""The episode interface both backends implement, and the pure-Python mirror backend.
+
+    env = make_env("click-button")            # backend="py" (the mirror) or "miniwob" (real browser)
+    obs = env.reset(seed=3)                   # Observation: utterance + element list
+    obs, reward, done = env.step("click(5)")  # reward: MiniWoB's raw reward, 0 until the episode ends
+
+``reward`` is the raw (not time-discounted) reward MiniWoB++ gives when the episode ends — 1 for a
+solved episode, −1 for a wrong button, link or tab, ``r / n`` for checkboxes — and an episode counts as
+a success exactly when it ends with reward 1. A finished episode's observation is empty, as in
+``miniwob``. Strings are parsed with ``parse_action`` (``ParseError`` on anything outside the grammar).
+
+Between episodes the mirror keeps one page per env, like the browser tab the real backend keeps: the
+same DOM nodes persist and ``genProblem`` rewrites them. Before every reset both backends take focus
+off the focused element, so an episode never inherits focus (or an open autocomplete menu) from the
+previous one, and empty jQuery UI's screen-reader live region (its last message would stay visible and
+take a ref). What the page still carries over, the mirror carries too: the "tampered" flag of the
+button whose click ended the last episode and jQuery UI's id counter (``ui-id-N`` of autocomplete
+items). Neither reaches ``render_text`` nor moves a ref, so an episode renders the same whether its
+env is fresh or has played others.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import NamedTuple
+
+from ..errors import GraftkitError
+from .actions import Action, parse_action
+from .observation import Observation, empty_observation
+from .seedrandom import SeedRandom
+from .tasks import TASKS, Task
+
+
+class Step(NamedTuple):
+    observation: Observation
+    reward: float
+    done: bool
+
+
+class WebEnv(ABC):
+    """One task, one page; ``reset(seed)`` starts the seeded episode, ``step(action)`` plays one action."""
+
+    backend: str
+
+    def __init__(self, task: str):
+        if task not in TASKS:
+            raise GraftkitError(f"unknown web task {task!r}", f"choose one of: {', '.join(sorted(TASKS))}")
+        self.task = task
+        self.spec: type[Task] = TASKS[task]
+        self.done = True
+        self.raw_reward = 0.0
+
+    @abstractmethod
+    def reset(self, seed: int) -> Observation: ...
+
+    @abstractmethod
+    def _act(self, action: Action) -> Step: ...
+
+    def step(self, action: str | Action) -> Step:
+        if isinstance(action, str):
+            action = parse_action(action)
+        if self.done:
+            raise GraftkitError(f"{self.task}: step() after the episode ended", "call reset(seed) first")
+        result = self._act(action)
+        self.done, self.raw_reward = result.done, result.reward
+        return result
+
+    @property
+    def success(self) -> bool:
+        return self.done and self.raw_reward == 1.0
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> WebEnv:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class MirrorEnv(WebEnv):
+    """The pure-Python mirror: MiniWoB++'s generators and event semantics on the ``dom.py`` page."""
+
+    backend = "py"
+
+    def __init__(self, task: str, screenshots: bool = False):
+        """``screenshots`` is accepted for parity with the browser and ignored: the mirror has no
+        pixels, and ``render_som`` draws its layout (``draw_layout``) instead."""
+        super().__init__(task)
+        self._task = self.spec()
+        self.page = self._task.page
+
+    def reset(self, seed: int) -> Observation:
+        page = self.page
+        if page.active is not None:
+            page.blur(page.active)
+        self._task.before_episode()
+        page.start_episode()
+        self._task.gen_problem(SeedRandom(seed))
+        self.done, self.raw_reward = False, 0.0
+        return page.observe(self.task)
+
+    def _act(self, action: Action) -> Step:
+        page = self.page
+
+        def run() -> None:
+            page.element_click(action.ref)
+            for ch in action.text:
+                page.key(ch)
+
+        page.run(run)
+        if page.done:
+            return Step(empty_observation(self.task), page.raw_reward, True)
+        return Step(page.observe(self.task), 0.0, False)
+
+
+def make_env(task: str, backend: str = "py", **kwargs) -> WebEnv:
+    """A web task environment: ``backend="py"`` (the mirror, default) or ``"miniwob"`` (Chromium)."""
+    if backend == "py":
+        return MirrorEnv(task, **kwargs)
+    if backend == "miniwob":
+        from .real import MiniWobEnv
+
+        return MiniWobEnv(task, **kwargs)
+    raise GraftkitError(f"unknown web backend {backend!r}", "use --backend py or --backend miniwob")
