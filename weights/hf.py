@@ -22,8 +22,13 @@ def save_model(
     inputs: Sequence[Path] = (),
     force: bool = False,
     max_shard_size: int | str = "5GB",
+    extra_files: dict[str, bytes] | None = None,
+    extra_tensors: dict | None = None,
 ) -> Path:
-    """Write ``model`` (a transformers ``PreTrainedModel``) and ``tokenizer`` atomically to ``dest``."""
+    """Write ``model`` (a transformers ``PreTrainedModel``) and ``tokenizer`` atomically to ``dest``.
+
+    ``extra_files`` (name → bytes) go into the folder too; ``extra_tensors`` (name → tensor) are written
+    as ``training_state.safetensors`` beside the weights (optimizer moments, RNG states: never pickled)."""
     seen: set[tuple[int, int]] = set()
     specs = []
     for name, t in model.state_dict().items():
@@ -43,7 +48,32 @@ def save_model(
         return write_checkpoint(
             dest, specs, provenance=provenance, inputs=inputs, aux_from=Path(aux), config=config,
             force=force, max_shard_size=max_shard_size,
+            extra_files={**(extra_files or {}), **({"training_state.safetensors": tensors_bytes(extra_tensors)}
+                                                   if extra_tensors else {})},
         )
+
+
+def tensors_bytes(tensors: dict) -> bytes:
+    """A safetensors file's bytes holding ``tensors`` (small: training state, not model weights)."""
+    import io
+
+    from .checkpoint import tensor_bits
+    from .safetensors_file import OutTensor, code_of, header_bytes
+
+    items = [(n, t.detach().cpu().contiguous()) for n, t in tensors.items()]
+    buf = io.BytesIO()
+    buf.write(header_bytes([OutTensor(n, code_of(t.dtype), tuple(t.shape)) for n, t in items]))
+    for _, t in items:
+        buf.write(tensor_bits(t.reshape(-1)).tobytes())
+    return buf.getvalue()
+
+
+def read_tensors(path: Path) -> dict:
+    """Every tensor of a (small) safetensors file, copied out of the mapping."""
+    from .safetensors_file import SafetensorsFile
+
+    sf = SafetensorsFile(path)
+    return {n: sf.read(n).clone() for n in sf.entries}
 
 
 def load_model(path: Path, *, allow_pickle: bool = False, dtype=None, need_tokenizer: bool = True):

@@ -284,8 +284,11 @@ def write_checkpoint(
     force: bool = False,
     max_shard_size: int | str = "5GB",
     on_tensor: Callable[[OutSpec], None] = lambda s: None,
+    extra_files: dict[str, bytes] | None = None,
 ) -> Path:
-    """Write ``specs`` as a new HF folder at ``dest`` (see the module docstring); returns its path."""
+    """Write ``specs`` as a new HF folder at ``dest`` (see the module docstring); returns its path.
+
+    ``extra_files``: more files (name → bytes) to place in the folder, e.g. a training log or state."""
     dest = check_destination(dest, inputs, force)
     shards = plan_shards(specs, parse_size(max_shard_size))
     with atomic_folder(dest) as tmp:
@@ -303,5 +306,9 @@ def write_checkpoint(
                 weight_map.update({s.name: fname for s in shard})
             total = sum(s.out.nbytes for s in specs)
             write_json_atomic(tmp / INDEX, {"metadata": {"total_size": total}, "weight_map": weight_map})
+        for name, data in (extra_files or {}).items():
+            if "/" in name or name.startswith("."):
+                raise GraftkitError(f"extra file name {name!r} must be a plain file name")
+            (tmp / name).write_bytes(data)
         write_json_atomic(tmp / PROVENANCE, provenance)
     return dest

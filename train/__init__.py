@@ -1,0 +1,1 @@
+"""Training: SFT, GRPO (losses and variants), checkpointing and resume, sweeps of a control grid."""

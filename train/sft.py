@@ -1,0 +1,210 @@
+"""Supervised fine-tuning on oracle demonstrations: the SFT baseline every RL run starts from.
+
+Demonstrations: for each task, episodes with training seeds ``TRAIN_SEED_BASE + i`` (disjoint from the
+evaluation seeds, which stay below 1000·1000) are played by the task's oracle on the pure-Python mirror;
+each turn becomes one example (prompt of that turn → the oracle's action). The loss is the mean
+cross-entropy over action tokens only (prompt tokens are masked out), AdamW with linear warmup and
+cosine decay, gradient-norm clipping. Per-task demonstration budgets set how well each task is learned:
+the default recipe gives many demonstrations to the ``mastered`` suite and few to the ``headroom``
+suite, so the baseline masters the former and leaves sampled-over-greedy headroom on the latter.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping
+
+import torch
+
+from .._version import __version__
+from ..agent import Policy, next_token_logits, task_words, tiny_policy
+from ..agent.evaluate import MAX_EPISODES_PER_SEED
+from ..errors import GraftkitError
+from ..webenv import make_env
+from ..webenv.render import render_text
+from ..webenv.tasks import SUITES, TASKS
+from ..weights import load_model, save_model
+
+TRAIN_SEED_BASE = 10 * MAX_EPISODES_PER_SEED * MAX_EPISODES_PER_SEED  # far above every evaluation seed
+
+#: Demonstrations per task in the default recipe (see the module docstring).
+DEFAULT_BUDGETS: dict[str, int] = {**{t: 400 for t in SUITES["mastered"]}, **{t: 40 for t in SUITES["headroom"]}}
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Supervised fine-tuning of a policy on oracle demonstrations."""
+
+    out: str
+    """Output folder (an HF model folder with tokenizer, graftkit.json and train_log.jsonl)."""
+    budgets: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_BUDGETS))
+    """Demonstration episodes per task (tasks not listed get none)."""
+    size: str = "micro"
+    """Tiny policy size when no ``init`` is given: nano, micro or small."""
+    init: str | None = None
+    """Fine-tune this HF causal LM folder (with its tokenizer) instead of a tiny policy."""
+    steps: int = 1500
+    """Optimizer steps."""
+    batch_size: int = 32
+    """Examples (turns) per step."""
+    lr: float = 2e-3
+    """Peak learning rate."""
+    warmup: int = 100
+    """Linear warmup steps."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Gradient-norm clip."""
+    seed: int = 0
+    """Seed of the initialisation, the data order and every other random choice."""
+    threads: int = 2
+    """torch threads (results are reproducible for a fixed count)."""
+
+    def __post_init__(self) -> None:
+        unknown = [t for t in self.budgets if t not in TASKS]
+        if unknown:
+            raise GraftkitError(f"unknown task(s) in budgets: {', '.join(unknown)}",
+                                f"choose from {', '.join(sorted(TASKS))}")
+        if not any(v > 0 for v in self.budgets.values()):
+            raise GraftkitError("no demonstrations: every budget is 0", "give at least one task a budget > 0")
+        for name in ("steps", "batch_size", "threads"):
+            if getattr(self, name) < 1:
+                raise GraftkitError(f"--{name.replace('_', '-')} must be ≥ 1")
+        if not self.lr > 0:
+            raise GraftkitError(f"--lr {self.lr} must be > 0", "pass e.g. --lr 2e-3")
+
+
+@dataclass(frozen=True)
+class Example:
+    task: str
+    prompt_ids: tuple[int, ...]
+    action_ids: tuple[int, ...]
+
+
+def demonstrations(policy: Policy, budgets: Mapping[str, int]) -> list[Example]:
+    """Every turn of the oracle's episodes, as (prompt ids, action ids) examples."""
+    examples = []
+    for task, n in budgets.items():
+        spec = TASKS[task]
+        env = make_env(task)
+        for i in range(n):
+            obs = env.reset(TRAIN_SEED_BASE + i)
+            history: list[str] = []
+            for action in spec.oracle(obs):
+                examples.append(Example(task, tuple(policy.prompt_ids(render_text(obs), history)),
+                                        tuple(policy.action_ids(action))))
+                step = env.step(action)
+                history.append(action)
+                obs = step.observation
+            if not env.success:
+                raise GraftkitError(f"the {task} oracle failed on seed {TRAIN_SEED_BASE + i}",
+                                    "this is a bug in the task's oracle; report it")
+    return examples
+
+
+def batch_tensors(batch: list[Example], pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ids, attention mask and labels (−100 except on action tokens)."""
+    width = max(len(e.prompt_ids) + len(e.action_ids) for e in batch)
+    ids = torch.full((len(batch), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    for i, e in enumerate(batch):
+        seq = e.prompt_ids + e.action_ids
+        ids[i, : len(seq)] = torch.tensor(seq)
+        mask[i, : len(seq)] = 1
+        labels[i, len(e.prompt_ids) : len(seq)] = torch.tensor(e.action_ids)
+    return ids, mask, labels
+
+
+def length_grouped_batches(lengths: list[int], batch_size: int, rng: random.Random) -> list[list[int]]:
+    """One epoch of batches: shuffle, sort each window of 50 batches by length, cut, shuffle the batches.
+
+    Sequences of similar length share a batch, so little compute goes to padding (prompts here range
+    from ~30 to ~400 tokens), while the epoch stays a random permutation."""
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    window = 50 * batch_size
+    batches = []
+    for w in range(0, len(order), window):
+        chunk = sorted(order[w : w + window], key=lambda i: lengths[i])
+        batches.extend(chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size))
+    rng.shuffle(batches)
+    return batches
+
+
+def lr_at(step: int, cfg_lr: float, warmup: int, total: int) -> float:
+    """Linear warmup to ``cfg_lr`` over ``warmup`` steps, then cosine decay to 10% at ``total``."""
+    if step < warmup:
+        return cfg_lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return cfg_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def action_loss(model, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over action tokens. ``ids, mask, labels [B, L]``."""
+    target = labels[:, 1:]  # [B, L-1]
+    select = target != -100
+    logits = next_token_logits(model, ids, mask, select)  # [N, V]
+    return torch.nn.functional.cross_entropy(logits, target[select])
+
+
+def run_sft(cfg: SFTConfig, on_step: Callable[[dict], None] = lambda m: None, force: bool = False) -> Path:
+    """Train the SFT policy of ``cfg`` and write it to ``cfg.out``; returns the folder."""
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    if cfg.init:
+        model, tok = load_model(Path(cfg.init))
+        policy = Policy(model, tok, Path(cfg.init))
+    else:
+        policy = tiny_policy(task_words(), cfg.size, seed=cfg.seed)
+    examples = demonstrations(policy, cfg.budgets)
+    unk = policy.tokenizer.unk_token_id
+    if unk is not None and any(unk in e.action_ids for e in examples):
+        raise GraftkitError("the tokenizer cannot encode some oracle actions (unknown tokens)",
+                            "use a tokenizer that covers the task vocabulary, or the tiny default")
+    model = policy.model.train()
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    other = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+    rng = random.Random(cfg.seed)
+    batches: list[list[int]] = []
+    log = []
+    t0 = time.perf_counter()
+    for step in range(cfg.steps):
+        if not batches:
+            batches = length_grouped_batches([len(e.prompt_ids) + len(e.action_ids) for e in examples],
+                                             cfg.batch_size, rng)
+        batch = [examples[i] for i in batches.pop()]
+        ids, mask, labels = batch_tensors(batch, policy.pad_id)
+        lr = lr_at(step, cfg.lr, cfg.warmup, cfg.steps)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        loss = action_loss(model, ids, mask, labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        m = {"step": step + 1, "loss": loss.item(), "grad_norm": gnorm.item(), "lr": lr,
+             "tokens": int((labels != -100).sum()), "seconds": time.perf_counter() - t0}
+        log.append(m)
+        on_step(m)
+    model.eval()
+    provenance = {
+        "producer": "graftkit train sft",
+        "graftkit_version": __version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "config": asdict(cfg),
+        "demonstrations": {"episodes": dict(cfg.budgets), "turns": len(examples),
+                           "seeds": f"{TRAIN_SEED_BASE} + i"},
+        "parents": [{"role": "init", "path": str(Path(cfg.init).resolve())}] if cfg.init else [],
+    }
+    log_bytes = "".join(json.dumps(m) + "\n" for m in log).encode()
+    return save_model(Path(cfg.out), model, policy.tokenizer, provenance=provenance, force=force,
+                      inputs=[Path(cfg.init)] if cfg.init else [], extra_files={"train_log.jsonl": log_bytes})
