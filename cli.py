@@ -590,6 +590,140 @@ def headroom(
     out.print(f"saved {escape(str(dest))}")
 
 
+# --------------------------------------------------------------------------------------------- train
+
+train_app = typer.Typer(no_args_is_help=True, help="Train the policies the study analyses: SFT, then GRPO.")
+app.add_typer(train_app, name="train")
+
+
+def _step_printer(total: int, what: str, as_json: bool, keys: tuple[str, ...]):
+    """A progress bar on stderr whose description shows the latest metrics."""
+    p = Progress(TextColumn(f"[bold]{escape(what)}[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                 TextColumn("{task.description}"), TimeRemainingColumn(), console=err, transient=True,
+                 disable=not err.is_terminal)
+    task = p.add_task("", total=total)
+
+    def on_step(m: dict) -> None:
+        p.update(task, completed=m["step"], description=" ".join(f"{k} {m[k]:.3g}" for k in keys if k in m))
+
+    return p, on_step
+
+
+def _parse_budgets(items: list[str], tasks: str | None) -> dict[str, int]:
+    from .train.sft import DEFAULT_BUDGETS
+
+    budgets = dict(DEFAULT_BUDGETS)
+    if tasks:
+        from .agent import resolve_tasks
+
+        keep = set(resolve_tasks(tasks))
+        budgets = {t: n for t, n in budgets.items() if t in keep} | {t: 400 for t in keep - set(budgets)}
+    for item in items:
+        task, sep, n = item.partition("=")
+        if not sep or not n.strip().isdigit():
+            raise GraftkitError(f"--budget {item!r}: expected TASK=N", "e.g. --budget click-tab=200")
+        budgets[task.strip()] = int(n)
+    return budgets
+
+
+@train_app.command("sft")
+@_handled
+def train_sft(
+    out_dir: Path = typer.Option(..., "--out", help="Output folder of the SFT policy."),
+    tasks: Optional[str] = typer.Option(None, help="Suite(s) or tasks to demonstrate (default: both suites)."),
+    budget: List[str] = typer.Option([], help="Demonstration episodes for a task, TASK=N (repeatable)."),
+    size: str = typer.Option("micro", help="Tiny policy size: nano, micro, small."),
+    init: Optional[Path] = typer.Option(None, help="Fine-tune this HF causal LM folder instead of a tiny policy."),
+    steps: int = typer.Option(1500, help="Optimizer steps."),
+    batch_size: int = typer.Option(32, help="Turns per step."),
+    lr: float = typer.Option(2e-3, help="Peak learning rate."),
+    seed: int = typer.Option(0, help="Seed."),
+    threads: int = typer.Option(2, help="torch threads."),
+    force: bool = typer.Option(False, help="Replace an existing output folder written by graftkit."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """Supervised fine-tuning on oracle demonstrations (loss on action tokens only)."""
+    from .train.sft import SFTConfig, run_sft
+    from .weights import check_destination
+
+    check_destination(out_dir, [init] if init else [], force)
+    cfg = SFTConfig(out=str(out_dir), budgets=_parse_budgets(budget, tasks), size=size,
+                    init=str(init) if init else None, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
+                    threads=threads)
+    t0 = time.perf_counter()
+    p, on_step = _step_printer(steps, "sft", as_json, ("loss", "lr"))
+    with p:
+        dest = run_sft(cfg, on_step=on_step, force=force)
+    log = [json.loads(x) for x in (dest / "train_log.jsonl").read_text().splitlines()]
+    info = {"out": str(dest), "steps": steps, "final_loss": log[-1]["loss"], "seconds": time.perf_counter() - t0,
+            "budgets": cfg.budgets}
+    if as_json:
+        return _print_json(info)
+    out.print(f"SFT policy → {escape(str(dest))}: {steps} steps, final action loss {log[-1]['loss']:.4f}, "
+              f"{info['seconds']:.0f} s")
+
+
+@train_app.command("grpo")
+@_handled
+def train_grpo(
+    init: Path = typer.Option(..., help="The SFT policy to start from."),
+    out_dir: Path = typer.Option(..., "--out", help="Output folder of the RL policy."),
+    tasks: str = typer.Option("mastered", help="Suite(s) or tasks sampled as prompts."),
+    steps: int = typer.Option(40, help="Optimisation steps."),
+    prompts_per_step: int = typer.Option(4, help="Task instances (groups) per step."),
+    group_size: int = typer.Option(8, help="Episodes per task instance (G)."),
+    lr: float = typer.Option(1e-4, help="Learning rate."),
+    warmup: int = typer.Option(0, help="Linear warmup steps."),
+    beta: float = typer.Option(0.0, help="KL weight to the SFT reference (k3); 0 loads no reference."),
+    loss: str = typer.Option("dapo", help="grpo, dr_grpo, dapo, cispo, gspo."),
+    epsilon: float = typer.Option(0.2, help="Clip ε_low."),
+    epsilon_high: Optional[float] = typer.Option(None, help="Clip ε_high (default ε_low; cispo: the cap ε_max)."),
+    scale_rewards: str = typer.Option("group", help="group, batch or none."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature."),
+    top_p: float = typer.Option(1.0, help="Nucleus sampling mass."),
+    max_new_tokens: int = typer.Option(32, help="Longest action in tokens."),
+    num_iterations: int = typer.Option(1, help="Optimiser updates per generated batch."),
+    grad_clip: float = typer.Option(1.0, help="Gradient-norm clip (0: off)."),
+    seed: int = typer.Option(0, help="Training seed."),
+    threads: int = typer.Option(1, help="torch threads."),
+    stages: int = typer.Option(0, help="Mu-GRPO generation→optimisation stages (0: off)."),
+    veto_epsilon: Optional[float] = typer.Option(None, help="Mu-GRPO negative-advantage veto ε_v (default off)."),
+    focal_gamma: float = typer.Option(0.0, help="Focal difficulty scaling γ (0: off)."),
+    verigate: bool = typer.Option(False, help="VeriGate process-reward fallback for equal-reward groups."),
+    reward: str = typer.Option("success", help="success (1/0) or raw (MiniWoB++ raw reward)."),
+    checkpoint_every: int = typer.Option(0, help="Resumable checkpoint every N steps."),
+    resume: bool = typer.Option(False, help="Continue from the newest checkpoint of this run."),
+    force: bool = typer.Option(False, help="Replace an existing output folder written by graftkit."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """GRPO from an SFT policy, with every knob of the control grid and the Mu-GRPO/focal/VeriGate switches."""
+    from .agent import resolve_tasks
+    from .train.grpo import GRPOConfig, run_grpo
+
+    if not init.exists():
+        raise GraftkitError(f"--init {init}: no such folder", "pass the SFT policy folder")
+    cfg = GRPOConfig(
+        init=str(init), out=str(out_dir), tasks=tuple(resolve_tasks(tasks)), steps=steps,
+        prompts_per_step=prompts_per_step, group_size=group_size, lr=lr, warmup=warmup, beta=beta, loss=loss,
+        epsilon=epsilon, epsilon_high=epsilon_high, scale_rewards=scale_rewards, temperature=temperature,
+        top_p=top_p, max_new_tokens=max_new_tokens, num_iterations=num_iterations, grad_clip=grad_clip,
+        seed=seed, threads=threads, stages=stages, veto_epsilon=veto_epsilon, focal_gamma=focal_gamma,
+        verigate=verigate, reward=reward, checkpoint_every=checkpoint_every,
+    )
+    t0 = time.perf_counter()
+    p, on_step = _step_printer(steps, "grpo", as_json, ("success", "loss", "entropy"))
+    with p:
+        dest = run_grpo(cfg, resume=resume, force=force, on_step=on_step)
+    log = [json.loads(x) for x in (dest / "train_log.jsonl").read_text().splitlines()]
+    info = {"out": str(dest), "steps": steps, "seconds": time.perf_counter() - t0,
+            "seconds_per_step": log[-1]["seconds"] / len(log),
+            "final": {k: log[-1][k] for k in ("success", "loss", "entropy", "frac_reward_zero_std")}}
+    if as_json:
+        return _print_json(info)
+    out.print(f"GRPO policy → {escape(str(dest))}: {steps} steps, {info['seconds_per_step']:.2f} s/step, "
+              f"last batch success {log[-1]['success']:.2f}")
+
+
 # ---------------------------------------------------------------------------------------------- demo
 
 

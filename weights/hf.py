@@ -100,6 +100,9 @@ def load_model(path: Path, *, allow_pickle: bool = False, dtype=None, need_token
             tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
         except Exception as exc:  # transformers raises many types for a broken tokenizer folder
             raise GraftkitError(f"{path}: cannot load its tokenizer ({exc})".splitlines()[0]) from None
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path, trust_remote_code=False, use_safetensors=not allow_pickle or None,

@@ -1,0 +1,149 @@
+"""The SFT and GRPO trainers: outputs, variants, bad input, and exact resume after SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from graftkit.errors import GraftkitError
+from graftkit.train.grpo import GRPOConfig, latest_checkpoint, run_grpo
+from graftkit.train.sft import SFTConfig, run_sft
+from graftkit.weights import open_checkpoint, recorded_base
+
+TASKS = ("click-button", "enter-text")
+
+
+@pytest.fixture(scope="module")
+def sft(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sft") / "sft"
+    cfg = SFTConfig(out=str(out), budgets={"click-button": 30, "enter-text": 30}, size="nano", steps=40,
+                    batch_size=16, lr=3e-3, warmup=5, threads=1)
+    return run_sft(cfg)
+
+
+def _cfg(sft: Path, out: Path, **kw) -> GRPOConfig:
+    base = dict(init=str(sft), out=str(out), tasks=TASKS, steps=4, prompts_per_step=2, group_size=4,
+                max_new_tokens=12, lr=3e-4, threads=1)
+    return GRPOConfig(**{**base, **kw})
+
+
+def _tensors(folder: Path) -> dict[str, bytes]:
+    ck = open_checkpoint(folder)
+    return {n: ck.array(n).tobytes() for n in ck.names}
+
+
+def test_sft_output_is_a_loadable_policy_with_provenance_and_log(sft):
+    from graftkit.weights import load_model
+
+    model, tok = load_model(sft)
+    prov = json.loads((sft / "graftkit.json").read_text())
+    assert prov["producer"] == "graftkit train sft" and prov["config"]["steps"] == 40
+    log = [json.loads(x) for x in (sft / "train_log.jsonl").read_text().splitlines()]
+    assert len(log) == 40 and log[-1]["loss"] < log[0]["loss"]
+
+
+def test_grpo_writes_a_policy_that_names_its_sft_parent(sft, tmp_path):
+    out = run_grpo(_cfg(sft, tmp_path / "rl", steps=2))
+    prov = json.loads((out / "graftkit.json").read_text())
+    assert prov["producer"] == "graftkit train grpo"
+    assert recorded_base(out) == Path(prov["base_model"]["path"]) == sft.resolve()
+    log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    for key in ("reward", "success", "clip_frac_low", "clip_frac_high", "frac_reward_zero_std", "entropy",
+                "grad_norm", "lr", "tokens", "staleness", "seconds"):
+        assert key in log[-1], key
+    assert set(_tensors(out)) == set(_tensors(sft))
+
+
+@pytest.mark.parametrize("loss", ["grpo", "dr_grpo", "dapo", "cispo", "gspo"])
+def test_every_loss_type_trains(sft, tmp_path, loss):
+    extra = {"epsilon_high": 5.0} if loss == "cispo" else {}
+    out = run_grpo(_cfg(sft, tmp_path / loss, steps=1, beta=0.05, **extra))
+    log = json.loads((out / "train_log.jsonl").read_text().splitlines()[-1])
+    assert torch.isfinite(torch.tensor(log["loss"])) and "kl_k3_mean" in log
+
+
+def test_variants_log_their_statistics(sft, tmp_path):
+    out = run_grpo(_cfg(sft, tmp_path / "mu", steps=4, stages=2, epsilon_high=0.4, veto_epsilon=0.05,
+                        focal_gamma=2.0, verigate=True))
+    log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [m["staleness"] for m in log] == [0, 1, 0, 1]
+    assert [m["gen_seconds"] > 0 for m in log] == [True, False, True, False]
+    assert all("veto_frac" in m and "focal_weight_mean" in m for m in log)
+    assert all(abs(m["verigate_outcome"] + m["verigate_process"] + m["verigate_none"] - 1) < 1e-9 for m in log)
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"lr": 0.0}, "--lr"), ({"lr": -1e-3}, "--lr"), ({"group_size": 1}, "--group-size"),
+    ({"loss": "ppo"}, "unknown --loss"), ({"stages": 3}, "--stages 3 must divide"),
+    ({"tasks": ("nope",)}, "unknown task"),
+])
+def test_bad_config_is_one_clear_error(sft, tmp_path, kw, message):
+    with pytest.raises(GraftkitError, match=message):
+        _cfg(sft, tmp_path / "x", **kw)
+
+
+def test_init_whose_tokenizer_does_not_fit_the_tasks(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    from graftkit.weights import save_model
+
+    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[EOS]", "click", "(", ")", "1"])}
+    t = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    t.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=t, unk_token="[UNK]", pad_token="[PAD]", eos_token="[EOS]")
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=7, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, head_dim=8))
+    bad = save_model(tmp_path / "bad", model, tok, provenance={})
+    with pytest.raises(GraftkitError, match="tokenizer does not fit the task"):
+        run_grpo(_cfg(bad, tmp_path / "rl", steps=1))
+
+
+def test_existing_output_needs_force_or_resume(sft, tmp_path):
+    cfg = _cfg(sft, tmp_path / "rl", steps=1)
+    run_grpo(cfg)
+    with pytest.raises(GraftkitError, match="--force"):
+        run_grpo(cfg)
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_is_bit_identical_to_an_uninterrupted_run(sft, tmp_path):
+    cfg = _cfg(sft, tmp_path / "straight", steps=6, checkpoint_every=1)
+    straight = run_grpo(cfg)
+
+    killed = replace(cfg, out=str(tmp_path / "killed"))
+    args = ["train", "grpo", "--init", killed.init, "--out", killed.out, "--tasks", ",".join(TASKS),
+            "--steps", "6", "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "12",
+            "--lr", "3e-4", "--threads", "1", "--checkpoint-every", "1"]
+    proc = subprocess.Popen([sys.executable, "-c", "from graftkit.cli import main; main()", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        ck = latest_checkpoint(killed)
+        if ck is not None and int(ck.name.split("-")[1]) >= 3:
+            break
+        if proc.poll() is not None:
+            pytest.fail(f"training ended before it could be killed: {proc.stderr.read().decode()[-2000:]}")
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not Path(killed.out).exists(), "killed before the end: no final model"
+    at = int(latest_checkpoint(killed).name.split("-")[1])
+    assert 3 <= at < 6
+
+    with pytest.raises(GraftkitError, match="different config"):
+        run_grpo(replace(killed, lr=1e-4), resume=True)
+    resumed = run_grpo(killed, resume=True)
+    assert _tensors(resumed) == _tensors(straight)
+    strip = lambda path: [{k: v for k, v in json.loads(x).items() if "seconds" not in k}
+                          for x in (path / "train_log.jsonl").read_text().splitlines()]
+    assert strip(resumed) == strip(straight)

@@ -1,0 +1,455 @@
+"""GRPO on the web tasks, with every knob of the study's control grid and the seeded variants.
+
+Recipe (DeepSeekMath's GRPO, as TRL 1.16 runs it), per optimisation step:
+
+1. Sample ``prompts_per_step`` task instances (task, environment seed); play each ``group_size`` = G
+   times with the sampling policy (multi-turn episodes, batched, KV-cached; ``agent.rollout``).
+2. Reward R = 1 if the episode succeeds else 0 (``reward="raw"``: MiniWoB++'s raw reward). Advantages
+   Â = (R − mean_group) / (std_group + 1e-4) (``scale_rewards="none"``: mean only); the trajectory's Â
+   sits on every action token of every turn. Groups with equal rewards give Â = 0 (logged).
+3. Token log-probs under the current policy (teacher-forced over each turn's prompt + action, logits /
+   temperature), the sampling policy's log-probs (old), and the frozen SFT reference's when β > 0.
+4. ``num_iterations`` optimiser updates on the loss ``LOSSES[loss]`` (grpo, dr_grpo, dapo, cispo, gspo)
+   with clipping (ε_low, ε_high) and β·KL_k3; gradient-norm clipping; AdamW; warmup then constant LR.
+
+Variants, each a switch of this recipe:
+
+- **Mu-GRPO** (``stages = K > 0``): the run is split into K large generation→optimisation stages; all
+  rollouts of a stage are sampled at its start by one policy version and consumed over the stage's
+  steps, so the j-th step of a stage is j policy versions stale (logged as ``staleness``). Pair with
+  relaxed clipping (a larger ``epsilon_high``) and the negative-advantage veto (``veto_epsilon`` = ε_v):
+  in a trajectory with Â < 0, every action token after the first token whose ratio leaves
+  [1 − ε_v, 1 + ε_v] is dropped from the update (the trigger itself is kept; later turns of that
+  trajectory are dropped whole).
+- **Focal difficulty scaling** (``focal_gamma = γ > 0``): each group's policy term is weighted by
+  (1 − p̂)^γ, p̂ the group's sampled success rate.
+- **VeriGate** (``verigate``): outcome advantages when a group's rewards differ; otherwise the web
+  task's step-progress scores (``Turn.progress``, differenced into per-step rewards) become
+  reward-to-go returns normalised over the group, token-level advantages per turn. How often each path
+  is taken is logged.
+
+Checkpoints (``checkpoint_every``) are HF folders under ``<out>.checkpoints/step-NNNNNN`` holding the
+model, ``training_state.safetensors`` (optimizer moments, RNG states: never pickled) and the log so far;
+``resume`` continues from the newest one, bit-identically to a run that was never interrupted (every
+random choice is a function of the seed and the step). With ``stages`` > 0, checkpoints fall on stage
+boundaries.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+import json
+import math
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from .._version import __version__
+from ..agent import Decode, Episode, Policy, next_token_logits, rollout
+from ..errors import GraftkitError
+from ..webenv import make_env
+from ..webenv.render import render_text
+from ..webenv.tasks import SUITES, TASKS
+from ..weights import load_model, read_tensors, save_model
+from .advantages import focal_weight, group_advantages, verigate_advantages, veto_mask
+from .losses import LOSSES
+
+GRPO_SEED_BASE = 2 * 10 ** 7  # environment seeds of GRPO prompts: disjoint from SFT demos and evaluation
+STATE = "training_state.safetensors"
+LOG = "train_log.jsonl"
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """One GRPO run: the knobs of the control grid and the variant switches."""
+
+    init: str
+    """The policy to start from (the SFT checkpoint): an HF causal LM folder with its tokenizer."""
+    out: str
+    """Output folder of the final policy; checkpoints go to ``<out>.checkpoints/``."""
+    tasks: tuple[str, ...] = SUITES["mastered"]
+    """Tasks whose instances are sampled as prompts (cycled in order)."""
+    steps: int = 40
+    """Optimisation steps."""
+    prompts_per_step: int = 4
+    """Task instances (groups) per step."""
+    group_size: int = 8
+    """G: episodes sampled per task instance (same environment seed within a group)."""
+    lr: float = 1e-4
+    """Learning rate (AdamW), constant after warmup."""
+    warmup: int = 0
+    """Linear warmup steps."""
+    beta: float = 0.0
+    """KL weight to the frozen initial policy (k3 estimator); 0 loads no reference model."""
+    loss: str = "dapo"
+    """Loss type: grpo, dr_grpo, dapo, cispo, gspo (see train.losses)."""
+    epsilon: float = 0.2
+    """ε_low of the ratio clip (cispo: unused)."""
+    epsilon_high: float | None = None
+    """ε_high of the ratio clip (None: = epsilon; cispo: the IS-weight cap ε_max, e.g. 5)."""
+    scale_rewards: str = "group"
+    """Advantage scaling: group (÷ group std), batch (÷ batch std), none (mean-centred only)."""
+    temperature: float = 1.0
+    """Sampling temperature (log-probs for the loss use the same temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    max_new_tokens: int = 32
+    """Longest action in tokens."""
+    num_iterations: int = 1
+    """Optimiser updates per generated batch (μ)."""
+    grad_clip: float = 1.0
+    """Gradient-norm clip (0 disables)."""
+    seed: int = 0
+    """Training seed: prompt order, sampling, everything random."""
+    threads: int = 1
+    """torch threads (results are bit-reproducible for a fixed count)."""
+    stages: int = 0
+    """Mu-GRPO: number of generation→optimisation stages (0: one generation per step)."""
+    veto_epsilon: float | None = None
+    """Mu-GRPO negative-advantage veto ε_v (None: off)."""
+    focal_gamma: float = 0.0
+    """Focal difficulty scaling exponent γ of (1 − p̂)^γ (0: off)."""
+    verigate: bool = False
+    """VeriGate: process-reward fallback when a group's outcome rewards are all equal."""
+    reward: str = "success"
+    """success (1 if the episode succeeds, else 0) or raw (MiniWoB++'s raw reward, −1..1)."""
+    checkpoint_every: int = 0
+    """Write a resumable checkpoint every N steps (0: only the final model)."""
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise GraftkitError(f"--lr {self.lr} must be > 0", "pass e.g. --lr 1e-4")
+        if self.group_size < 2:
+            raise GraftkitError(f"--group-size {self.group_size} must be ≥ 2 (advantages compare a group)",
+                                "pass e.g. --group-size 8")
+        for name in ("steps", "prompts_per_step", "num_iterations", "max_new_tokens", "threads"):
+            if getattr(self, name) < 1:
+                raise GraftkitError(f"--{name.replace('_', '-')} must be ≥ 1")
+        if self.loss not in LOSSES:
+            raise GraftkitError(f"unknown --loss {self.loss!r}", f"use one of {', '.join(LOSSES)}")
+        if self.scale_rewards not in ("group", "batch", "none"):
+            raise GraftkitError(f"unknown --scale-rewards {self.scale_rewards!r}", "use group, batch or none")
+        if self.reward not in ("success", "raw"):
+            raise GraftkitError(f"unknown --reward {self.reward!r}", "use success or raw")
+        bad = [t for t in self.tasks if t not in TASKS]
+        if bad or not self.tasks:
+            raise GraftkitError(f"unknown task(s) {', '.join(bad) or '(none given)'}",
+                                f"choose from {', '.join(sorted(TASKS))}")
+        if self.beta < 0 or self.focal_gamma < 0 or self.warmup < 0 or self.checkpoint_every < 0:
+            raise GraftkitError("--beta, --focal-gamma, --warmup and --checkpoint-every must be ≥ 0")
+        if self.stages < 0 or (self.stages and self.steps % self.stages):
+            raise GraftkitError(f"--stages {self.stages} must divide --steps {self.steps}",
+                                "pick a number of stages that divides the steps")
+        if not self.temperature > 0:
+            raise GraftkitError(f"--temperature {self.temperature} must be > 0")
+
+    @property
+    def eps_high(self) -> float:
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    def as_dict(self) -> dict:
+        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
+
+
+# ------------------------------------------------------------------------------------------ batches
+
+
+@dataclass
+class Rows:
+    """The turns of a batch of episodes as training rows (one row per turn)."""
+
+    ids: torch.Tensor  # [R, L] prompt + action, right-padded
+    attn: torch.Tensor  # [R, L]
+    select: torch.Tensor  # [R, L-1] positions that predict an action token
+    mask: torch.Tensor  # [R, T] action-token mask, T = longest action
+    targets: torch.Tensor  # [R, T] action token ids
+    episode: list[int]  # row → episode index
+    turn: list[int]  # row → turn index within its episode
+    old_logp: torch.Tensor | None = None  # [R, T] the sampling policy's log-probs
+    ref_logp: torch.Tensor | None = None  # [R, T]
+
+
+def episode_rows(episodes: Sequence[Episode], pad: int) -> Rows:
+    seqs, acts, ep_of, turn_of = [], [], [], []
+    for e_i, ep in enumerate(episodes):
+        for t_i, turn in enumerate(ep.turns):
+            seqs.append(list(turn.prompt_ids) + list(turn.action_ids))
+            acts.append((len(turn.prompt_ids), list(turn.action_ids)))
+            ep_of.append(e_i)
+            turn_of.append(t_i)
+    R, L = len(seqs), max(len(s) for s in seqs)
+    T = max(len(a) for _, a in acts)
+    ids = torch.full((R, L), pad, dtype=torch.long)
+    attn = torch.zeros((R, L), dtype=torch.long)
+    select = torch.zeros((R, L - 1), dtype=torch.bool)
+    mask = torch.zeros((R, T))
+    targets = torch.zeros((R, T), dtype=torch.long)
+    for r, (seq, (p, a)) in enumerate(zip(seqs, acts)):
+        ids[r, : len(seq)] = torch.tensor(seq)
+        attn[r, : len(seq)] = 1
+        select[r, p - 1 : p - 1 + len(a)] = True  # position t predicts token t + 1
+        mask[r, : len(a)] = 1
+        targets[r, : len(a)] = torch.tensor(a)
+    return Rows(ids, attn, select, mask, targets, ep_of, turn_of)
+
+
+def action_logp(model, rows: Rows, temperature: float) -> tuple[torch.Tensor, float]:
+    """log π(action token | context) at ``temperature``: ``[R, T]`` (0 off the mask), and the mean
+    entropy of those next-token distributions (from the same logits, no gradient)."""
+    logits = next_token_logits(model, rows.ids, rows.attn, rows.select) / temperature  # [N, V]
+    logp_all = torch.log_softmax(logits, -1)
+    flat_targets = rows.targets[rows.mask.bool()]  # [N], row-major like the selection
+    lp = logp_all.gather(1, flat_targets[:, None])[:, 0]
+    with torch.no_grad():
+        entropy = float(-(logp_all.exp() * logp_all).sum(-1).mean()) if lp.numel() else 0.0
+    out = torch.zeros(rows.mask.shape, dtype=lp.dtype)
+    return out.masked_scatter(rows.mask.bool(), lp), entropy
+
+
+# ------------------------------------------------------------------------------------------ advantages
+
+
+def episode_rewards(episodes: Sequence[Episode], kind: str) -> torch.Tensor:
+    return torch.tensor([float(e.success) if kind == "success" else float(e.reward) for e in episodes])
+
+
+def row_advantages(cfg: GRPOConfig, episodes: Sequence[Episode], rows: Rows) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Per-row-token advantages ``[R, T]``, per-row focal weights ``[R]`` and advantage statistics."""
+    G = cfg.group_size
+    rewards = episode_rewards(episodes, cfg.reward).view(-1, G)  # [P, G]
+    adv = group_advantages(rewards, scale=cfg.scale_rewards)
+    ep_adv = adv.advantages.reshape(-1)  # [P·G]
+    p_hat = torch.tensor([[float(e.success) for e in episodes[i * G:(i + 1) * G]] for i in range(rewards.shape[0])]).mean(-1)
+    weight_g = focal_weight(p_hat, cfg.focal_gamma) if cfg.focal_gamma else torch.ones(rewards.shape[0])
+    token_adv = rows.mask * ep_adv[rows.episode][:, None]  # [R, T]
+    paths = {"outcome": 0, "process": 0, "none": 0}
+    if cfg.verigate:
+        for g in range(rewards.shape[0]):
+            group = list(range(g * G, (g + 1) * G))
+            scores = [[t.progress - (ep.turns[k - 1].progress if k else 0.0) for k, t in enumerate(ep.turns)]
+                      for ep in (episodes[i] for i in group)]
+            counts = [[len(t.action_ids) for t in episodes[i].turns] for i in group]
+            vg = verigate_advantages(rewards[g], scores, counts, scale="none" if cfg.scale_rewards == "none" else "group")
+            paths[vg.path] += 1
+            for i, toks in zip(group, vg.token_advantages):
+                offset = 0
+                for r in (r for r in range(len(rows.episode)) if rows.episode[r] == i):
+                    n = int(rows.mask[r].sum())
+                    token_adv[r, :n] = toks[offset : offset + n].to(token_adv.dtype)
+                    offset += n
+    weight = weight_g[[e // G for e in rows.episode]]
+    stats = {
+        "reward": float(rewards.mean()),
+        "success": float(sum(e.success for e in episodes) / len(episodes)),
+        "frac_reward_zero_std": float(adv.zero_std.float().mean()),
+        "focal_weight_mean": float(weight_g.mean()),
+        **({f"verigate_{k}": v / rewards.shape[0] for k, v in paths.items()} if cfg.verigate else {}),
+    }
+    return token_adv, weight, stats
+
+
+def trajectory_veto(rows: Rows, logp: torch.Tensor, adv_row: torch.Tensor, eps_v: float) -> torch.Tensor:
+    """Mu-GRPO's veto over multi-turn trajectories: per turn, ``veto_mask``; after a triggered turn, the
+    trajectory's later turns are dropped whole."""
+    keep = veto_mask(logp.detach(), rows.old_logp, adv_row, rows.mask, eps_v).float()  # [R, T]
+    triggered = (keep.sum(-1) < rows.mask.sum(-1)).tolist()
+    dropped_from: dict[int, int] = {}
+    for r, (e, t) in enumerate(zip(rows.episode, rows.turn)):
+        if triggered[r]:
+            dropped_from[e] = min(dropped_from.get(e, t), t)
+    for r, (e, t) in enumerate(zip(rows.episode, rows.turn)):
+        if e in dropped_from and t > dropped_from[e]:
+            keep[r] = 0
+    return keep
+
+
+# ----------------------------------------------------------------------------------------- the loop
+
+
+def _prompts(cfg: GRPOConfig, step: int) -> list[tuple[str, int]]:
+    """The task instances of ``step``: tasks cycled in order, seeds a function of (seed, step, i)."""
+    out = []
+    for i in range(cfg.prompts_per_step):
+        k = step * cfg.prompts_per_step + i
+        out.append((cfg.tasks[k % len(cfg.tasks)], GRPO_SEED_BASE + 100_000 * cfg.seed + k))
+    return out
+
+
+def check_tokenizer_fits(policy: Policy, tasks: Sequence[str], seeds: int = 5) -> None:
+    """Every oracle action of a few episodes per task must encode and decode back exactly."""
+    for task in tasks:
+        env = make_env(task)
+        for s in range(seeds):
+            obs = env.reset(GRPO_SEED_BASE + s)
+            for action in TASKS[task].oracle(obs):
+                back = policy.decode_action(policy.action_ids(action))
+                unk = policy.tokenizer.unk_token_id
+                if back.replace(" ", "") != action.replace(" ", "") or (unk is not None and unk in policy.action_ids(action)):
+                    raise GraftkitError(
+                        f"the init checkpoint's tokenizer does not fit the task {task}: {action!r} decodes as {back!r}",
+                        "start from a policy whose tokenizer covers the task vocabulary (graftkit train sft)",
+                    )
+
+
+def _ckpt_dir(cfg: GRPOConfig) -> Path:
+    return Path(str(Path(cfg.out)) + ".checkpoints")
+
+
+def _rng_state() -> dict[str, torch.Tensor]:
+    return {"rng.torch": torch.get_rng_state()}
+
+
+def _opt_state(opt: torch.optim.Optimizer, names: list[str]) -> tuple[dict[str, torch.Tensor], dict]:
+    tensors, scalars = {}, {}
+    for p, name in zip(opt.param_groups[0]["params"], names):
+        st = opt.state.get(p, {})
+        for k, v in st.items():
+            if torch.is_tensor(v):
+                tensors[f"opt.{name}.{k}"] = v
+            else:
+                scalars[f"{name}.{k}"] = v
+    return tensors, scalars
+
+
+def _load_opt_state(opt: torch.optim.Optimizer, names: list[str], tensors: dict, scalars: dict) -> None:
+    for p, name in zip(opt.param_groups[0]["params"], names):
+        st = {}
+        for key, v in tensors.items():
+            if key.startswith(f"opt.{name}."):
+                st[key[len(f"opt.{name}."):]] = v
+        for key, v in scalars.items():
+            if key.startswith(f"{name}."):
+                st[key[len(name) + 1:]] = v
+        if st:
+            opt.state[p] = st
+
+
+def latest_checkpoint(cfg: GRPOConfig) -> Path | None:
+    folder = _ckpt_dir(cfg)
+    done = sorted(p for p in folder.glob("step-*") if (p / STATE).is_file()) if folder.is_dir() else []
+    return done[-1] if done else None
+
+
+def run_grpo(
+    cfg: GRPOConfig,
+    *,
+    resume: bool = False,
+    force: bool = False,
+    on_step: Callable[[dict], None] = lambda m: None,
+) -> Path:
+    """Train per ``cfg``; returns the final policy folder (an HF folder with graftkit.json)."""
+    torch.set_num_threads(cfg.threads)
+    init = Path(cfg.init)
+    model, tok = load_model(init)
+    policy = Policy(model, tok, init)
+    check_tokenizer_fits(policy, cfg.tasks)
+    ref = copy.deepcopy(model).eval() if cfg.beta > 0 else None
+    names = [n for n, _ in model.named_parameters()]
+    opt = torch.optim.AdamW([p for _, p in model.named_parameters()], lr=cfg.lr, betas=(0.9, 0.99),
+                            weight_decay=0.0)
+    log: list[dict] = []
+    start = 0
+    ckpt = latest_checkpoint(cfg) if resume else None
+    if resume and ckpt is None and _ckpt_dir(cfg).exists():
+        raise GraftkitError(f"--resume: no complete checkpoint in {_ckpt_dir(cfg)}", "run without --resume")
+    if ckpt is not None:
+        saved = json.loads((ckpt / "graftkit.json").read_text())
+        if saved["config"] != cfg.as_dict():
+            diff = sorted(k for k in cfg.as_dict() if saved["config"].get(k) != cfg.as_dict()[k])
+            raise GraftkitError(f"--resume: {ckpt} was written with a different config (differs in {', '.join(diff)})",
+                                "resume with the same settings, or start a new run without --resume")
+        ck_model, _ = load_model(ckpt)
+        model.load_state_dict(ck_model.state_dict())
+        state = read_tensors(ckpt / STATE)
+        _load_opt_state(opt, names, state, saved["optimizer_scalars"])
+        torch.set_rng_state(state["rng.torch"])
+        start = saved["step"]
+        log = [json.loads(line) for line in (ckpt / LOG).read_text().splitlines() if line]
+    elif Path(cfg.out).exists() and not force:
+        raise GraftkitError(f"output folder {cfg.out} already exists", "pass --force to replace it, or --resume")
+    model.train()
+    eps_high = cfg.eps_high
+    per_stage = cfg.steps // cfg.stages if cfg.stages else 1
+    t_start = time.perf_counter() - (log[-1]["seconds"] if log else 0.0)
+    stage_data: list = []
+    for step in range(start, cfg.steps):
+        # ---- generation: every step, or once per stage (Mu-GRPO)
+        if step % per_stage == 0 or not stage_data:
+            t_gen = time.perf_counter()
+            first = step - step % per_stage
+            plan = [_prompts(cfg, s) for s in range(first, first + per_stage)]
+            jobs = [(t, env_seed, k) for prompts in plan for (t, env_seed) in prompts for k in range(cfg.group_size)]
+            decode = Decode(greedy=False, temperature=cfg.temperature, top_p=cfg.top_p,
+                            max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 1_000_003 + first)
+            model.eval()
+            episodes = rollout(policy, jobs, decode, batch_size=max(64, cfg.prompts_per_step * cfg.group_size))
+            n = cfg.prompts_per_step * cfg.group_size
+            stage_data = []
+            for j in range(per_stage):
+                eps_j = episodes[j * n:(j + 1) * n]
+                rows = episode_rows(eps_j, policy.pad_id)
+                with torch.no_grad():
+                    rows.old_logp = action_logp(model, rows, cfg.temperature)[0]
+                    rows.ref_logp = action_logp(ref, rows, cfg.temperature)[0] if ref is not None else None
+                stage_data.append((eps_j, rows))
+            model.train()
+            gen_seconds = time.perf_counter() - t_gen
+        else:
+            gen_seconds = 0.0
+        episodes, rows = stage_data[step % per_stage]
+        token_adv, weight, stats = row_advantages(cfg, episodes, rows)
+        lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup) if cfg.warmup else cfg.lr
+        for g in opt.param_groups:
+            g["lr"] = lr
+        t_opt = time.perf_counter()
+        for _ in range(cfg.num_iterations):
+            logp, entropy = action_logp(model, rows, cfg.temperature)
+            veto = None
+            if cfg.veto_epsilon is not None:
+                adv_row = token_adv.sum(-1) / rows.mask.sum(-1).clamp(min=1)
+                veto = trajectory_veto(rows, logp, adv_row, cfg.veto_epsilon)
+            loss, metrics = LOSSES[cfg.loss](
+                logp, rows.old_logp, token_adv, rows.mask, ref_logp=rows.ref_logp, eps_low=cfg.epsilon,
+                eps_high=eps_high, beta=cfg.beta, max_len=cfg.max_new_tokens, weight=weight, veto=veto)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+            opt.step()
+        m = {"step": step + 1, "loss": loss.item(), **stats, **{k: float(v) for k, v in metrics.items()},
+             "entropy": entropy, "grad_norm": gnorm.item(), "lr": lr, "tokens": int(rows.mask.sum()),
+             "episodes": len(episodes), "staleness": step % per_stage, "gen_seconds": gen_seconds,
+             "opt_seconds": time.perf_counter() - t_opt, "seconds": time.perf_counter() - t_start}
+        log.append(m)
+        on_step(m)
+        boundary = (step + 1) % per_stage == 0
+        if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and boundary and step + 1 < cfg.steps:
+            _save(cfg, model, policy, log, step + 1, opt, names, _ckpt_dir(cfg) / f"step-{step + 1:06d}")
+    model.eval()
+    return _save(cfg, model, policy, log, cfg.steps, None, names, Path(cfg.out), force=True)
+
+
+def _save(cfg, model, policy, log, step, opt, names, dest: Path, force: bool = True) -> Path:
+    from ..weights import describe, open_checkpoint
+
+    parent = describe(open_checkpoint(cfg.init))
+    provenance = {
+        "producer": "graftkit train grpo",
+        "graftkit_version": __version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "config": cfg.as_dict(),
+        "step": step,
+        "parents": [{"role": "sft", **parent}],
+        "base_model": {"path": parent["path"], "sha256": parent["sha256"]},
+    }
+    extra_tensors = None
+    if opt is not None:
+        extra_tensors, scalars = _opt_state(opt, names)
+        extra_tensors.update(_rng_state())
+        provenance["optimizer_scalars"] = scalars
+    log_bytes = "".join(json.dumps(m) + "\n" for m in log).encode()
+    return save_model(dest, model, policy.tokenizer, provenance=provenance, force=force, inputs=[Path(cfg.init)],
+                      extra_files={LOG: log_bytes}, extra_tensors=extra_tensors)
