@@ -30,7 +30,8 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Weight-delta analysis of RL fine-tunes: where did GRPO move the weights, and did it matter?",
 )
-out = Console(highlight=False)
+# Pipes and files get wide tables (rich's default of 80 columns would truncate tensor and run names).
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, highlight=False)
 
 
@@ -722,6 +723,44 @@ def train_grpo(
         return _print_json(info)
     out.print(f"GRPO policy → {escape(str(dest))}: {steps} steps, {info['seconds_per_step']:.2f} s/step, "
               f"last batch success {log[-1]['success']:.2f}")
+
+
+@app.command()
+@_handled
+def sweep(
+    grid: Path = typer.Argument(..., help="Grid file (YAML): out, inits, base, product, runs."),
+    dry_run: bool = typer.Option(False, help="Print the run specs; run nothing."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """Run a control grid of GRPO runs: completed runs are skipped, partial runs resumed."""
+    from .train.sweep import expand, run_sweep
+
+    specs = expand(grid)
+    rows = [{"name": s.name, "status": s.status(), **{k: v for k, v in s.config.as_dict().items()
+                                                       if k in ("init", "lr", "beta", "seed", "epsilon",
+                                                                "epsilon_high", "loss", "steps", "stages")},
+             "out": s.config.out} for s in specs]
+    if dry_run:
+        if as_json:
+            return _print_json({"grid": str(grid), "runs": [{**r, "config": s.config.as_dict()}
+                                                              for r, s in zip(rows, specs)]})
+        t = Table(title=f"{escape(str(grid))}: {len(specs)} runs")
+        for c in ("name", "status", "init", "lr", "beta", "seed", "epsilon", "epsilon_high", "loss", "steps"):
+            t.add_column(c, justify="left" if c in ("name", "status", "init", "loss") else "right")
+        for r in rows:
+            t.add_row(*(escape(Path(str(r[c])).name if c == "init" else str(r[c])) for c in
+                        ("name", "status", "init", "lr", "beta", "seed", "epsilon", "epsilon_high", "loss", "steps")))
+        out.print(t)
+        return
+    for s in specs:
+        if not Path(s.config.init).exists():
+            raise GraftkitError(f"run {s.name}: init {s.config.init} does not exist",
+                                "train the SFT policy first (graftkit train sft) or fix the grid's inits")
+    records = run_sweep(specs, on_run=lambda s, st: err.print(f"{escape(s.name)}: {st}"))
+    if as_json:
+        return _print_json({"grid": str(grid), "runs": records})
+    for r in records:
+        out.print(f"{escape(r['name'])}: {r['status']} → {escape(r['out'])}")
 
 
 # ---------------------------------------------------------------------------------------------- demo

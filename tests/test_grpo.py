@@ -147,3 +147,80 @@ def test_sigkill_then_resume_is_bit_identical_to_an_uninterrupted_run(sft, tmp_p
     strip = lambda path: [{k: v for k, v in json.loads(x).items() if "seconds" not in k}
                           for x in (path / "train_log.jsonl").read_text().splitlines()]
     assert strip(resumed) == strip(straight)
+
+
+def _grid(tmp_path: Path, sft: Path, body: str) -> Path:
+    g = tmp_path / "grid.yaml"
+    g.write_text(f"out: runs\ninits:\n  sft: {sft}\n" + body)
+    return g
+
+
+def test_sweep_expands_product_then_runs_with_names(sft, tmp_path):
+    from graftkit.train.sweep import expand
+
+    g = _grid(tmp_path, sft, "base: {init: sft, steps: 2, tasks: click-button}\n"
+                             "product: {lr: [1.0e-4, 1.0e-3], seed: [0, 1]}\n"
+                             "runs:\n  - {name: kl, beta: 0.1}\n")
+    specs = expand(g)
+    assert [s.name for s in specs] == ["lr1e-04_seed0", "lr1e-04_seed1", "lr1e-03_seed0", "lr1e-03_seed1", "kl"]
+    assert specs[1].config.seed == 1 and specs[2].config.lr == 1e-3 and specs[4].config.beta == 0.1
+    assert all(s.config.init == str(sft) and s.config.tasks == ("click-button",) for s in specs)
+    assert specs[0].config.out == str(tmp_path / "runs" / "lr1e-04_seed0")
+
+
+@pytest.mark.parametrize("body, message", [
+    ("base: {init: sft}\nruns:\n  - {name: a, lr: 0.1, nonsense: 1}\n", "unknown setting"),
+    ("base: {init: sft}\nruns:\n  - {name: a}\n  - {name: a}\n", "two runs are named a"),
+    ("runs:\n  - {name: a}\n", "has no init"),
+    ("base: {init: sft}\n", "no runs"),
+    ("base: {init: sft}\nruns:\n  - {name: a, lr: -1}\n", "--lr"),
+    ("bogus: 1\n", "unknown key"),
+])
+def test_bad_grid_is_one_clear_error(sft, tmp_path, body, message):
+    from graftkit.train.sweep import expand
+
+    with pytest.raises(GraftkitError, match=message):
+        expand(_grid(tmp_path, sft, body))
+
+
+def test_sweep_skips_done_and_resumes_partial_runs(sft, tmp_path):
+    from graftkit.train.sweep import expand, run_sweep
+
+    g = _grid(tmp_path, sft, "base: {init: sft, steps: 2, tasks: click-button, prompts_per_step: 1, "
+                             "group_size: 2, max_new_tokens: 8, checkpoint_every: 1}\n"
+                             "runs:\n  - {name: a}\n  - {name: b, seed: 1}\n")
+    a, b = expand(g)
+    run_grpo(a.config)  # a is complete
+    run_grpo(replace(b.config, steps=2), force=True)
+    # make b partial: keep only its first checkpoint
+    import shutil
+
+    shutil.rmtree(b.config.out)
+    assert [a.status(), b.status()] == ["done", "partial"]
+    records = run_sweep([a, b])
+    assert [r["status"] for r in records] == ["done", "partial"]
+    assert [a.status(), b.status()] == ["done", "done"]
+
+
+def test_paper18_grid_has_eighteen_runs_over_the_study_axes():
+    from graftkit.train.sweep import expand
+
+    specs = expand(Path(__file__).resolve().parents[1] / "grids" / "paper18.yaml")
+    assert len(specs) == 18
+    cfgs = [s.config for s in specs]
+    assert len({c.lr for c in cfgs}) >= 3 and len({c.seed for c in cfgs}) == 6
+    assert len({c.init for c in cfgs}) == 2 and len({c.beta for c in cfgs}) >= 3
+    assert len({(c.epsilon, c.eps_high) for c in cfgs}) >= 3
+
+
+def test_sweep_dry_run_cli_prints_specs_and_runs_nothing(sft, tmp_path):
+    from typer.testing import CliRunner
+
+    from graftkit.cli import app
+
+    g = _grid(tmp_path, sft, "base: {init: sft, steps: 2}\nproduct: {lr: [1.0e-4, 1.0e-3]}\n")
+    res = CliRunner().invoke(app, ["sweep", str(g), "--dry-run", "--json"])
+    assert res.exit_code == 0, res.output
+    runs = json.loads(res.stdout)["runs"]
+    assert [r["name"] for r in runs] == ["lr1e-04", "lr1e-03"] and all(r["status"] == "new" for r in runs)
+    assert not (tmp_path / "runs").exists()

@@ -1,0 +1,114 @@
+"""Sweeps of a control grid: a grid file expands to frozen run specs, an executor runs them.
+
+Grid file (YAML)::
+
+    out: runs/paper18            # every run writes <out>/<name>
+    inits:                       # named initial policies (paths relative to the grid file's folder
+      sft: ../runs/demo/sft      #   or absolute); a run's ``init`` may name one
+    base: {steps: 40, tasks: mastered, init: sft}   # GRPOConfig fields shared by every run
+    product: {lr: [3e-5, 3e-4], seed: [0, 1]}       # optional: the Cartesian product of these lists
+    runs:                                           # optional: explicit runs (overrides of base)
+      - {name: kl-high, lr: 3e-4, beta: 0.2}
+
+The runs are the product's combinations followed by the explicit runs; a run's name is given or made
+from its overrides (``lr3e-04_seed1``). Names must be unique. Executing skips completed runs (their
+final folder records the full step count), resumes partial runs from their newest checkpoint, and starts
+the rest; ``--dry-run`` prints the specs and runs nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from ..errors import GraftkitError
+from ..webenv.tasks import SUITES
+from .grpo import GRPOConfig, latest_checkpoint, run_grpo
+
+_FIELDS = set(GRPOConfig.__dataclass_fields__) - {"out"}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    name: str
+    config: GRPOConfig
+
+    def status(self) -> str:
+        """``done``, ``partial`` (a checkpoint to resume from) or ``new``."""
+        final = Path(self.config.out) / "graftkit.json"
+        if final.is_file() and json.loads(final.read_text()).get("step") == self.config.steps:
+            return "done"
+        return "partial" if latest_checkpoint(self.config) is not None else "new"
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.0e}" if v and (abs(v) < 1e-2 or abs(v) >= 1e3) else f"{v:g}"
+    return str(v)
+
+
+def _tasks(v) -> tuple[str, ...]:
+    names = v.split(",") if isinstance(v, str) else list(v)
+    out: list[str] = []
+    for n in (x.strip() for x in names):
+        out.extend(SUITES[n] if n in SUITES else [n])
+    return tuple(out)
+
+
+def expand(grid_path: Path) -> list[RunSpec]:
+    """The run specs of a grid file (see the module docstring)."""
+    grid_path = Path(grid_path)
+    try:
+        grid = yaml.safe_load(grid_path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise GraftkitError(f"{grid_path}: cannot read the grid ({str(exc).splitlines()[0]})") from None
+    unknown = set(grid) - {"out", "inits", "base", "product", "runs"}
+    if unknown:
+        raise GraftkitError(f"{grid_path}: unknown key(s) {sorted(unknown)}", "use out, inits, base, product, runs")
+    root = grid_path.parent
+    out = Path(grid.get("out") or "runs/sweep")
+    out = out if out.is_absolute() else root / out
+    inits = {k: str(Path(v) if Path(v).is_absolute() else (root / v)) for k, v in (grid.get("inits") or {}).items()}
+    base = dict(grid.get("base") or {})
+    product = grid.get("product") or {}
+    combos = [dict(zip(product, values)) for values in itertools.product(*product.values())] if product else []
+    runs = combos + [dict(r) for r in (grid.get("runs") or [])]
+    if not runs:
+        raise GraftkitError(f"{grid_path}: no runs (give a product, runs, or both)")
+    specs, seen = [], set()
+    for overrides in runs:
+        name = overrides.pop("name", None) or "_".join(f"{k}{_fmt(v)}" for k, v in overrides.items()) or "base"
+        fields = {**base, **overrides}
+        bad = set(fields) - _FIELDS
+        if bad:
+            raise GraftkitError(f"{grid_path}: run {name}: unknown setting(s) {sorted(bad)}",
+                                f"GRPO settings are: {', '.join(sorted(_FIELDS))}")
+        if "init" not in fields:
+            raise GraftkitError(f"{grid_path}: run {name} has no init", "set base.init or the run's init")
+        fields["init"] = inits.get(fields["init"], fields["init"])
+        if "tasks" in fields:
+            fields["tasks"] = _tasks(fields["tasks"])
+        if name in seen:
+            raise GraftkitError(f"{grid_path}: two runs are named {name}", "give them distinct names")
+        seen.add(name)
+        specs.append(RunSpec(name, GRPOConfig(out=str(out / name), **fields)))
+    return specs
+
+
+def run_sweep(specs: list[RunSpec], on_run: Callable[[RunSpec, str], None] = lambda s, st: None,
+              on_step: Callable[[RunSpec, dict], None] = lambda s, m: None) -> list[dict]:
+    """Run every spec in order: skip completed ones, resume partial ones. Returns one record per run."""
+    records = []
+    for spec in specs:
+        status = spec.status()
+        on_run(spec, status)
+        if status != "done":
+            run_grpo(spec.config, resume=status == "partial", force=True,
+                     on_step=lambda m, spec=spec: on_step(spec, m))
+        records.append({"name": spec.name, "status": status, "out": spec.config.out})
+    return records
