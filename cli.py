@@ -388,21 +388,21 @@ def _episode_progress(total: int, what: str) -> Progress:
     return p
 
 
-def _load_policy(path: Path, allow_pickle: bool):
-    from .agent import Policy
-    from .weights import load_model
+def _load_policy(path: Path, allow_pickle: bool, obs: str = "text"):
+    """A causal-LM policy, or a vision-language one for an image-text-to-text folder (``--obs som``
+    refuses a text-only folder before loading it)."""
+    from .agent import load_policy
 
-    model, tok = load_model(path, allow_pickle=allow_pickle)
-    return Policy(model, tok, Path(path))
+    return load_policy(Path(path), allow_pickle=allow_pickle, obs=obs)
 
 
-def _run_eval(policy, tasks, seeds, episodes, decode, samples, backend, batch_size, label):
+def _run_eval(policy, tasks, seeds, episodes, decode, samples, backend, batch_size, label, obs: str = "text"):
     from .agent import evaluate
 
     total = len(tasks) * len(seeds) * episodes * samples
     with _episode_progress(total, label) as p:
         return evaluate(policy, tasks, seeds, episodes, decode, samples=samples, backend=backend,
-                        batch_size=batch_size, on_episode=lambda e: p.advance(p.task_ids[0]))
+                        batch_size=batch_size, on_episode=lambda e: p.advance(p.task_ids[0]), obs=obs)
 
 
 def eval_result(outcome, model_desc: dict, extra: dict | None = None, kind: str = "eval", more: dict | None = None):
@@ -433,21 +433,19 @@ def _seed_list(n: int) -> list[int]:
 
 
 def _check_obs(obs: str, backend: str) -> None:
+    """Validate --backend and --obs before any model loads. ``som`` needs a vision-language policy
+    folder; ``_load_policy`` refuses a text-only one, naming it. ``text`` works with either kind."""
     if backend not in ("py", "miniwob"):
         raise GraftkitError(f"unknown --backend {backend!r}", "use py (the mirror) or miniwob (Chromium)")
     if obs not in ("text", "som"):
-        raise GraftkitError(f"unknown --obs {obs!r}", "use text or som")
-    if obs == "som":
-        raise GraftkitError(
-            "--obs som needs a vision-language policy; graftkit's policies here are text-only causal LMs",
-            "use --obs text (Set-of-Marks screenshots are rendered by graftkit.webenv for VLM agents)",
-        )
+        raise GraftkitError(f"unknown --obs {obs!r}", "use text (element list) or som (Set-of-Marks screenshot)")
 
 
 @app.command("eval")
 @_handled
 def eval_cmd(
-    model: Path = typer.Option(..., "--model", help="Policy: an HF causal LM folder with its tokenizer."),
+    model: Path = typer.Option(..., "--model", help="Policy: an HF causal LM folder with its tokenizer, or an "
+                                                     "image-text-to-text folder with its processor (for --obs som)."),
     tasks: str = typer.Option("mastered", help="Suite (mastered, headroom, all) or comma list of tasks."),
     seeds: int = typer.Option(25, help="Evaluation seeds 0..N-1."),
     episodes: int = typer.Option(4, help="Episodes per seed and task."),
@@ -474,12 +472,13 @@ def eval_cmd(
     runs = [("model", model)] + ([("compare", compare_to)] if compare_to else [])
     outcomes = {}
     for role, path in runs:
-        policy = _load_policy(path, allow_pickle)
+        policy = _load_policy(path, allow_pickle, obs)
         outcomes[role] = _run_eval(policy, task_list, seed_list, episodes, decode, 1, backend, batch_size,
-                                   f"eval {Path(path).name}")
+                                   f"eval {Path(path).name}", obs)
         desc = describe(open_checkpoint(path, allow_pickle=allow_pickle))
         dest = (save if role == "model" and save else
-                current_run() / "results" / f"eval-{Path(path).name}-{'sampled' if sample else 'greedy'}.h5")
+                current_run() / "results"
+                / f"eval-{Path(path).name}-{'sampled' if sample else 'greedy'}{'-som' if obs == 'som' else ''}.h5")
         write_result(dest, eval_result(outcomes[role], desc))
         outcomes[role].extra["file"] = str(dest)
     rows = []
@@ -498,14 +497,15 @@ def eval_cmd(
     if as_json:
         return _print_json({"model": str(model), "compare": str(compare_to) if compare_to else None,
                             "tasks": rows, "seeds": len(seed_list), "episodes": episodes, "backend": backend,
+                            "obs": obs,
                             "decode": decode.__dict__, "files": {k: o.extra["file"] for k, o in outcomes.items()}})
     t = Table(title=f"{escape(str(model))}: success over {len(seed_list)} seeds × {episodes} episodes "
-                    f"({'sampled' if sample else 'greedy'}, {backend})")
+                    f"({'sampled' if sample else 'greedy'}, {backend}, obs {obs})")
     t.add_column("task")
     t.add_column("success (95% Wilson)", justify="right")
     if compare_to:
         t.add_column(f"{escape(Path(compare_to).name)}", justify="right")
-        t.add_column("diff [bootstrap] [Bayes]", justify="right")
+        t.add_column("diff \\[bootstrap] \\[Bayes]", justify="right")
         t.add_column("McNemar p", justify="right")
         t.add_column("verdict")
     for row in rows:
@@ -532,7 +532,8 @@ def _rate_text(r: dict) -> str:
 @app.command()
 @_handled
 def headroom(
-    model: Path = typer.Option(..., "--model", help="Policy: an HF causal LM folder with its tokenizer."),
+    model: Path = typer.Option(..., "--model", help="Policy: an HF causal LM folder with its tokenizer, or an "
+                                                     "image-text-to-text folder with its processor (for --obs som)."),
     tasks: str = typer.Option("all", help="Suite (mastered, headroom, all) or comma list of tasks."),
     k: int = typer.Option(8, help="Samples per episode (pass@k uses all k)."),
     temperature: float = typer.Option(1.0, help="Sampling temperature."),
@@ -540,6 +541,7 @@ def headroom(
     seeds: int = typer.Option(25, help="Evaluation seeds 0..N-1."),
     episodes: int = typer.Option(2, help="Episodes per seed and task."),
     backend: str = typer.Option("py", help="py (the mirror) or miniwob (Chromium)."),
+    obs: str = typer.Option("text", help="Observation: text (element list) or som (Set-of-Marks screenshot)."),
     batch_size: int = typer.Option(64, help="Episodes advanced together."),
     save: Optional[Path] = typer.Option(None, "--save", help="HDF5 result file (default: RUN/results/headroom-*.h5)."),
     allow_pickle: bool = typer.Option(False, help="Load pickled .bin/.pt weights (weights_only=True)."),
@@ -552,14 +554,16 @@ def headroom(
     from .store import write_result
     from .weights import describe, open_checkpoint
 
-    _check_obs("text", backend)
+    _check_obs(obs, backend)
     if k < 2:
         raise GraftkitError(f"--k {k} must be ≥ 2", "pass e.g. --k 8")
     task_list, seed_list = resolve_tasks(tasks), _seed_list(seeds)
-    policy = _load_policy(model, allow_pickle)
-    greedy = _run_eval(policy, task_list, seed_list, episodes, Decode(greedy=True), 1, backend, batch_size, "greedy")
+    policy = _load_policy(model, allow_pickle, obs)
+    greedy = _run_eval(policy, task_list, seed_list, episodes, Decode(greedy=True), 1, backend, batch_size, "greedy",
+                       obs)
     sampled = _run_eval(policy, task_list, seed_list, episodes,
-                        Decode(greedy=False, temperature=temperature, top_p=top_p), k, backend, batch_size, "sampled")
+                        Decode(greedy=False, temperature=temperature, top_p=top_p), k, backend, batch_size, "sampled",
+                        obs)
     S = len(seed_list)
     g = {t: np.repeat(greedy.success[i, :, :, 0], k, axis=1).reshape(S, -1) for i, t in enumerate(task_list)}
     s_ = {t: sampled.success[i].reshape(S, -1) for i, t in enumerate(task_list)}
@@ -573,15 +577,16 @@ def headroom(
                      "headroom": h.headroom, "bootstrap": [h.comparison.bootstrap.low, h.comparison.bootstrap.high],
                      "bayes": [h.comparison.bayes.low, h.comparison.bayes.high], "verdict": h.verdict})
     desc = describe(open_checkpoint(model, allow_pickle=allow_pickle))
-    dest = save or current_run() / "results" / f"headroom-{Path(model).name}.h5"
+    dest = save or current_run() / "results" / f"headroom-{Path(model).name}{'-som' if obs == 'som' else ''}.h5"
     write_result(dest, eval_result(
         sampled, desc, {"k": k, "temperature": temperature, "top_p": top_p}, kind="headroom",
         more={"greedy_success": (("task", "seed", "episode", "greedy_sample"), greedy.success.astype(np.int8))},
     ))
     if as_json:
-        return _print_json({"model": str(model), "k": k, "temperature": temperature, "tasks": rows, "file": str(dest)})
+        return _print_json({"model": str(model), "k": k, "temperature": temperature, "obs": obs, "tasks": rows,
+                            "file": str(dest)})
     t = Table(title=f"headroom of {escape(str(model))}: {S} seeds × {episodes} episodes, k={k}, T={temperature:g}")
-    for col in ("task", "greedy", "sampled", f"pass@{k}", "headroom [bootstrap] [Bayes]", "verdict"):
+    for col in ("task", "greedy", "sampled", f"pass@{k}", "headroom \\[bootstrap] \\[Bayes]", "verdict"):
         t.add_column(col, justify="left" if col in ("task", "verdict") else "right")
     for r in rows:
         t.add_row(escape(r["task"]), f"{100 * r['greedy']:.1f}%", f"{100 * r['sampled']:.1f}%", f"{100 * r[f'pass@{k}']:.1f}%",

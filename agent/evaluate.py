@@ -3,7 +3,9 @@
 Episode ``e`` of evaluation seed ``s`` plays the environment seed ``episode_seed(s, e) = 1000·s + e``,
 so any two models evaluated with the same seeds and episode count meet identical episodes and can be
 compared pair by pair. ``samples`` > 1 plays each episode several times with independent sampling
-generators (for headroom and pass@k); greedy decoding uses one sample.
+generators (for headroom and pass@k); greedy decoding uses one sample. ``obs`` picks the observation:
+``"text"`` (the element list) or ``"som"`` (the Set-of-Marks screenshot, for a vision-language policy);
+both tracks play the same episodes with the same actions, so their outcomes pair up too.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from ..errors import GraftkitError
 from ..webenv import tasks as webtasks
 from .policy import Policy
 from .rollout import Decode, Episode, rollout
+from .vlm import require_vision
 
 MAX_EPISODES_PER_SEED = 1000
 
@@ -82,8 +85,10 @@ def evaluate(
     backend: str = "py",
     batch_size: int = 64,
     on_episode: Callable[[Episode], None] = lambda e: None,
+    obs: str = "text",
 ) -> EvalOutcome:
     """Play every (task, seed, episode, sample) and keep its outcome."""
+    require_vision(policy, obs)
     if not 1 <= episodes <= MAX_EPISODES_PER_SEED:
         raise GraftkitError(f"--episodes {episodes} must be in 1..{MAX_EPISODES_PER_SEED}")
     if samples < 1 or (decode.greedy and samples > 1):
@@ -100,11 +105,12 @@ def evaluate(
                     index[(t, episode_seed(s, e), k)] = (a, b, e, k)
                     jobs.append((t, episode_seed(s, e), k))
     t0 = time.perf_counter()
-    played = rollout(policy, jobs, decode, backend=backend, batch_size=batch_size, on_episode=on_episode)
+    played = rollout(policy, jobs, decode, backend=backend, batch_size=batch_size, on_episode=on_episode, obs=obs,
+                     keep_vision=False)
     success, reward = np.zeros(shape, bool), np.zeros(shape)
     turns, invalid = np.zeros(shape, np.int32), np.zeros(shape, np.int32)
     for ep in played:
         i = index[(ep.task, ep.seed, ep.sample)]
         success[i], reward[i], turns[i], invalid[i] = ep.success, ep.reward, len(ep.turns), ep.invalid
     return EvalOutcome(list(tasks), list(seeds), episodes, samples, decode, success, reward, turns, invalid,
-                       time.perf_counter() - t0, backend)
+                       time.perf_counter() - t0, backend, obs)

@@ -96,14 +96,48 @@ class Policy:
         return canonical_action(self.tokenizer.decode(ids, skip_special_tokens=True))
 
 
-def next_token_logits(model, ids: torch.Tensor, mask: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
+def next_token_logits(model, ids: torch.Tensor, mask: torch.Tensor, select: torch.Tensor, **vision) -> torch.Tensor:
     """Logits predicting token t+1 at the positions t where ``select [B, L-1]`` is true: ``[N, V]``.
 
     The decoder runs over every position, but the output head (the largest matrix of a small model)
     only over the selected ones: training on action tokens needs a few logits per sequence, not L.
+    ``vision``: the image inputs of a vision-language policy's batch (``VisionPolicy.vision_inputs``);
+    then the whole multimodal base model runs (vision tower, merger, decoder with its own positions).
     """
-    hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state  # [B, L, H]
+    if vision:
+        hidden = model.base_model(input_ids=ids, attention_mask=mask, **vision).last_hidden_state
+    else:
+        hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state  # [B, L, H]
     return model.get_output_embeddings()(hidden[:, :-1][select]).float()
+
+
+def load_policy(path: Path, *, allow_pickle: bool = False, obs: str = "text") -> Policy:
+    """The policy in an HF folder: a :class:`~graftkit.agent.vlm.VisionPolicy` for an
+    image-text-to-text model with its processor, else a causal-LM :class:`Policy`. ``obs="som"``
+    refuses a text-only folder before loading any weights."""
+    from ..weights import is_vision_folder, load_model, load_vlm
+    from .vlm import VisionPolicy
+
+    path = Path(path)
+    if obs not in ("text", "som"):
+        raise GraftkitError(f"unknown observation {obs!r}", "use text or som")
+    if is_vision_folder(path) or (obs == "som" and is_vision_folder(path, need_processor=False)):
+        model, processor = load_vlm(path, allow_pickle=allow_pickle)
+        return VisionPolicy(model, processor.tokenizer, path, processor=processor)
+    if obs == "som":
+        import json
+
+        try:
+            cfg = json.loads((path / "config.json").read_text())
+            arch = ", ".join(cfg.get("architectures") or []) or f"model_type {cfg.get('model_type')}"
+        except (OSError, ValueError, AttributeError):
+            arch = "no readable config.json"
+        raise GraftkitError(
+            f"--obs som needs a vision-language policy, but {path} is a text-only causal LM ({arch})",
+            "pass an image-text-to-text model folder with its processor (e.g. Qwen2-VL), or use --obs text",
+        )
+    model, tok = load_model(path, allow_pickle=allow_pickle)
+    return Policy(model, tok, path)
 
 
 # ------------------------------------------------------------------------------ the tiny default

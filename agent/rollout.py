@@ -11,6 +11,14 @@ needs them.
 
 An output that does not parse as an action is a no-op turn, counted in ``invalid``; an episode ends when
 the task ends it or after the task's ``max_steps`` turns (then its reward is 0, a failure).
+
+Observations: ``obs="text"`` prompts with the rendered element list; ``obs="som"`` (a
+:class:`~graftkit.agent.vlm.VisionPolicy` only) with the Set-of-Marks screenshot and the instruction.
+For images the prefill also carries every row's pixels (``pixel_values``, ``image_grid_thw``, image
+token types); a model with multimodal rotary positions (Qwen2-VL's M-RoPE) computes the prefill's
+positions itself and keeps each row's offset ``rope_deltas`` = (last position + 1) − (prompt length),
+and each decoded token then sits at position (prompt length + step + rope_delta) on all three axes —
+what ``model.generate`` does, without the text-style positions that would be wrong for image tokens.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from ..webenv import ParseError, make_env
 from ..webenv.render import render_text
 from ..webenv.tasks import TASKS
 from .policy import Policy
+from .vlm import VisionPolicy, require_vision
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,7 @@ class Turn:
     action: str
     valid: bool
     progress: float = 0.0  # the task's step-progress score after this turn
+    vision: dict | None = None  # SoM turns: the image inputs beside prompt_ids (pixel_values, image_grid_thw)
 
 
 @dataclass
@@ -98,7 +108,9 @@ def _choose(logits: torch.Tensor, decode: Decode, gens: Sequence[torch.Generator
         sorted_p, idx = probs.sort(-1, descending=True)
         keep = sorted_p.cumsum(-1) - sorted_p < decode.top_p  # the smallest prefix with mass ≥ top_p
         probs = torch.zeros_like(probs).scatter(1, idx, sorted_p * keep)
-    tok = torch.stack([torch.multinomial(probs[i], 1, generator=g)[0] for i, g in enumerate(gens)])
+    # Each row's generator may live on another device than the logits (CPU generators, GPU model).
+    tok = torch.stack([torch.multinomial(probs[i].to(g.device), 1, generator=g)[0]
+                       for i, g in enumerate(gens)]).to(logits.device)
     return tok, logp.gather(1, tok[:, None])[:, 0]
 
 
@@ -117,9 +129,12 @@ def _cache_of(out):
 
 @torch.no_grad()
 def generate(
-    policy: Policy, prompts: Sequence[Sequence[int]], decode: Decode, gens: Sequence[torch.Generator]
+    policy: Policy, prompts: Sequence[Sequence[int]], decode: Decode, gens: Sequence[torch.Generator],
+    vision: Sequence[dict] | None = None,
 ) -> tuple[list[list[int]], list[list[float]]]:
-    """Decode one action for each prompt, batched with a KV cache. Returns (token ids, log-probs)."""
+    """Decode one action for each prompt, batched with a KV cache. Returns (token ids, log-probs).
+
+    ``vision``: for a :class:`VisionPolicy`, each prompt's image inputs (``VisionPolicy.som_prompt``)."""
     model, pad, eos = policy.model, policy.pad_id, policy.eos_ids
     device = next(model.parameters()).device
     b, width = len(prompts), max(len(p) for p in prompts)
@@ -129,11 +144,26 @@ def generate(
         ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
         mask[i, width - len(p):] = 1
     ids, mask = ids.to(device), mask.to(device)
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
     cache_kw, extra = _forward_kwargs(model)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **extra)
+    if vision is not None and not isinstance(policy, VisionPolicy):
+        raise GraftkitError("image inputs need a vision-language policy", "pass vision=None for a text-only policy")
+    if vision is not None and len(vision) != b:
+        raise GraftkitError(f"{len(vision)} image inputs for {b} prompts", "pass one per prompt")
+    if vision is not None and policy.mrope:
+        # The model places image tokens on its (t, h, w) grid itself and records each row's offset.
+        policy.model.base_model.rope_deltas = None
+        out = model(input_ids=ids, attention_mask=mask, use_cache=True, **policy.vision_inputs(ids, vision), **extra)
+        deltas = policy.model.base_model.rope_deltas  # [B, 1]
+        if deltas is None or tuple(deltas.shape) != (b, 1):
+            raise GraftkitError(f"{type(model).__name__} kept no per-row rope_deltas after the prefill",
+                                "this vision-language family is not supported by the batched decoder yet")
+        next_pos = (mask.sum(-1, keepdim=True) + deltas.to(device)).expand(3, b, 1)  # [3, B, 1]: t, h, w
+    else:
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        images = policy.vision_inputs(ids, vision) if vision is not None else {}
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **images, **extra)
+        next_pos = pos[:, -1:] + 1
     cache, logits = _cache_of(out), out.logits[:, -1].float()
-    next_pos = pos[:, -1:] + 1
     tokens: list[list[int]] = [[] for _ in range(b)]
     logps: list[list[float]] = [[] for _ in range(b)]
     running = torch.ones(b, dtype=torch.bool)
@@ -162,18 +192,26 @@ def rollout(
     backend: str = "py",
     batch_size: int = 64,
     on_episode: Callable[[Episode], None] = lambda e: None,
+    obs: str = "text",
+    keep_vision: bool = True,
 ) -> list[Episode]:
-    """Play every ``(task, env_seed, sample)`` job to its end; episodes advance in batches."""
+    """Play every ``(task, env_seed, sample)`` job to its end; episodes advance in batches.
+
+    ``obs``: ``"text"`` (element list) or ``"som"`` (Set-of-Marks screenshot; a VisionPolicy only).
+    ``keep_vision``: keep each SoM turn's image inputs on its :class:`Turn` (GRPO re-scores them;
+    evaluation does not need them, and they are the bulk of an episode's memory)."""
+    require_vision(policy, obs)
     for task, _, _ in jobs:
         if task not in TASKS:
             raise GraftkitError(f"unknown web task {task!r}", f"choose from {', '.join(sorted(TASKS))}")
     episodes = [Episode(t, s, k) for t, s, k in jobs]
     out: list[Episode] = []
+    env_kw = {"screenshots": True} if obs == "som" else {}
     for start in range(0, len(episodes), batch_size):
         group = episodes[start : start + batch_size]
-        envs = [make_env(e.task, backend) for e in group]
+        envs = [make_env(e.task, backend, **env_kw) for e in group]
         try:
-            _play(policy, group, envs, decode)
+            _play(policy, group, envs, decode, obs, keep_vision)
         finally:
             for env in envs:
                 env.close()
@@ -183,15 +221,19 @@ def rollout(
     return out
 
 
-def _play(policy: Policy, group: list[Episode], envs, decode: Decode) -> None:
+def _play(policy: Policy, group: list[Episode], envs, decode: Decode, obs_kind: str = "text",
+          keep_vision: bool = True) -> None:
     obs = [env.reset(e.seed) for env, e in zip(envs, group)]
     first = list(obs)
     gens = [torch.Generator().manual_seed(row_seed(decode.seed, e.task, e.seed, e.sample)) for e in group]
     history: list[list[str]] = [[] for _ in group]
     live = list(range(len(group)))
     while live:
-        prompts = [policy.prompt_ids(render_text(obs[i]), history[i]) for i in live]
-        toks, lps = generate(policy, prompts, decode, [gens[i] for i in live])
+        if obs_kind == "som":
+            prompts, vision = map(list, zip(*(policy.som_prompt(obs[i], history[i]) for i in live)))
+        else:
+            prompts, vision = [policy.prompt_ids(render_text(obs[i]), history[i]) for i in live], None
+        toks, lps = generate(policy, prompts, decode, [gens[i] for i in live], vision=vision)
         still = []
         for j, i in enumerate(live):
             ep, env = group[i], envs[i]
@@ -206,7 +248,8 @@ def _play(policy: Policy, group: list[Episode], envs, decode: Decode) -> None:
                 ep.reward, ep.done = step.reward, step.done
             spec = TASKS[ep.task]
             progress = spec.progress(first[i], obs[i], ep.reward, ep.done) if not obs[i].empty or ep.done else 0.0
-            ep.turns.append(Turn(prompts[j], toks[j], lps[j], action, valid, progress))
+            ep.turns.append(Turn(prompts[j], toks[j], lps[j], action, valid, progress,
+                                 vision[j] if vision is not None and keep_vision else None))
             history[i].append(action if valid else "invalid")
             if not ep.done and len(ep.turns) < spec.max_steps:
                 still.append(i)

@@ -16,7 +16,7 @@ from .taxonomy import (
     classify,
     parse_layers,
 )
-from .hf import load_model, read_tensors, save_model, tensors_bytes
+from .hf import ImageTextProcessor, is_vision_folder, load_model, load_vlm, read_tensors, save_model, tensors_bytes
 from .writer import OutSpec, check_destination, parse_size, write_checkpoint, write_json_atomic
 
 __all__ = [
@@ -24,5 +24,5 @@ __all__ = [
     "is_lora_folder", "lora_delta", "check_pair", "describe", "open_rl", "recorded_base",
     "resolve_base", "SafetensorsFile", "TensorEntry", "BANDS", "GROUPS", "Taxonomy", "TensorRole",
     "UnknownTensors", "band_of", "band_rule", "classify", "parse_layers", "OutSpec",
-    "save_model", "load_model", "read_tensors", "tensors_bytes", "check_destination", "parse_size", "write_checkpoint", "write_json_atomic",
+    "save_model", "load_model", "load_vlm", "is_vision_folder", "ImageTextProcessor", "read_tensors", "tensors_bytes", "check_destination", "parse_size", "write_checkpoint", "write_json_atomic",
 ]

@@ -1,4 +1,6 @@
-"""An in-memory transformers model (and its tokenizer) written as an HF folder through this package.
+"""An in-memory transformers model (and its tokenizer or processor) written as an HF folder through this
+package, and HF folders loaded back as models: causal LMs (:func:`load_model`) and image-text-to-text
+models with their processor (:func:`load_vlm`).
 
 State dicts repeat tied parameters under every name (``lm_head.weight`` is ``embed_tokens.weight``);
 like ``save_pretrained``, only the first name of each shared storage is written.
@@ -7,6 +9,7 @@ like ``save_pretrained``, only the first name of each shared storage is written.
 from __future__ import annotations
 
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -24,9 +27,12 @@ def save_model(
     max_shard_size: int | str = "5GB",
     extra_files: dict[str, bytes] | None = None,
     extra_tensors: dict | None = None,
+    processor=None,
 ) -> Path:
     """Write ``model`` (a transformers ``PreTrainedModel``) and ``tokenizer`` atomically to ``dest``.
 
+    ``processor`` (an image-text processor: anything with ``save_pretrained``) writes its files too
+    (``preprocessor_config.json``, its tokenizer, chat template), after the tokenizer's.
     ``extra_files`` (name → bytes) go into the folder too; ``extra_tensors`` (name → tensor) are written
     as ``training_state.safetensors`` beside the weights (optimizer moments, RNG states: never pickled)."""
     seen: set[tuple[int, int]] = set()
@@ -42,6 +48,8 @@ def save_model(
     with tempfile.TemporaryDirectory() as aux:
         if tokenizer is not None:
             tokenizer.save_pretrained(aux)
+        if processor is not None:
+            processor.save_pretrained(aux)
         gen = getattr(model, "generation_config", None)
         if gen is not None:
             gen.save_pretrained(aux)
@@ -112,3 +120,95 @@ def load_model(path: Path, *, allow_pickle: bool = False, dtype=None, need_token
         raise GraftkitError(f"{path}: cannot load as a causal LM ({exc})".splitlines()[0],
                             "check config.json's architecture") from None
     return model.eval(), tokenizer
+
+
+# ------------------------------------------------------------------------- image-text-to-text models
+
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+
+
+@dataclass
+class ImageTextProcessor:
+    """The two halves of an image-text processor folder: its tokenizer and its image processor.
+
+    Used where transformers cannot build the folder's own processor class: in transformers 5.x,
+    Qwen2-VL's processor also holds a video processor, which needs torchvision; without it
+    ``AutoProcessor`` fails although nothing about images needs it. The chat template is the
+    tokenizer's (``chat_template.jinja`` is saved and loaded with it).
+    """
+
+    tokenizer: object
+    image_processor: object
+
+    @property
+    def chat_template(self) -> str | None:
+        return getattr(self.tokenizer, "chat_template", None)
+
+    def save_pretrained(self, folder) -> None:
+        self.tokenizer.save_pretrained(folder)
+        self.image_processor.save_pretrained(folder)
+
+
+def _model_type(path: Path) -> str | None:
+    import json
+
+    try:
+        return json.loads((Path(path) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def is_vision_folder(path: Path, need_processor: bool = True) -> bool:
+    """True when ``path`` is an HF folder of an image-text-to-text model (by its config's
+    ``model_type``) that carries an image processor's files (or need not: ``need_processor=False``)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    path = Path(path)
+    return (_model_type(path) in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+            and (not need_processor or any((path / f).is_file() for f in PROCESSOR_FILES)))
+
+
+def load_vlm(path: Path, *, allow_pickle: bool = False, dtype=None):
+    """Load an HF image-text-to-text folder and its processor: safetensors only unless
+    ``allow_pickle``, never remote code. Returns ``(model, processor)``: the folder's own processor
+    (``AutoProcessor``) where transformers can build it, else an :class:`ImageTextProcessor` of its
+    tokenizer and image processor. Each failure is one clear error."""
+    import torch
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    from ..errors import GraftkitError
+    from .checkpoint import open_checkpoint
+
+    path = Path(path)
+    ck = open_checkpoint(path, allow_pickle=allow_pickle)
+    if not path.is_dir() or ck.config is None:
+        raise GraftkitError(f"{path}: a policy needs an HF model folder with config.json", "point at the model folder")
+    model_type = _model_type(path)
+    if model_type not in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        raise GraftkitError(f"{path}: model_type {model_type!r} is not an image-text-to-text model",
+                            "point at a vision-language model folder (e.g. Qwen2-VL)")
+    if not any((path / f).is_file() for f in PROCESSOR_FILES):
+        raise GraftkitError(f"{path}: no image processor ({' or '.join(PROCESSOR_FILES)})",
+                            "save the processor into the model folder (processor.save_pretrained)")
+    processor = None
+    try:
+        processor = AutoProcessor.from_pretrained(path, trust_remote_code=False)
+    except Exception:  # noqa: BLE001 — e.g. a video half that needs torchvision; assembled below instead
+        pass
+    if processor is None or getattr(processor, "image_processor", None) is None:
+        try:
+            processor = ImageTextProcessor(AutoTokenizer.from_pretrained(path, trust_remote_code=False),
+                                           AutoImageProcessor.from_pretrained(path, trust_remote_code=False))
+        except Exception as exc:  # transformers raises many types for a broken processor folder
+            raise GraftkitError(f"{path}: cannot load its processor ({exc})".splitlines()[0],
+                                "check preprocessor_config.json and the tokenizer files") from None
+    try:
+        model = AutoModelForImageTextToText.from_pretrained(
+            path, trust_remote_code=False, use_safetensors=not allow_pickle or None,
+            dtype=dtype if dtype is not None else torch.float32,
+        )
+    except Exception as exc:
+        raise GraftkitError(f"{path}: cannot load as an image-text-to-text model ({exc})".splitlines()[0],
+                            "check config.json's architecture") from None
+    return model.eval(), processor
