@@ -698,6 +698,7 @@ def train_grpo(
     verigate: bool = typer.Option(False, help="VeriGate process-reward fallback for equal-reward groups."),
     reward: str = typer.Option("success", help="success (1/0) or raw (MiniWoB++ raw reward)."),
     checkpoint_every: int = typer.Option(0, help="Resumable checkpoint every N steps."),
+    max_turns: Optional[int] = typer.Option(None, help="End episodes after N turns (1: single-turn GRPO)."),
     resume: bool = typer.Option(False, help="Continue from the newest checkpoint of this run."),
     force: bool = typer.Option(False, help="Replace an existing output folder written by graftkit."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -714,7 +715,7 @@ def train_grpo(
         epsilon=epsilon, epsilon_high=epsilon_high, scale_rewards=scale_rewards, temperature=temperature,
         top_p=top_p, max_new_tokens=max_new_tokens, num_iterations=num_iterations, grad_clip=grad_clip,
         seed=seed, threads=threads, stages=stages, veto_epsilon=veto_epsilon, focal_gamma=focal_gamma,
-        verigate=verigate, reward=reward, checkpoint_every=checkpoint_every,
+        verigate=verigate, reward=reward, checkpoint_every=checkpoint_every, max_turns=max_turns,
     )
     t0 = time.perf_counter()
     p, on_step = _step_printer(steps, "grpo", as_json, ("success", "loss", "entropy"))

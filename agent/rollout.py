@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -108,9 +109,11 @@ def _choose(logits: torch.Tensor, decode: Decode, gens: Sequence[torch.Generator
         sorted_p, idx = probs.sort(-1, descending=True)
         keep = sorted_p.cumsum(-1) - sorted_p < decode.top_p  # the smallest prefix with mass ≥ top_p
         probs = torch.zeros_like(probs).scatter(1, idx, sorted_p * keep)
-    # Each row's generator may live on another device than the logits (CPU generators, GPU model).
-    tok = torch.stack([torch.multinomial(probs[i].to(g.device), 1, generator=g)[0]
-                       for i, g in enumerate(gens)]).to(logits.device)
+    # Inverse-CDF sampling with one uniform draw per row from that row's own generator (one cheap call
+    # per row, instead of a multinomial per row); generators may live on the CPU beside a GPU model.
+    u = torch.stack([torch.rand((), generator=g, device=g.device) for g in gens]).to(logits.device)
+    cdf = probs.cumsum(-1)  # [B, V]
+    tok = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp(max=probs.shape[-1] - 1)[:, 0]
     return tok, logp.gather(1, tok[:, None])[:, 0]
 
 
@@ -185,6 +188,33 @@ def generate(
     return tokens, logps
 
 
+#: Browsers the real backend runs at once (each is a Chromium process of ~190 MB).
+MAX_BROWSERS = 4
+
+
+@dataclass
+class _Live:
+    env: object
+    obs: object
+    first: object
+    gen: torch.Generator
+    history: list[str] = field(default_factory=list)
+
+
+def length_groups(lengths: Sequence[int], min_rows: int = 16) -> list[list[int]]:
+    """Indices sorted by length, cut where a prompt is more than twice the group's shortest (and the
+    group already has ``min_rows``): left padding then wastes at most about half of a group's prefill,
+    while groups stay large enough to keep the per-token decode calls amortised."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and (len(groups[-1]) < min_rows or lengths[i] <= 2 * lengths[groups[-1][0]]):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
 def rollout(
     policy: Policy,
     jobs: Sequence[tuple[str, int, int]],
@@ -194,63 +224,82 @@ def rollout(
     on_episode: Callable[[Episode], None] = lambda e: None,
     obs: str = "text",
     keep_vision: bool = True,
+    max_turns: int | None = None,
 ) -> list[Episode]:
-    """Play every ``(task, env_seed, sample)`` job to its end; episodes advance in batches.
+    """Play every ``(task, env_seed, sample)`` job to its end; returns the episodes in job order.
+
+    Continuous batching: up to ``batch_size`` episodes are live at once, and a finished episode's slot
+    is refilled from the queue at once, so the batch stays full through episodes of different lengths.
+    Each turn's prompts are decoded in length groups (:func:`length_groups`). Environments are reused
+    per task (a reset never depends on earlier episodes); the real backend runs at most
+    :data:`MAX_BROWSERS` browsers.
 
     ``obs``: ``"text"`` (element list) or ``"som"`` (Set-of-Marks screenshot; a VisionPolicy only).
     ``keep_vision``: keep each SoM turn's image inputs on its :class:`Turn` (GRPO re-scores them;
-    evaluation does not need them, and they are the bulk of an episode's memory)."""
+    evaluation does not need them, and they are the bulk of an episode's memory).
+    ``max_turns``: end episodes after this many turns if the task allows more (single-turn GRPO)."""
     require_vision(policy, obs)
     for task, _, _ in jobs:
         if task not in TASKS:
             raise GraftkitError(f"unknown web task {task!r}", f"choose from {', '.join(sorted(TASKS))}")
     episodes = [Episode(t, s, k) for t, s, k in jobs]
-    out: list[Episode] = []
     env_kw = {"screenshots": True} if obs == "som" else {}
-    for start in range(0, len(episodes), batch_size):
-        group = episodes[start : start + batch_size]
-        envs = [make_env(e.task, backend, **env_kw) for e in group]
+    if backend == "miniwob":
+        batch_size = min(batch_size, MAX_BROWSERS)
+    pool: dict[str, list] = {}
+    pending = deque(range(len(episodes)))
+    live: dict[int, _Live] = {}
+    try:
+        while pending or live:
+            while pending and len(live) < batch_size:
+                i = pending.popleft()
+                ep = episodes[i]
+                free = pool.setdefault(ep.task, [])
+                env = free.pop() if free else make_env(ep.task, backend, **env_kw)
+                o = env.reset(ep.seed)
+                live[i] = _Live(env, o, o, torch.Generator().manual_seed(
+                    row_seed(decode.seed, ep.task, ep.seed, ep.sample)))
+            for i in _turn(policy, episodes, live, decode, obs, keep_vision, max_turns):
+                on_episode(episodes[i])
+                pool[episodes[i].task].append(live.pop(i).env)
+    finally:
+        for env in [e for envs in pool.values() for e in envs] + [s.env for s in live.values()]:
+            env.close()
+    return episodes
+
+
+def _turn(policy: Policy, episodes: list[Episode], live: dict[int, _Live], decode: Decode,
+          obs_kind: str, keep_vision: bool, max_turns: int | None = None) -> list[int]:
+    """One turn of every live episode; returns the episodes that ended."""
+    rows = sorted(live)
+    if obs_kind == "som":
+        prompts, vision = map(list, zip(*(policy.som_prompt(live[i].obs, live[i].history) for i in rows)))
+    else:
+        prompts, vision = [policy.prompt_ids(render_text(live[i].obs), live[i].history) for i in rows], None
+    toks: list = [None] * len(rows)
+    lps: list = [None] * len(rows)
+    for group in length_groups([len(p) for p in prompts]):
+        t, lp = generate(policy, [prompts[j] for j in group], decode, [live[rows[j]].gen for j in group],
+                         vision=[vision[j] for j in group] if vision is not None else None)
+        for j, tj, lj in zip(group, t, lp):
+            toks[j], lps[j] = tj, lj
+    ended = []
+    for j, i in enumerate(rows):
+        ep, st = episodes[i], live[i]
+        action = policy.decode_action(toks[j])
         try:
-            _play(policy, group, envs, decode, obs, keep_vision)
-        finally:
-            for env in envs:
-                env.close()
-        for e in group:
-            on_episode(e)
-        out.extend(group)
-    return out
-
-
-def _play(policy: Policy, group: list[Episode], envs, decode: Decode, obs_kind: str = "text",
-          keep_vision: bool = True) -> None:
-    obs = [env.reset(e.seed) for env, e in zip(envs, group)]
-    first = list(obs)
-    gens = [torch.Generator().manual_seed(row_seed(decode.seed, e.task, e.seed, e.sample)) for e in group]
-    history: list[list[str]] = [[] for _ in group]
-    live = list(range(len(group)))
-    while live:
-        if obs_kind == "som":
-            prompts, vision = map(list, zip(*(policy.som_prompt(obs[i], history[i]) for i in live)))
-        else:
-            prompts, vision = [policy.prompt_ids(render_text(obs[i]), history[i]) for i in live], None
-        toks, lps = generate(policy, prompts, decode, [gens[i] for i in live], vision=vision)
-        still = []
-        for j, i in enumerate(live):
-            ep, env = group[i], envs[i]
-            action = policy.decode_action(toks[j])
-            try:
-                step = env.step(action)
-                valid = True
-            except ParseError:
-                step, valid = None, False
-            if step is not None:
-                obs[i] = step.observation
-                ep.reward, ep.done = step.reward, step.done
-            spec = TASKS[ep.task]
-            progress = spec.progress(first[i], obs[i], ep.reward, ep.done) if not obs[i].empty or ep.done else 0.0
-            ep.turns.append(Turn(prompts[j], toks[j], lps[j], action, valid, progress,
-                                 vision[j] if vision is not None and keep_vision else None))
-            history[i].append(action if valid else "invalid")
-            if not ep.done and len(ep.turns) < spec.max_steps:
-                still.append(i)
-        live = still
+            step = st.env.step(action)
+            valid = True
+        except ParseError:
+            step, valid = None, False
+        if step is not None:
+            st.obs = step.observation
+            ep.reward, ep.done = step.reward, step.done
+        spec = TASKS[ep.task]
+        progress = spec.progress(st.first, st.obs, ep.reward, ep.done) if not st.obs.empty or ep.done else 0.0
+        ep.turns.append(Turn(prompts[j], toks[j], lps[j], action, valid, progress,
+                             vision[j] if vision is not None and keep_vision else None))
+        st.history.append(action if valid else "invalid")
+        if ep.done or len(ep.turns) >= min(spec.max_steps, max_turns or spec.max_steps):
+            ended.append(i)
+    return ended

@@ -57,6 +57,7 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=8, help="environment seeds per task")
     ap.add_argument("--size", default="micro")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--batch-size", type=int, default=128, help="episodes live at once (continuous batching)")
     args = ap.parse_args()
     if args.quick:
         args.episodes, args.repeats = 3, 1
@@ -65,14 +66,14 @@ def main() -> None:
     jobs = [(t, s, 0) for t in TASKS for s in range(args.episodes)]
     decode = Decode(greedy=True, max_new_tokens=12)
 
-    batched_actions = [[t.action for t in e.turns] for e in rollout(policy, jobs, decode)]
+    batched_actions = [[t.action for t in e.turns] for e in rollout(policy, jobs, decode, batch_size=args.batch_size)]
     looped_actions = loop_generate(policy, jobs, decode)
     same = batched_actions == looped_actions
 
     times = {"batched": [], "loop": []}
     for _ in range(args.repeats):
         t0 = time.perf_counter()
-        rollout(policy, jobs, decode)
+        rollout(policy, jobs, decode, batch_size=args.batch_size)
         times["batched"].append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         loop_generate(policy, jobs, decode)

@@ -119,6 +119,8 @@ class GRPOConfig:
     """success (1 if the episode succeeds, else 0) or raw (MiniWoB++'s raw reward, −1..1)."""
     checkpoint_every: int = 0
     """Write a resumable checkpoint every N steps (0: only the final model)."""
+    max_turns: int | None = None
+    """End episodes after this many turns (None: the task's own limit; 1: single-turn GRPO)."""
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -146,6 +148,8 @@ class GRPOConfig:
                                 "pick a number of stages that divides the steps")
         if not self.temperature > 0:
             raise GraftkitError(f"--temperature {self.temperature} must be > 0")
+        if self.max_turns is not None and self.max_turns < 1:
+            raise GraftkitError(f"--max-turns {self.max_turns} must be ≥ 1")
 
     @property
     def eps_high(self) -> float:
@@ -252,10 +256,11 @@ def row_advantages(cfg: GRPOConfig, episodes: Sequence[Episode], rows: Rows) -> 
     return token_adv, weight, stats
 
 
-def trajectory_veto(rows: Rows, logp: torch.Tensor, adv_row: torch.Tensor, eps_v: float) -> torch.Tensor:
+def trajectory_veto(rows: Rows, logp: torch.Tensor, old_logp: torch.Tensor, adv_row: torch.Tensor,
+                    eps_v: float) -> torch.Tensor:
     """Mu-GRPO's veto over multi-turn trajectories: per turn, ``veto_mask``; after a triggered turn, the
     trajectory's later turns are dropped whole."""
-    keep = veto_mask(logp.detach(), rows.old_logp, adv_row, rows.mask, eps_v).float()  # [R, T]
+    keep = veto_mask(logp.detach(), old_logp, adv_row, rows.mask, eps_v).float()  # [R, T]
     triggered = (keep.sum(-1) < rows.mask.sum(-1)).tolist()
     dropped_from: dict[int, int] = {}
     for r, (e, t) in enumerate(zip(rows.episode, rows.turn)):
@@ -386,14 +391,18 @@ def run_grpo(
             decode = Decode(greedy=False, temperature=cfg.temperature, top_p=cfg.top_p,
                             max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 1_000_003 + first)
             model.eval()
-            episodes = rollout(policy, jobs, decode, batch_size=max(64, cfg.prompts_per_step * cfg.group_size))
+            episodes = rollout(policy, jobs, decode, batch_size=max(64, cfg.prompts_per_step * cfg.group_size),
+                               max_turns=cfg.max_turns)
             n = cfg.prompts_per_step * cfg.group_size
             stage_data = []
             for j in range(per_stage):
                 eps_j = episodes[j * n:(j + 1) * n]
                 rows = episode_rows(eps_j, policy.pad_id)
                 with torch.no_grad():
-                    rows.old_logp = action_logp(model, rows, cfg.temperature)[0]
+                    # On-policy with one update per batch, the sampling policy is the current one:
+                    # old log-probs are sg[logp] of the update's own forward pass (TRL does the same).
+                    if cfg.num_iterations > 1 or per_stage > 1:
+                        rows.old_logp = action_logp(model, rows, cfg.temperature)[0]
                     rows.ref_logp = action_logp(ref, rows, cfg.temperature)[0] if ref is not None else None
                 stage_data.append((eps_j, rows))
             model.train()
@@ -408,12 +417,13 @@ def run_grpo(
         t_opt = time.perf_counter()
         for _ in range(cfg.num_iterations):
             logp, entropy = action_logp(model, rows, cfg.temperature)
+            old_logp = rows.old_logp if rows.old_logp is not None else logp.detach()
             veto = None
             if cfg.veto_epsilon is not None:
                 adv_row = token_adv.sum(-1) / rows.mask.sum(-1).clamp(min=1)
-                veto = trajectory_veto(rows, logp, adv_row, cfg.veto_epsilon)
+                veto = trajectory_veto(rows, logp, old_logp, adv_row, cfg.veto_epsilon)
             loss, metrics = LOSSES[cfg.loss](
-                logp, rows.old_logp, token_adv, rows.mask, ref_logp=rows.ref_logp, eps_low=cfg.epsilon,
+                logp, old_logp, token_adv, rows.mask, ref_logp=rows.ref_logp, eps_low=cfg.epsilon,
                 eps_high=eps_high, beta=cfg.beta, max_len=cfg.max_new_tokens, weight=weight, veto=veto)
             opt.zero_grad(set_to_none=True)
             loss.backward()
