@@ -164,7 +164,20 @@ def generate(
     else:
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         images = policy.vision_inputs(ids, vision) if vision is not None else {}
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **images, **extra)
+        # A GRPO group repeats one prompt G times: fill the cache once per distinct prompt, then give
+        # every row its prompt's cache entries and last logits (text prompts only).
+        keys = [tuple(p) for p in prompts]
+        first = {k: i for i, k in reversed(list(enumerate(keys)))}
+        if vision is None and len(first) < b:
+            uniq = sorted(set(first.values()))
+            where = {i: j for j, i in enumerate(uniq)}
+            inverse = torch.tensor([where[first[k]] for k in keys], device=device)
+            out = model(input_ids=ids[uniq], attention_mask=mask[uniq], position_ids=pos[uniq], use_cache=True,
+                        **extra)
+            _cache_of(out).batch_select_indices(inverse)
+            out.logits = out.logits[inverse]
+        else:
+            out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **images, **extra)
         next_pos = pos[:, -1:] + 1
     cache, logits = _cache_of(out), out.logits[:, -1].float()
     tokens: list[list[int]] = [[] for _ in range(b)]

@@ -224,3 +224,22 @@ def test_sweep_dry_run_cli_prints_specs_and_runs_nothing(sft, tmp_path):
     runs = json.loads(res.stdout)["runs"]
     assert [r["name"] for r in runs] == ["lr1e-04", "lr1e-03"] and all(r["status"] == "new" for r in runs)
     assert not (tmp_path / "runs").exists()
+
+
+def test_shared_prefix_logits_equal_the_plain_computation_values_and_gradients():
+    from graftkit.agent import Decode, next_token_logits, rollout, task_words, tiny_policy
+    from graftkit.train.grpo import episode_rows, shared_prefix_logits
+
+    pol = tiny_policy(task_words(), "nano", seed=0)
+    jobs = [(t, s, k) for t, s in (("click-button", 5), ("enter-text", 7)) for k in range(4)]
+    rows = episode_rows(rollout(pol, jobs, Decode(greedy=False, max_new_tokens=6, seed=3), max_turns=1), pol.pad_id)
+    assert len(set(rows.prompts)) == 2 < len(rows.prompts)
+    model = pol.model.train()
+    plain = next_token_logits(model, rows.ids, rows.attn, rows.select)
+    shared = shared_prefix_logits(model, rows)
+    assert plain.shape == shared.shape and (plain - shared).abs().max() < 1e-5
+    params = [p for p in model.parameters() if p.requires_grad]
+    g1 = torch.autograd.grad(plain.logsumexp(-1).sum(), params)
+    g2 = torch.autograd.grad(shared.logsumexp(-1).sum(), params)
+    for a, b in zip(g1, g2):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)

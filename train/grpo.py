@@ -39,10 +39,11 @@ from __future__ import annotations
 
 import copy
 import datetime as _dt
+import inspect
 import json
 import math
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -173,6 +174,7 @@ class Rows:
     targets: torch.Tensor  # [R, T] action token ids
     episode: list[int]  # row → episode index
     turn: list[int]  # row → turn index within its episode
+    prompts: list[tuple[int, ...]] = field(default_factory=list)  # row → prompt ids
     old_logp: torch.Tensor | None = None  # [R, T] the sampling policy's log-probs
     ref_logp: torch.Tensor | None = None  # [R, T]
 
@@ -198,13 +200,54 @@ def episode_rows(episodes: Sequence[Episode], pad: int) -> Rows:
         select[r, p - 1 : p - 1 + len(a)] = True  # position t predicts token t + 1
         mask[r, : len(a)] = 1
         targets[r, : len(a)] = torch.tensor(a)
-    return Rows(ids, attn, select, mask, targets, ep_of, turn_of)
+    prompts = [tuple(seq[:p]) for seq, (p, _) in zip(seqs, acts)]
+    return Rows(ids, attn, select, mask, targets, ep_of, turn_of, prompts)
+
+
+def shared_prefix_logits(model, rows: Rows) -> torch.Tensor:
+    """The logits of :func:`next_token_logits` for every action token, ``[N, V]`` in row-major mask
+    order, computing each distinct prompt once.
+
+    A GRPO group is G responses to one prompt: the decoder runs over the U distinct prompts (left-padded)
+    with a cache, the cache rows are gathered for the R responses (``index_select``: gradients flow back
+    to the shared prompt computation), and only the action tokens run per response. Equal to the plain
+    computation up to float rounding (tested), with R·L prompt positions cut to U·L."""
+    dec, head = model.get_decoder(), model.get_output_embeddings()
+    first: dict[tuple, int] = {}
+    inverse = torch.tensor([first.setdefault(p, len(first)) for p in rows.prompts])
+    uniq = list(first)
+    width = max(len(p) for p in uniq)
+    pids = torch.zeros((len(uniq), width), dtype=torch.long)  # padding ids are masked out
+    pmask = torch.zeros((len(uniq), width), dtype=torch.long)
+    for i, p in enumerate(uniq):
+        pids[i, width - len(p):] = torch.tensor(p)
+        pmask[i, width - len(p):] = 1
+    ppos = (pmask.cumsum(-1) - 1).clamp(min=0)
+    params = inspect.signature(dec.forward).parameters
+    cache_kw = "cache" if "cache" in params else "past_key_values"
+    out = dec(input_ids=pids, attention_mask=pmask, position_ids=ppos, use_cache=True)
+    first_hidden = out.last_hidden_state[:, -1][inverse]  # [R, H]: predicts each response's first token
+    T = rows.mask.shape[1]
+    if T == 1:
+        return head(first_hidden).float()
+    cache = getattr(out, "cache", None) or out.past_key_values
+    cache.batch_select_indices(inverse)
+    fed = rows.targets[:, :-1]  # [R, T-1]: action token t is fed to predict token t + 1
+    attn = torch.cat([pmask[inverse], rows.mask[:, :-1].long()], 1)
+    pos = pmask.sum(-1)[inverse][:, None] + torch.arange(T - 1)[None]
+    rest = dec(input_ids=fed, attention_mask=attn, position_ids=pos, use_cache=True, **{cache_kw: cache})
+    hidden = torch.cat([first_hidden[:, None], rest.last_hidden_state], 1)  # [R, T, H]
+    return head(hidden[rows.mask.bool()]).float()
 
 
 def action_logp(model, rows: Rows, temperature: float) -> tuple[torch.Tensor, float]:
     """log π(action token | context) at ``temperature``: ``[R, T]`` (0 off the mask), and the mean
-    entropy of those next-token distributions (from the same logits, no gradient)."""
-    logits = next_token_logits(model, rows.ids, rows.attn, rows.select) / temperature  # [N, V]
+    entropy of those next-token distributions (from the same logits, no gradient). Rows that repeat a
+    prompt (a group's first turns) share its computation (:func:`shared_prefix_logits`)."""
+    if rows.prompts and len(set(rows.prompts)) <= 0.75 * len(rows.prompts):
+        logits = shared_prefix_logits(model, rows) / temperature  # [N, V]
+    else:
+        logits = next_token_logits(model, rows.ids, rows.attn, rows.select) / temperature  # [N, V]
     logp_all = torch.log_softmax(logits, -1)
     flat_targets = rows.targets[rows.mask.bool()]  # [N], row-major like the selection
     lp = logp_all.gather(1, flat_targets[:, None])[:, 0]
