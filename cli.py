@@ -615,6 +615,20 @@ def _step_printer(total: int, what: str, as_json: bool, keys: tuple[str, ...]):
     return p, on_step
 
 
+def _save_training_curves(folder: Path, kind: str) -> Path:
+    """A run's train_log.jsonl as a labelled result: every logged metric over [step]."""
+    from .store import Result, write_result
+
+    log = [json.loads(x) for x in (folder / "train_log.jsonl").read_text().splitlines() if x]
+    keys = [k for k in log[0] if k != "step" and all(isinstance(m.get(k), (int, float)) for m in log)]
+    steps = np.array([m["step"] for m in log])
+    data = {k: (("step",), np.array([float(m[k]) for m in log])) for k in keys}
+    prov = json.loads((folder / "graftkit.json").read_text())
+    res = Result(f"train-{kind}", {"step": steps}, data,
+                 {"model": str(folder.resolve()), "config": prov.get("config"), "producer": prov.get("producer")})
+    return write_result(current_run() / "results" / f"train-{kind}-{folder.name}.h5", res)
+
+
 def _parse_budgets(items: list[str], tasks: str | None) -> dict[str, int]:
     from .train.sft import DEFAULT_BUDGETS
 
@@ -662,7 +676,7 @@ def train_sft(
         dest = run_sft(cfg, on_step=on_step, force=force)
     log = [json.loads(x) for x in (dest / "train_log.jsonl").read_text().splitlines()]
     info = {"out": str(dest), "steps": steps, "final_loss": log[-1]["loss"], "seconds": time.perf_counter() - t0,
-            "budgets": cfg.budgets}
+            "budgets": cfg.budgets, "curves": str(_save_training_curves(dest, "sft"))}
     if as_json:
         return _print_json(info)
     out.print(f"SFT policy → {escape(str(dest))}: {steps} steps, final action loss {log[-1]['loss']:.4f}, "
@@ -723,6 +737,7 @@ def train_grpo(
         dest = run_grpo(cfg, resume=resume, force=force, on_step=on_step)
     log = [json.loads(x) for x in (dest / "train_log.jsonl").read_text().splitlines()]
     info = {"out": str(dest), "steps": steps, "seconds": time.perf_counter() - t0,
+            "curves": str(_save_training_curves(dest, "grpo")),
             "seconds_per_step": log[-1]["seconds"] / len(log),
             "final": {k: log[-1][k] for k in ("success", "loss", "entropy", "frac_reward_zero_std")}}
     if as_json:

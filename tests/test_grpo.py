@@ -243,3 +243,23 @@ def test_shared_prefix_logits_equal_the_plain_computation_values_and_gradients()
     g2 = torch.autograd.grad(shared.logsumexp(-1).sum(), params)
     for a, b in zip(g1, g2):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_train_grpo_cli_writes_policy_json_and_training_curves(sft, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from graftkit.cli import app
+    from graftkit.store import read_result
+
+    monkeypatch.setenv("GRAFTKIT_RUNS", str(tmp_path / "runs"))
+    res = CliRunner().invoke(app, ["train", "grpo", "--init", str(sft), "--out", str(tmp_path / "rl"),
+                                   "--tasks", "click-button", "--steps", "2", "--prompts-per-step", "1",
+                                   "--group-size", "2", "--max-new-tokens", "8", "--json"])
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.stdout)
+    curves = read_result(info["curves"])
+    assert curves.kind == "train-grpo" and list(curves.coords["step"]) == [1, 2]
+    assert {"loss", "success", "entropy", "clip_frac_low", "seconds"} <= set(curves.data)
+    bad = CliRunner().invoke(app, ["train", "grpo", "--init", str(sft), "--out", str(tmp_path / "rl2"),
+                                   "--group-size", "1"])
+    assert bad.exit_code == 2 and "--group-size 1 must be ≥ 2" in bad.stderr
