@@ -87,7 +87,6 @@ def read_tensors(path: Path) -> dict:
 def load_model(path: Path, *, allow_pickle: bool = False, dtype=None, need_tokenizer: bool = True):
     """Load an HF causal LM folder and its tokenizer: safetensors only unless ``allow_pickle``, and
     never remote code. Returns ``(model, tokenizer)``; each failure is one clear error."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..errors import GraftkitError
@@ -111,15 +110,25 @@ def load_model(path: Path, *, allow_pickle: bool = False, dtype=None, need_token
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    return _from_pretrained(AutoModelForCausalLM, path, allow_pickle, dtype, "a causal LM"), tokenizer
+
+
+def _from_pretrained(auto_class, path: Path, allow_pickle: bool, dtype, what: str):
+    """``auto_class.from_pretrained`` the graftkit way: no remote code, safetensors unless pickles are
+    allowed, float32 unless a dtype is asked for, eval mode, and one clear error."""
+    import torch
+
+    from ..errors import GraftkitError
+
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model = auto_class.from_pretrained(
             path, trust_remote_code=False, use_safetensors=not allow_pickle or None,
             dtype=dtype if dtype is not None else torch.float32,
         )
-    except Exception as exc:
-        raise GraftkitError(f"{path}: cannot load as a causal LM ({exc})".splitlines()[0],
+    except Exception as exc:  # transformers raises many types for a broken model folder
+        raise GraftkitError(f"{path}: cannot load as {what} ({exc})".splitlines()[0],
                             "check config.json's architecture") from None
-    return model.eval(), tokenizer
+    return model.eval()
 
 
 # ------------------------------------------------------------------------- image-text-to-text models
@@ -173,7 +182,6 @@ def load_vlm(path: Path, *, allow_pickle: bool = False, dtype=None):
     ``allow_pickle``, never remote code. Returns ``(model, processor)``: the folder's own processor
     (``AutoProcessor``) where transformers can build it, else an :class:`ImageTextProcessor` of its
     tokenizer and image processor. Each failure is one clear error."""
-    import torch
     from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
@@ -203,12 +211,5 @@ def load_vlm(path: Path, *, allow_pickle: bool = False, dtype=None):
         except Exception as exc:  # transformers raises many types for a broken processor folder
             raise GraftkitError(f"{path}: cannot load its processor ({exc})".splitlines()[0],
                                 "check preprocessor_config.json and the tokenizer files") from None
-    try:
-        model = AutoModelForImageTextToText.from_pretrained(
-            path, trust_remote_code=False, use_safetensors=not allow_pickle or None,
-            dtype=dtype if dtype is not None else torch.float32,
-        )
-    except Exception as exc:
-        raise GraftkitError(f"{path}: cannot load as an image-text-to-text model ({exc})".splitlines()[0],
-                            "check config.json's architecture") from None
-    return model.eval(), processor
+    return _from_pretrained(AutoModelForImageTextToText, path, allow_pickle, dtype,
+                            "an image-text-to-text model"), processor
