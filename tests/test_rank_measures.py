@@ -1,0 +1,344 @@
+"""rank.spectra against an independent numpy float64 SVD written out here, closed forms, and planted cases."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from graftkit.errors import GraftkitError
+from graftkit.rank import spectra as sp
+
+RNG = np.random.default_rng(0)
+
+
+def _orth(n: int, k: int, rng) -> np.ndarray:
+    q, _ = np.linalg.qr(rng.standard_normal((n, k)))
+    return q
+
+
+def _planted(m: int, n: int, s: np.ndarray, rng) -> np.ndarray:
+    """U diag(s) Vᵀ with random orthonormal U [m r], V [n r]."""
+    r = len(s)
+    return _orth(m, r, rng) @ np.diag(s) @ _orth(n, r, rng).T
+
+
+def _matrices():
+    rng = np.random.default_rng(1)
+    return {
+        "random_tall": rng.standard_normal((48, 20)),
+        "random_wide": rng.standard_normal((20, 48)),
+        "lowrank_tall": _planted(40, 16, np.array([5.0, 3.0, 2.0, 1.0]), rng),
+        "lowrank_wide": _planted(16, 40, np.array([5.0, 3.0, 2.0, 1.0]), rng),
+        "rank_one": np.outer(rng.standard_normal(30), rng.standard_normal(12)),
+        "identity": np.eye(17),
+    }
+
+
+MATS = _matrices()
+
+
+# -- independent references (plain numpy float64 SVD, formulas written out) ---------------------------
+
+def ref_sigma(W):
+    return np.linalg.svd(np.asarray(W, dtype=np.float64), compute_uv=False)
+
+
+def ref_H(p):
+    p = p[p > 0]
+    return -np.sum(p * np.log(p))
+
+
+def ref_all(W):
+    s = ref_sigma(W)
+    p = s / s.sum()
+    q = s**2 / (s**2).sum()
+    return {
+        "erank": math.exp(ref_H(p)),
+        "erank_sq": math.exp(ref_H(q)),
+        "stable_rank": (s**2).sum() / s.max() ** 2,
+        "participation_ratio": (s**2).sum() ** 2 / (s**4).sum(),
+        "rankme": math.exp(-np.sum((p + 1e-7) * np.log(p + 1e-7))),
+        "top1_energy": s.max() ** 2 / (s**2).sum(),
+    }
+
+
+# -- spectra ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(MATS))
+@pytest.mark.parametrize("method", ["gram", "svd"])
+def test_singular_values_match_reference(name, method):
+    W = MATS[name]
+    s = sp.singular_values(W, method)
+    ref = ref_sigma(W)
+    assert s.dtype == np.float64 and s.shape == (min(W.shape),)
+    assert np.all(np.diff(s) <= 0), "descending"
+    # gram loses relative accuracy only below sqrt(eps)·σ₁; compare absolutely on that scale
+    np.testing.assert_allclose(s, ref, rtol=0, atol=1e-7 * ref[0])
+
+
+@pytest.mark.parametrize("shape", [(30, 50), (50, 30), (40, 40)])
+def test_gram_and_svd_agree_on_well_conditioned(shape):
+    rng = np.random.default_rng(2)
+    n = min(shape)
+    W = _planted(*shape, np.linspace(1.0, 3.0, n), rng)
+    g, s = sp.singular_values(W, "gram"), sp.singular_values(W, "svd")
+    assert np.max(np.abs(g - s) / s) <= 1e-10
+
+
+def test_torch_input_any_float_dtype_is_upcast():
+    W = torch.randn(24, 10, generator=torch.Generator().manual_seed(0))
+    for dt in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        Wd = W.to(dt)
+        spec = sp.spectrum(Wd)
+        np.testing.assert_allclose(spec.sigma, ref_sigma(Wd.double().numpy()), rtol=1e-9, atol=1e-9)
+        assert spec.dtype == str(dt).removeprefix("torch.")
+        assert spec.dtype_eps == torch.finfo(dt).eps
+        assert spec.shape == (24, 10) and spec.method == "gram-eigvalsh-fp64"
+    assert sp.spectrum(W, "svd").method == "svd-fp64"
+
+
+# -- single-matrix measures vs reference ------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(MATS))
+def test_measures_match_reference(name):
+    W = MATS[name]
+    ref = ref_all(W)
+    got = sp.measures(W)
+    for key, want in ref.items():
+        assert got[key] == pytest.approx(want, rel=1e-9), key
+        assert key in got["conventions"]
+    s = ref_sigma(W)
+    assert sp.erank(s) == pytest.approx(ref["erank"], rel=1e-12)
+    assert sp.erank_sq(s) == pytest.approx(ref["erank_sq"], rel=1e-12)
+    assert sp.stable_rank(s) == pytest.approx(ref["stable_rank"], rel=1e-12)
+    assert sp.participation_ratio(s**2) == pytest.approx(ref["participation_ratio"], rel=1e-12)
+    assert sp.participation_ratio(sp.spectrum(W, "svd")) == pytest.approx(ref["participation_ratio"], rel=1e-9)
+    assert sp.rankme(s) == pytest.approx(ref["rankme"], rel=1e-12)
+    assert sp.top1_energy(W) == pytest.approx(ref["top1_energy"], rel=1e-9)
+    assert got["erank_sq"] <= got["erank"] + 1e-12
+    assert got["method"] == "gram-eigvalsh-fp64" and got["dtype"] == "float64" and got["shape"] == W.shape
+
+
+def test_closed_forms_identity_and_rank_one():
+    n = 13
+    I = np.eye(n)
+    m = sp.measures(I)
+    for key in ("erank", "erank_sq", "stable_rank", "participation_ratio"):
+        assert m[key] == pytest.approx(n, rel=1e-12), key
+    assert m["numerical_rank"] == n
+    assert m["top1_energy"] == pytest.approx(1 / n, rel=1e-12)
+
+    R = np.outer(np.arange(1.0, 8.0), np.linspace(-1, 2, 5))
+    r = sp.measures(R, "svd")
+    for key in ("erank", "erank_sq", "stable_rank", "participation_ratio", "top1_energy"):
+        assert r[key] == pytest.approx(1.0, abs=1e-7), key
+    assert r["numerical_rank"] == 1
+    assert sp.top1_energy(R) == pytest.approx(1.0, abs=1e-12)
+    # RankMe's ε biases upward: 1 + small
+    assert 1.0 < r["rankme"] < 1.0 + 1e-4
+
+
+def test_rankme_is_the_paper_formula_not_renormalised():
+    s = np.array([3.0, 1.0, 0.0, 0.0])
+    p = s / s.sum() + 1e-3
+    assert sp.rankme(s, eps=1e-3) == pytest.approx(math.exp(-np.sum(p * np.log(p))), rel=1e-14)
+    assert sp.rankme(s, eps=0.0) == pytest.approx(sp.erank(s), rel=1e-14)
+
+
+def test_erank_is_scale_invariant_and_ignores_zeros():
+    s = np.array([4.0, 2.0, 1.0])
+    assert sp.erank(s) == pytest.approx(sp.erank(7.5 * s), rel=1e-14)
+    assert sp.erank(np.r_[s, 0, 0]) == pytest.approx(sp.erank(s), rel=1e-14)
+    assert sp.erank(torch.tensor(s)) == pytest.approx(sp.erank(s))
+
+
+# -- numerical rank ---------------------------------------------------------------------------------
+
+def test_numerical_rank_explicit_tolerances():
+    s = np.array([10.0, 5.0, 1e-3, 1e-9])
+    assert sp.numerical_rank(s, tol=1e-6) == 3
+    assert sp.numerical_rank(s, tol=1.0) == 2
+    assert sp.numerical_rank(s, rtol=1e-5) == 3  # threshold 1e-4
+    with pytest.raises(GraftkitError, match="tolerance"):
+        sp.numerical_rank(s)
+    with pytest.raises(GraftkitError):
+        sp.numerical_rank(s, tol=1.0, rtol=0.1)
+
+
+def test_numerical_rank_default_uses_input_dtype_eps():
+    rng = np.random.default_rng(3)
+    n, r = 64, 4
+    W = _planted(n, n, np.ones(r), rng)
+    Wb = torch.from_numpy(W).to(torch.bfloat16)  # rounding noise fills the whole spectrum
+    spec = sp.spectrum(Wb)
+    s = ref_sigma(Wb.double().numpy())
+    assert spec.dtype == "bfloat16"
+    bf16_tol = n * 2.0**-7 * s[0]
+    assert spec.default_tol() == pytest.approx(bf16_tol, rel=1e-9)
+    assert sp.numerical_rank(spec) == int((s > bf16_tol).sum()) == r
+    fp32_tol = n * float(np.finfo(np.float32).eps) * s[0]
+    fp32_rank = sp.numerical_rank(spec, tol=fp32_tol)
+    assert fp32_rank == int((s > fp32_tol).sum()) and fp32_rank > 8 * r
+    m = sp.measures(Wb)
+    assert m["numerical_rank"] == r and m["dtype"] == "bfloat16"
+    assert "bfloat16" in m["numerical_rank_tol_rule"] and m["numerical_rank_tol"] == pytest.approx(bf16_tol)
+    # the same values as a fp32 tensor get the fp32 tolerance
+    assert sp.measures(Wb.float())["numerical_rank"] == fp32_rank
+
+
+def test_measures_on_zero_matrix():
+    m = sp.measures(np.zeros((4, 6)))
+    assert m["numerical_rank"] == 0 and math.isnan(m["erank"]) and math.isnan(m["stable_rank"])
+    with pytest.raises(GraftkitError, match="zero"):
+        sp.erank(np.zeros(3))
+
+
+# -- pair measures ------------------------------------------------------------------------------------
+
+def _ref_angles(A, B, k, side="left"):
+    def basis(W):
+        U, _, Vt = np.linalg.svd(W, full_matrices=False)
+        return U[:, :k] if side == "left" else Vt[:k].T
+    c = np.linalg.svd(basis(A).T @ basis(B), compute_uv=False)
+    return np.sort(np.arccos(np.clip(c, -1, 1)))
+
+
+def test_principal_angles():
+    rng = np.random.default_rng(4)
+    s = np.array([6.0, 4.0, 3.0, 2.0, 1.0, 0.5])
+    U, V = _orth(30, 12, rng), _orth(20, 12, rng)
+    W0 = U[:, :6] @ np.diag(s) @ V[:, :6].T
+    assert np.max(sp.principal_angles(W0, W0, 3)) < 1e-7
+    assert np.max(sp.principal_angles(W0, 2.0 * W0, 4, side="right")) < 1e-7
+    W_orth = U[:, 6:] @ np.diag(s) @ V[:, 6:].T  # both sides orthogonal to W0's
+    np.testing.assert_allclose(sp.principal_angles(W0, W_orth, 4), np.pi / 2, atol=1e-10)
+    np.testing.assert_allclose(sp.principal_angles(W0, W_orth, 4, side="right"), np.pi / 2, atol=1e-10)
+    A, B = rng.standard_normal((25, 15)), rng.standard_normal((25, 15))
+    got = sp.principal_angles(A, B, 5)
+    assert np.all(np.diff(got) >= 0)
+    np.testing.assert_allclose(got, _ref_angles(A, B, 5), atol=1e-7)
+    np.testing.assert_allclose(sp.principal_angles(A, B, 5, "right"), _ref_angles(A, B, 5, "right"), atol=1e-7)
+
+
+def test_spectral_drift():
+    A = MATS["random_tall"]
+    B = A + 0.1 * np.random.default_rng(5).standard_normal(A.shape)
+    s0, s1 = ref_sigma(A), ref_sigma(B)
+    assert sp.spectral_drift(A, B) == pytest.approx(np.linalg.norm(s1 - s0) / np.linalg.norm(s0), rel=1e-9)
+    assert sp.spectral_drift(A, A) == 0.0
+    assert sp.spectral_drift(A, 3 * A) == pytest.approx(2.0, rel=1e-12)
+
+
+def test_delta_energy_in_topk():
+    rng = np.random.default_rng(6)
+    U, V = _orth(30, 10, rng), _orth(20, 10, rng)
+    W0 = U @ np.diag(np.arange(10.0, 0.0, -1)) @ V.T
+    k = 3
+    inside = U[:, :k] @ rng.standard_normal((k, 20))
+    outside = U[:, k:] @ rng.standard_normal((10 - k, 20))
+    assert sp.delta_energy_in_topk(W0, inside, k) == pytest.approx(1.0, abs=1e-12)
+    assert sp.delta_energy_in_topk(W0, outside, k) == pytest.approx(0.0, abs=1e-12)
+    D = rng.standard_normal((30, 20))
+    Uk = np.linalg.svd(W0)[0][:, :k]
+    want = np.linalg.norm(Uk.T @ D) ** 2 / np.linalg.norm(D) ** 2
+    assert sp.delta_energy_in_topk(W0, D, k) == pytest.approx(want, rel=1e-10)
+    with pytest.raises(GraftkitError, match="zero"):
+        sp.delta_energy_in_topk(W0, np.zeros_like(W0), k)
+
+
+def test_intruder_dimensions_planted_and_absent():
+    rng = np.random.default_rng(7)
+    n = 64
+    U, V = _orth(n, n, rng), _orth(n, n, rng)
+    W0 = U @ np.diag(np.geomspace(10.0, 0.1, n)) @ V.T
+    # u spreads evenly over W0's bottom 32 left singular vectors: |cos| = 1/sqrt(32) ≈ 0.18 with each
+    u = U[:, 32:] @ (rng.choice([-1.0, 1.0], 32) / np.sqrt(32))
+    v = rng.standard_normal(n)
+    v /= np.linalg.norm(v)
+    W1 = W0 + 100.0 * np.outer(u, v)
+    got = sp.intruder_dimensions(W0, W1, k=10, eps=0.5)
+    assert got.indices == (0,) and got.count == 1 and got.k == 10 and got.eps == 0.5
+    assert got.max_abs_cos[0] < 0.25 and min(got.max_abs_cos[1:]) > 0.5
+    # reference: loop over W1's top-10 vectors
+    U0, U1 = np.linalg.svd(W0)[0], np.linalg.svd(W1)[0]
+    ref = [j for j in range(10) if max(abs(U0[:, i] @ U1[:, j]) for i in range(n)) < 0.5]
+    assert list(got.indices) == ref
+
+    small = W0 + 1e-3 * rng.standard_normal((n, n))
+    none = sp.intruder_dimensions(W0, small)
+    assert none.count == 0 and min(none.max_abs_cos) > 0.9
+
+
+def test_top1_energy_of_delta():
+    rng = np.random.default_rng(8)
+    D = rng.standard_normal((12, 9))
+    s = ref_sigma(D)
+    assert sp.top1_energy(D) == pytest.approx(s[0] ** 2 / np.linalg.norm(D) ** 2, rel=1e-10)
+    assert sp.top1_energy(torch.tensor(D, dtype=torch.bfloat16)) == pytest.approx(
+        ref_sigma(torch.tensor(D, dtype=torch.bfloat16).double().numpy())[0] ** 2
+        / np.linalg.norm(torch.tensor(D, dtype=torch.bfloat16).double().numpy()) ** 2, rel=1e-9)
+
+
+# -- bad input ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad, match", [
+    (np.ones(5), "2-D"),
+    (np.ones((2, 3, 4)), "one matrix"),
+    (torch.ones(2, 3, 4), "MoE"),
+    (np.ones((3, 4), dtype=np.int64), "floating"),
+    (torch.ones(3, 4, dtype=torch.int32), "floating"),
+    (np.zeros((0, 4)), "empty"),
+    (np.array([[1.0, np.nan], [0.0, 1.0]]), "NaN"),
+    ([[1.0, 2.0]], "torch tensor or numpy array"),
+])
+def test_bad_matrix_input_is_one_line_error(bad, match):
+    with pytest.raises(GraftkitError, match=match) as e:
+        sp.spectrum(bad)
+    assert "\n" not in str(e.value)
+
+
+def test_bad_arguments_are_one_line_errors():
+    A, B = np.ones((4, 5)), np.ones((5, 4))
+    cases = [
+        lambda: sp.spectrum(A, method="fp32-gram"),
+        lambda: sp.principal_angles(A, B, 2),
+        lambda: sp.principal_angles(A, A, 0),
+        lambda: sp.principal_angles(A, A, 5),
+        lambda: sp.principal_angles(A, A, 2, side="up"),
+        lambda: sp.intruder_dimensions(A, A, k=2, eps=0.0),
+        lambda: sp.delta_energy_in_topk(A, B, 1),
+        lambda: sp.spectral_drift(np.zeros((4, 5)), A),
+        lambda: sp.erank(np.array([1.0, -1.0])),
+        lambda: sp.erank(np.ones((2, 2))),
+        lambda: sp.participation_ratio([]),
+        lambda: sp.numerical_rank([1.0], tol=-1.0),
+    ]
+    for case in cases:
+        with pytest.raises(GraftkitError) as e:
+            case()
+        assert "\n" not in str(e.value)
+
+
+def test_gram_floor_zero_tail_and_float64_numerical_rank():
+    rng = np.random.default_rng(9)
+    R = np.outer(rng.standard_normal(30), rng.standard_normal(12))
+    g = sp.spectrum(R)
+    assert np.count_nonzero(g.sigma) == 1  # the Gram's rounding noise is not reported as spectrum
+    W = _planted(20, 20, np.array([1.0, 1e-10]), rng)  # float64: σ₂ is real, below the Gram floor
+    assert ref_sigma(W)[1] == pytest.approx(1e-10, rel=1e-3)
+    m = sp.measures(W)
+    assert m["numerical_rank"] == 2 and m["numerical_rank_method"] == "svd-fp64"
+    assert sp.numerical_rank(sp.spectrum(W, "svd")) == 2
+    with pytest.raises(GraftkitError, match="method='svd'"):
+        sp.numerical_rank(sp.spectrum(W))
+    m32 = sp.measures(W.astype(np.float32))
+    assert m32["numerical_rank"] == 1 and m32["numerical_rank_method"] == "gram-eigvalsh-fp64"
+
+
+def test_spectrum_is_frozen():
+    spec = sp.spectrum(np.eye(3))
+    with pytest.raises(Exception):
+        spec.dtype = "float32"  # type: ignore[misc]
