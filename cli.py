@@ -784,6 +784,101 @@ def sweep(
         out.print(f"{escape(r['name'])}: {r['status']} → {escape(r['out'])}")
 
 
+# ---------------------------------------------------------------------------------------------- rank
+
+
+@app.command()
+@_handled
+def rank(
+    model: Optional[List[Path]] = typer.Option(None, "--model", help="Checkpoint(s) (default: every model folder of the current run)."),
+    vs: Optional[Path] = typer.Option(None, "--vs", help="Base for --what delta (default: each model's recorded SFT parent)."),
+    what: str = typer.Option("weights", "--what", help="weights | delta."),
+    layers: str = typer.Option("all", help="all | early | mid | late | indices like 0-3,10."),
+    metric: Optional[str] = typer.Option(None, "--metric", help="Comma list shown in the table (default erank,stable_rank[,spectral_drift,intruders])."),
+    save: Optional[Path] = typer.Option(None, "--save", help="HDF5 result file, one model only (default: RUN/results/rank-*.h5)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """Spectral ranks of every weight matrix (or of the RL delta), per tensor and per decoder layer."""
+    from .rank import METRICS, PAIR_METRICS, delta_ranks, weight_ranks
+    from .store import write_result
+    from .weights import PROVENANCE, band_rule, open_checkpoint, recorded_base, resolve_base
+    from .weights.taxonomy import DECODER
+
+    t0 = time.perf_counter()
+    if what not in ("weights", "delta"):
+        raise GraftkitError(f"--what {what!r} is not an option", "use weights or delta")
+    allowed = METRICS + (PAIR_METRICS if what == "delta" else ())
+    default = "erank,stable_rank" + (",spectral_drift,intruders" if what == "delta" else "")
+    shown = [m.strip() for m in (metric or default).split(",") if m.strip()]
+    for m in shown:
+        if m not in allowed:
+            hint = " (pair measures need --what delta)" if m in PAIR_METRICS else ""
+            raise GraftkitError(f"--metric: unknown metric '{m}'{hint}", f"use one of {', '.join(allowed)}")
+    if not shown:
+        raise GraftkitError("--metric names no metric", f"use one of {', '.join(allowed)}")
+    run = current_run()
+    if model:
+        models = [_must_exist(Path(p)) for p in model]
+    else:
+        weight_globs = ("*.safetensors", "model.safetensors.index.json", "pytorch_model*.bin")
+        models = sorted(p for p in run.iterdir() if p.is_dir() and (p / PROVENANCE).is_file()
+                        and any(any(p.glob(g)) for g in weight_globs)) if run.is_dir() else []
+        if what == "delta" and vs is None:
+            models = [p for p in models if recorded_base(p) is not None]
+        if not models:
+            raise GraftkitError(f"no checkpoints found in {run}" + (" with a recorded SFT parent" if what == "delta" else ""),
+                                "pass --model PATH, or run `graftkit demo` first")
+    if save is not None and len(models) > 1:
+        raise GraftkitError(f"--save names one file but {len(models)} models are ranked", "rank one --model, or drop --save")
+    labels = _unique_labels(models)
+    tag = "" if layers.strip().lower() in ("", "all") else "-" + layers.strip().lower().replace(",", "+")
+    payload: dict = {"what": what, "layers": layers, "metrics": shown, "models": {}}
+    for path, lab in zip(models, labels):
+        ckpt = open_checkpoint(path)
+        tax = ckpt.taxonomy()
+        prov = {"config": {"command": "rank", "what": what, "layers": layers}}
+        base_ck = None
+        if what == "delta":
+            base_ck = open_checkpoint(resolve_base(path, vs))
+            tax = base_ck.taxonomy()
+        total = (base_ck or ckpt).nbytes * (2 if base_ck else 1)
+        with _progress(total, f"rank {lab}") as p:
+            tick = lambda n, nbytes: p.advance(p.task_ids[0], nbytes)  # noqa: E731
+            res = (delta_ranks(base_ck, ckpt, tax, layers, on_tensor=tick, provenance=prov) if base_ck
+                   else weight_ranks(ckpt, tax, layers, on_tensor=tick, provenance=prov))
+        dest = save or run / "results" / f"rank-{what}-{lab}{tag}.h5"
+        write_result(dest, res)
+        mi = [list(res.coords["metric"]).index(m) for m in shown]
+        groups = list(res.coords["group"])
+        rows = [{"layer": int(L), **{m: float(res["value_layer"][i, -1, k]) for m, k in zip(shown, mi)},
+                 "groups": {g: {m: float(res["value_layer"][i, j, k]) for m, k in zip(shown, mi)}
+                            for j, g in enumerate(groups[:-1]) if res["count_layer"][i, j]}}
+                for i, L in enumerate(res.coords["layer"])]
+        outside = [{"tensor": str(n), "group": str(res["tensor_group"][t]),
+                    **{m: float(res["value"][t, k]) for m, k in zip(shown, mi)}}
+                   for t, n in enumerate(res.coords["tensor"]) if res["tensor_layer"][t] < 0]
+        payload["models"][lab] = {"path": str(path), "base": str(base_ck.path) if base_ck else None,
+                                  "result_file": str(dest), "layers": rows, "outside_decoder": outside,
+                                  "skipped": len(res.attrs["skipped"]), "matrices": len(res.coords["tensor"])}
+        payload["band_rule"] = band_rule(tax.n_layers.get(DECODER, 0)) if tax.n_layers.get(DECODER) else None
+        if not as_json:
+            title = f"{escape(lab)}: {what} ranks per layer (mean over the layer's matrices; layers {escape(layers)})"
+            t = Table(title=title)
+            t.add_column("layer", overflow="fold")
+            for m in shown:
+                t.add_column(m, justify="right")
+            for r in rows:
+                t.add_row(str(r["layer"]), *(f"{r[m]:.4g}" for m in shown))
+            for o in outside:
+                t.add_row(escape(o["tensor"]), *(f"{o[m]:.4g}" for m in shown))
+            out.print(t)
+            out.print(f"saved {escape(str(dest))} ({len(res.coords['tensor'])} matrices, "
+                      f"{len(res.attrs['skipped'])} 1-D tensors skipped)")
+    payload["seconds"] = time.perf_counter() - t0
+    if as_json:
+        _print_json(payload)
+
+
 # ---------------------------------------------------------------------------------------------- demo
 
 

@@ -1,0 +1,273 @@
+"""Spectral measures of every weight matrix of a checkpoint, and of the delta between two checkpoints.
+
+Tensors are streamed one at a time (``Checkpoint.read``, a view of the mapped file where possible), each
+upcast to float64 inside :func:`rank.spectra.measures` (bfloat16 and float8 included), so memory holds one
+matrix and its Gram at a time. Embeddings and lm_head are ranked at their real vocabulary size: the
+default ``method="gram"`` takes the eigenvalues of the Gram of the *smaller* side (hidden × hidden), so a
+[vocab, hidden] matrix costs one vocab·hidden² product.
+
+Conventions (also recorded in every result's attrs):
+
+- Which tensors: every tensor with ndim ≥ 2. 1-D tensors (norms, biases) and 0-d scalars are skipped and
+  listed in ``attrs["skipped"]`` with the reason. A 3-D tensor (stacked MoE experts
+  ``[n_experts, out, in]``) is ranked expert by expert: one row per expert, labelled ``name[e]``, and the
+  tensor is listed in ``attrs["expanded"]``. Tensors of more than 3 dimensions are skipped and listed.
+- Layer selection: ``layers`` (``weights.parse_layers`` spec, e.g. ``"late"``, ``"0-3"``) picks decoder
+  layers; tensors outside the decoder stack (embeddings, lm_head, final norm, vision tower) are included
+  only for ``"all"``. Their ``tensor_layer`` is −1.
+- Per-layer aggregates ``value_layer[layer, group, metric]``: the mean over the layer's matrices in that
+  group of each metric, with the extra group ``"all"`` over every matrix of the layer. NaN values
+  (measures undefined for a zero matrix) are left out of the mean; a cell with no defined value is NaN.
+  ``count_layer[layer, group]`` is the number of matrices in the cell.
+- Delta: Δ = W_rl − W_base, both upcast to float32 before subtracting (float64 stays float64), per tensor.
+  A zero Δ (a tensor RL did not move) has ``frobenius_sq = 0``, ``sigma_1 = 0``, ``numerical_rank = 0``,
+  and NaN for every ratio measure (erank, erank_sq, stable_rank, participation_ratio, rankme,
+  top1_energy) and for ``delta_energy_top8``; its ``spectral_drift`` is 0 and ``intruders`` 0.
+- Pair measures (delta only), on base W₀ and RL W₁: ``spectral_drift`` ‖σ(W₁) − σ(W₀)‖/‖σ(W₀)‖;
+  ``delta_energy_top8`` the share of ‖Δ‖²_F inside W₀'s top-k left singular subspace, k = min(8, min
+  shape); ``intruders`` the number of W₁'s top-k left singular vectors (k = min(10, min shape)) whose max
+  |cos| with every W₀ left singular vector is < 0.5. ``top1_energy`` of Δ is σ₁(Δ)²/‖Δ‖²_F.
+- Numerical rank: count σ > max(m, n)·eps(dtype)·σ₁ with dtype the dtype of the matrix ranked (the
+  checkpoint's dtype for weights, float32/float64 for a delta); per-row tolerances are in ``tol``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from ..errors import GraftkitError
+from ..store import Result
+from ..weights import Checkpoint, Taxonomy, band_rule, check_pair, describe, parse_layers
+from ..weights.taxonomy import DECODER
+from .spectra import CONVENTIONS, RANKME_EPS, delta_energy_in_topk, intruder_dimensions, measures, spectral_drift
+
+#: Single-matrix measures, in ``value``'s metric order.
+METRICS: tuple[str, ...] = ("erank", "erank_sq", "stable_rank", "participation_ratio", "rankme",
+                            "numerical_rank", "top1_energy", "sigma_1", "frobenius_sq")
+#: Pair measures added by :func:`delta_ranks`.
+PAIR_METRICS: tuple[str, ...] = ("spectral_drift", "delta_energy_top8", "intruders")
+DELTA_TOPK, INTRUDER_K, INTRUDER_EPS = 8, 10, 0.5
+
+PAIR_CONVENTIONS = {
+    "spectral_drift": "||sigma(W1)-sigma(W0)||_2/||sigma(W0)||_2, W0 base, W1 rl",
+    "delta_energy_top8": f"||U_k^T Delta||_F^2/||Delta||_F^2, U_k top-k left singular vectors of W0, "
+                         f"k=min({DELTA_TOPK}, min(shape))",
+    "intruders": f"count of W1's top-k left singular vectors (k=min({INTRUDER_K}, min(shape))) with max |cos| "
+                 f"< {INTRUDER_EPS} against every W0 left singular vector",
+}
+ZERO_CONVENTION = ("zero matrix (e.g. a tensor RL did not move): frobenius_sq=0, sigma_1=0, numerical_rank=0, "
+                   "ratio measures and delta_energy_top8 NaN, spectral_drift=0, intruders=0")
+AGG_CONVENTION = ("value_layer[layer, group, metric]: mean over the layer's matrices in the group (group 'all': "
+                  "every matrix of the layer), NaN values left out; NaN if none is defined")
+SELECT_CONVENTION = ("ndim>=2 tensors; 3-D tensors ranked per leading index (MoE experts, rows 'name[e]'); "
+                     "1-D and >3-D tensors skipped and listed; tensors outside the decoder stack only for layers=all")
+
+
+def _check_metrics(metrics: Iterable[str] | None, allowed: Sequence[str]) -> tuple[str, ...]:
+    if metrics is None:
+        return tuple(allowed)
+    out = tuple(dict.fromkeys(metrics))
+    for m in out:
+        if m not in allowed:
+            raise GraftkitError(f"unknown metric '{m}'", f"use one of {', '.join(allowed)}")
+    if not out:
+        raise GraftkitError("no metric chosen", f"use one or more of {', '.join(allowed)}")
+    return out
+
+
+def select_tensors(ckpt: Checkpoint, tax: Taxonomy, layers: str | Iterable[int] | None = None
+                   ) -> tuple[list[str], list[tuple[str, str]], frozenset[int] | None]:
+    """(tensors to rank, [(skipped tensor, reason)], selected decoder layers or None for all)."""
+    n_layers = tax.n_layers.get(DECODER, 0)
+    if layers is None or isinstance(layers, str):
+        chosen = parse_layers(layers or "all", n_layers)
+    else:
+        chosen = frozenset(int(i) for i in layers)
+        bad = [i for i in chosen if not 0 <= i < n_layers]
+        if bad:
+            raise GraftkitError(f"layers {sorted(bad)} are outside the model's decoder layers 0–{n_layers - 1}",
+                                "pick indices inside that range")
+    names, skipped = [], []
+    for name, meta in ckpt.metas.items():
+        role = tax.roles.get(name)
+        in_decoder = role is not None and role.stack == DECODER
+        if chosen is not None and not (in_decoder and role.layer in chosen):
+            continue
+        if len(meta.shape) < 2:
+            skipped.append((name, f"{len(meta.shape)}-D {list(meta.shape)} (norm, bias or scalar)"))
+        elif len(meta.shape) > 3:
+            skipped.append((name, f"{len(meta.shape)}-D {list(meta.shape)} (no matrix convention)"))
+        else:
+            names.append(name)
+    return names, skipped, chosen
+
+
+def _matrices(name: str, t) -> list[tuple[str, object]]:
+    """One (label, 2-D tensor) per matrix of tensor ``name``: itself, or each expert of a 3-D stack."""
+    if t.ndim == 3:
+        return [(f"{name}[{e}]", t[e]) for e in range(t.shape[0])]
+    return [(name, t)]
+
+
+def _row(m: dict, metrics: Sequence[str]) -> list[float]:
+    return [float(m[k]) for k in metrics]
+
+
+def _pair_row(W0, W1, D, zero: bool, method: str) -> dict[str, float]:
+    if zero:
+        return {"spectral_drift": 0.0, "delta_energy_top8": float("nan"), "intruders": 0.0}
+    lo = min(W0.shape)
+    return {
+        "spectral_drift": spectral_drift(W0, W1, method),
+        "delta_energy_top8": delta_energy_in_topk(W0, D, min(DELTA_TOPK, lo)),
+        "intruders": float(intruder_dimensions(W0, W1, min(INTRUDER_K, lo), INTRUDER_EPS).count),
+    }
+
+
+def _assemble(kind: str, rows: list[str], parents: list[str], values: np.ndarray, metrics: Sequence[str],
+              tols: list[float], dtypes: list[str], shapes: list[tuple[int, int]], tax: Taxonomy,
+              chosen: frozenset[int] | None, skipped: list[tuple[str, str]], attrs: dict) -> Result:
+    group_of = np.array([tax.roles[p].group if p in tax.roles else "unknown" for p in parents], dtype=object)
+    layer_of = np.array([tax.roles[p].layer if p in tax.roles and tax.roles[p].stack == DECODER else -1
+                         for p in parents], dtype=np.int64)
+    n_layers = tax.n_layers.get(DECODER, 0)
+    layer_ids = sorted(chosen) if chosen is not None else list(range(n_layers))
+    decoder_groups = list(dict.fromkeys(g for g, L in zip(group_of, layer_of) if L >= 0))
+    groups = decoder_groups + ["all"]
+    agg = np.full((len(layer_ids), len(groups), len(metrics)), np.nan)
+    count = np.zeros((len(layer_ids), len(groups)), dtype=np.int64)
+    for i, L in enumerate(layer_ids):
+        for j, g in enumerate(groups):
+            member = (layer_of == L) & ((group_of == g) if g != "all" else True)
+            count[i, j] = int(member.sum())
+            if not member.any():
+                continue
+            block = values[member]
+            ok = np.isfinite(block)
+            n = ok.sum(0)
+            with np.errstate(invalid="ignore"):
+                agg[i, j] = np.where(n > 0, np.where(ok, block, 0.0).sum(0) / np.maximum(n, 1), np.nan)
+    coords = {
+        "tensor": np.array(rows, dtype=object),
+        "metric": np.array(list(metrics), dtype=object),
+        "layer": np.array(layer_ids, dtype=np.int64),
+        "group": np.array(groups, dtype=object),
+        "dim": np.array(["rows", "cols"], dtype=object),
+    }
+    data = {
+        "value": (("tensor", "metric"), values),
+        "tensor_group": (("tensor",), group_of),
+        "tensor_layer": (("tensor",), layer_of),
+        "tensor_source": (("tensor",), np.array(parents, dtype=object)),
+        "tensor_dtype": (("tensor",), np.array(dtypes, dtype=object)),
+        "tensor_shape": (("tensor", "dim"), np.array(shapes, dtype=np.int64).reshape(len(rows), 2)),
+        "tol": (("tensor",), np.array(tols, dtype=np.float64)),
+        "value_layer": (("layer", "group", "metric"), agg),
+        "count_layer": (("layer", "group"), count),
+    }
+    full = {
+        "conventions": {**CONVENTIONS, **PAIR_CONVENTIONS, "sigma_1": "largest singular value",
+                        "frobenius_sq": "sum(sigma^2)"},
+        "zero_matrix": ZERO_CONVENTION,
+        "aggregate": AGG_CONVENTION,
+        "selection": SELECT_CONVENTION,
+        "numerical_rank_tol_rule": "max(shape)*eps(dtype)*sigma_1 (absolute), dtype of the matrix ranked",
+        "rankme_eps": RANKME_EPS,
+        "layers": "all" if chosen is None else sorted(chosen),
+        "band_rule": band_rule(n_layers) if n_layers else "no decoder layers",
+        "skipped": [{"tensor": n, "reason": r} for n, r in skipped],
+        "expanded": sorted({p for p, r in zip(parents, rows) if p != r}),
+        "family": tax.family,
+        **attrs,
+    }
+    return Result(kind, coords, data, full)
+
+
+def weight_ranks(
+    ckpt: Checkpoint,
+    tax: Taxonomy,
+    layers: str | Iterable[int] | None = None,
+    metrics: Iterable[str] | None = None,
+    method: str = "gram",
+    on_tensor: Callable[[str, int], None] = lambda name, nbytes: None,
+    provenance: dict | None = None,
+) -> Result:
+    """Spectral measures of every weight matrix of ``ckpt`` (streamed), per tensor and per layer.
+
+    Returns a ``Result`` of kind ``"rank-weights"``: ``value[tensor, metric]``, ``tensor_group``,
+    ``tensor_layer`` (−1 outside the decoder stack), ``value_layer[layer, group, metric]``, and attrs
+    with every convention, the method, the tolerance rule and ``describe(ckpt)``.
+    """
+    metrics = _check_metrics(metrics, METRICS)
+    names, skipped, chosen = select_tensors(ckpt, tax, layers)
+    t0 = time.perf_counter()
+    rows, parents, values, tols, dtypes, shapes = [], [], [], [], [], []
+    method_name = None
+    for name in names:
+        t = ckpt.read(name)
+        for label, W in _matrices(name, t):
+            m = measures(W, method)
+            method_name = m["method"]
+            rows.append(label), parents.append(name), values.append(_row(m, metrics))
+            tols.append(m["numerical_rank_tol"]), dtypes.append(m["dtype"]), shapes.append(m["shape"])
+        del t
+        on_tensor(name, ckpt.metas[name].nbytes)
+    attrs = {"what": "weights", "method": method_name or method, "spectrum_dtype": "float64",
+             "model": describe(ckpt), "seconds": time.perf_counter() - t0, **(provenance or {})}
+    vals = np.array(values, dtype=np.float64).reshape(len(rows), len(metrics))
+    return _assemble("rank-weights", rows, parents, vals, metrics, tols, dtypes, shapes, tax, chosen,
+                     skipped, attrs)
+
+
+def delta_ranks(
+    base: Checkpoint,
+    rl: Checkpoint,
+    tax: Taxonomy,
+    layers: str | Iterable[int] | None = None,
+    metrics: Iterable[str] | None = None,
+    method: str = "gram",
+    on_tensor: Callable[[str, int], None] = lambda name, nbytes: None,
+    provenance: dict | None = None,
+) -> Result:
+    """Spectral measures of Δ = rl − base per matrix, plus the pair measures (``PAIR_METRICS``).
+
+    Same layout as :func:`weight_ranks` (kind ``"rank-delta"``); ``metrics`` may name any of
+    ``METRICS + PAIR_METRICS``.
+    """
+    import torch
+
+    metrics = _check_metrics(metrics, METRICS + PAIR_METRICS)
+    check_pair(base, rl, tax)
+    names, skipped, chosen = select_tensors(base, tax, layers)
+    want_pair = any(m in PAIR_METRICS for m in metrics)
+    t0 = time.perf_counter()
+    rows, parents, values, tols, dtypes, shapes = [], [], [], [], [], []
+    method_name = None
+    for name in names:
+        b, r = base.read(name), rl.read(name)
+        work = torch.float64 if b.dtype == torch.float64 else torch.float32
+        for (label, W0), (_, W1) in zip(_matrices(name, b), _matrices(name, r)):
+            D = W1.to(work) - W0.to(work)
+            if not torch.isfinite(D).all():
+                raise GraftkitError(f"{label}: the delta holds NaN or inf values",
+                                    "check the RL checkpoint (diverged training?); `graftkit delta` counts them")
+            m = measures(D, method)
+            method_name = m["method"]
+            zero = m["frobenius_sq"] == 0.0
+            if want_pair:
+                m.update(_pair_row(W0, W1, D, zero, method))
+            rows.append(label), parents.append(name), values.append(_row(m, metrics))
+            tols.append(m["numerical_rank_tol"]), dtypes.append(m["dtype"]), shapes.append(m["shape"])
+        del b, r
+        on_tensor(name, base.metas[name].nbytes * 2)
+    attrs = {"what": "delta", "method": method_name or method, "spectrum_dtype": "float64",
+             "delta_dtype": "float32 (float64 for float64 tensors), upcast before subtracting",
+             "pair_k": {"delta_energy_top8": DELTA_TOPK, "intruders": INTRUDER_K}, "intruder_eps": INTRUDER_EPS,
+             "base": describe(base), "model": describe(rl), "seconds": time.perf_counter() - t0,
+             **(provenance or {})}
+    vals = np.array(values, dtype=np.float64).reshape(len(rows), len(metrics))
+    return _assemble("rank-delta", rows, parents, vals, metrics, tols, dtypes, shapes, tax, chosen,
+                     skipped, attrs)
