@@ -651,7 +651,7 @@ def _parse_budgets(items: list[str], tasks: str | None) -> dict[str, int]:
 def train_sft(
     out_dir: Path = typer.Option(..., "--out", help="Output folder of the SFT policy."),
     tasks: Optional[str] = typer.Option(None, help="Suite(s) or tasks to demonstrate (default: both suites)."),
-    budget: List[str] = typer.Option([], help="Demonstration episodes for a task, TASK=N (repeatable)."),
+    budget: List[str] = typer.Option([], help="Demonstration pool of a task: TASK=N episodes (repeatable)."),
     size: str = typer.Option("micro", help="Tiny policy size: nano, micro, small."),
     init: Optional[Path] = typer.Option(None, help="Fine-tune this HF causal LM folder instead of a tiny policy."),
     steps: int = typer.Option(1500, help="Optimizer steps."),
