@@ -85,10 +85,10 @@ def _finite(o):
     return o
 
 
-def _must_exist(path: Path) -> Path:
-    """An RL checkpoint path that exists (else resolving its recorded base would mislead)."""
+def _must_exist(path: Path, flag: str = "--from") -> Path:
+    """A checkpoint path that exists (else resolving its recorded base would mislead)."""
     if not Path(path).exists():
-        raise GraftkitError(f"{path}: no such file or folder", "check the --from path")
+        raise GraftkitError(f"{path}: no such file or folder", f"check the {flag} path")
     return path
 
 
@@ -818,7 +818,7 @@ def rank(
         raise GraftkitError("--metric names no metric", f"use one of {', '.join(allowed)}")
     run = current_run()
     if model:
-        models = [_must_exist(Path(p)) for p in model]
+        models = [_must_exist(Path(p), "--model") for p in model]
     else:
         weight_globs = ("*.safetensors", "model.safetensors.index.json", "pytorch_model*.bin")
         models = sorted(p for p in run.iterdir() if p.is_dir() and (p / PROVENANCE).is_file()
