@@ -879,6 +879,245 @@ def rank(
         _print_json(payload)
 
 
+# -------------------------------------------------------------------------------------------- couple
+
+
+def _couple_n_layers(res) -> int:
+    """The model's decoder depth as a rank result records it (attrs n_layers, else its band rule)."""
+    import re
+
+    if res.attrs.get("n_layers"):
+        return int(res.attrs["n_layers"])
+    m = re.search(r"with n = (\d+)", str(res.attrs.get("band_rule", "")))
+    return int(m[1]) if m else int(max(res.coords["layer"], default=-1)) + 1
+
+
+def _couple_layer_values(res, metric: str, path: Path) -> np.ndarray:
+    """value_layer[:, group "all", metric] (or value_layer[:, metric] for a result without groups)."""
+    metrics = [str(m) for m in res.coords.get("metric", [])]
+    if "value_layer" not in res.data or metric not in metrics:
+        raise GraftkitError(f"{path}: no per-layer '{metric}' (metrics: {', '.join(metrics) or 'none'})",
+                            f"pass --metric one of {', '.join(metrics)}" if metrics else "re-run graftkit rank")
+    dims, v = res.dims("value_layer"), res["value_layer"]
+    k = metrics.index(metric)
+    if dims == ("layer", "group", "metric"):
+        return v[:, [str(g) for g in res.coords["group"]].index("all"), k]
+    if dims == ("layer", "metric"):
+        return v[:, k]
+    raise GraftkitError(f"{path}: value_layer has dims {list(dims)}", "expected [layer, group, metric] or [layer, metric]")
+
+
+def _couple_newest(found: dict, key: str, entry: dict, better) -> None:
+    if key not in found or better(entry, found[key]):
+        found[key] = entry
+
+
+@app.command()
+@_handled
+def couple(
+    run: Optional[Path] = typer.Argument(None, help="Run folder (default: the current run)."),
+    metric: str = typer.Option("erank", "--metric", help="Rank metric to couple (any metric of the rank results)."),
+    what: str = typer.Option("weights", "--what", help="weights | activations: which rank results to read."),
+    layers: str = typer.Option("all", help="Decoder layers: all | early | mid | late | indices like 0-3,10."),
+    level: float = typer.Option(0.95, help="Interval level (correlations, paired verdicts, agreement)."),
+    n_boot: int = typer.Option(10_000, help="Bootstrap resamples of the correlations."),
+    seed: int = typer.Option(0, help="Seed of every bootstrap and posterior draw."),
+    save: Optional[Path] = typer.Option(None, "--save", help="HDF5 result file (default: RUN/results/coupling-<what>-<metric>.h5)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """Does per-layer rank track success across checkpoints? Correlations, and the both-directions test vs SFT."""
+    from .rank.coupling import DIRECTIONS, both_directions, coupling, coupling_result
+    from .stats import compare
+    from .store import read_result, write_result
+    from .weights import band_of, band_rule, parse_layers, recorded_base
+
+    t0 = time.perf_counter()
+    if what not in ("weights", "activations"):
+        raise GraftkitError(f"--what {what!r} is not an option", "use weights or activations")
+    run_dir = Path(run) if run is not None else current_run()
+    results = run_dir / "results"
+    if not results.is_dir():
+        raise GraftkitError(f"{results}: no results folder", "pass a run folder, or run `graftkit demo` first")
+
+    def key_of(res, path: Path) -> str:
+        model = res.attrs.get("model")
+        if not isinstance(model, dict) or not model.get("path"):
+            raise GraftkitError(f"{path}: records no model path (attrs['model'])", "re-create it with graftkit")
+        return os.path.normpath(str(model["path"]))
+
+    ranks, evals = {}, {}
+    for p in sorted(results.glob(f"rank-{what}-*.h5")):
+        res = read_result(p)
+        _couple_newest(ranks, key_of(res, p), {"path": p, "res": res},
+                       lambda a, b: (len(a["res"].coords["layer"]), str(a["res"].attrs.get("created")))
+                       > (len(b["res"].coords["layer"]), str(b["res"].attrs.get("created"))))
+    for p in sorted(results.glob("eval-*-greedy.h5")):
+        res = read_result(p)
+        if res.kind != "eval":
+            continue
+        _couple_newest(evals, key_of(res, p), {"path": p, "res": res},
+                       lambda a, b: str(a["res"].attrs.get("created")) > str(b["res"].attrs.get("created")))
+    both = sorted(set(ranks) & set(evals))
+    if len(both) < 3:
+        no_eval = [f"{ranks[k]['path'].name} (make it: graftkit eval --model {k})" for k in sorted(set(ranks) - set(evals))]
+        no_rank = [f"{evals[k]['path'].name} (make it: graftkit rank --model {k} --what {what})"
+                   for k in sorted(set(evals) - set(ranks))]
+        parts = [f"{len(both)} checkpoint(s) in {results} have both a rank-{what}-*.h5 and an eval-*-greedy.h5 "
+                 "result; coupling needs at least 3"]
+        if no_eval:
+            parts.append("rank results without an eval: " + "; ".join(no_eval))
+        if no_rank:
+            parts.append("eval results without a rank: " + "; ".join(no_rank))
+        raise GraftkitError(". ".join(parts), "create the missing results with the commands named, then rerun couple")
+
+    # every checkpoint must be evaluated on the same episodes and ranked at the same layers
+    ref_eval = evals[both[0]]
+    for k in both[1:]:
+        for dim in ("task", "seed", "episode", "sample"):
+            if list(evals[k]["res"].coords[dim]) != list(ref_eval["res"].coords[dim]):
+                raise GraftkitError(f"{evals[k]['path'].name} and {ref_eval['path'].name} cover different "
+                                    f"episodes ({dim} differs)",
+                                    "evaluate every checkpoint with the same --tasks, --seeds and --episodes")
+    n_layers = _couple_n_layers(ranks[both[0]]["res"])
+    chosen = parse_layers(layers, n_layers)
+    common = set.intersection(*(set(int(L) for L in ranks[k]["res"].coords["layer"]) for k in both))
+    layer_ids = sorted(common if chosen is None else common & chosen)
+    if not layer_ids:
+        raise GraftkitError(f"--layers {layers}: none of these decoder layers is ranked in every rank-{what} result",
+                            f"rerun graftkit rank --what {what} --layers all, or pick layers they share")
+    R = np.empty((len(both), len(layer_ids)))
+    for i, k in enumerate(both):
+        res = ranks[k]["res"]
+        if _couple_n_layers(res) != n_layers:
+            raise GraftkitError(f"{ranks[k]['path'].name} ranks a {_couple_n_layers(res)}-layer model, "
+                                f"{ranks[both[0]]['path'].name} a {n_layers}-layer one", "couple checkpoints of one model")
+        vals = _couple_layer_values(res, metric, ranks[k]["path"])
+        pos = {int(L): j for j, L in enumerate(res.coords["layer"])}
+        R[i] = [vals[pos[L]] for L in layer_ids]
+    outcome = {k: np.asarray(evals[k]["res"]["success"]).transpose(1, 0, 2, 3).reshape(
+        len(ref_eval["res"].coords["seed"]), -1) for k in both}
+    success = np.array([outcome[k].mean() for k in both])
+    n_success = np.array([outcome[k].size for k in both], dtype=np.int64)
+    labels = _unique_labels([Path(k) for k in both])
+    conventions = {
+        "metric": metric, "what": what, "rank_value": "value_layer[layer, group='all', metric]: mean over the "
+        "layer's matrices" if what == "weights" else f"value_layer of the rank-{what} results",
+        "layer_indexing": "decoder layer index, 0-based (value_layer's layer coordinate)",
+        "success": "greedy success rate over every task, seed and episode of the eval result",
+        "runs": "every checkpoint of the run with both results (its SFT parent included)",
+        "checkpoints": {lab: k for lab, k in zip(labels, both)},
+        "rank_files": {lab: str(ranks[k]["path"]) for lab, k in zip(labels, both)},
+        "eval_files": {lab: str(evals[k]["path"]) for lab, k in zip(labels, both)},
+        "config": {"command": "couple", "metric": metric, "what": what, "layers": layers, "level": level,
+                   "n_boot": n_boot, "seed": seed},
+    }
+    corr = coupling(R, success, n_success, level=level, n_boot=n_boot, seed=seed, runs=labels, layers=layer_ids,
+                    n_layers=n_layers, conventions=conventions)
+
+    # both directions: every checkpoint whose recorded SFT parent is itself among the coupled checkpoints
+    index = {k: i for i, k in enumerate(both)}
+    parent = {}
+    for k in both:
+        b = recorded_base(Path(k))
+        if b is not None and os.path.normpath(str(Path(b).resolve())) in index:
+            parent[k] = os.path.normpath(str(Path(b).resolve()))
+    verdicts, diffs = ["no recorded SFT parent among the checkpoints"] * len(both), {}
+    for k, pk in parent.items():
+        c = compare(outcome[pk], outcome[k], level=level, seed=seed)
+        verdicts[index[k]] = c.verdict
+        diffs[k] = {"diff": c.diff, "bootstrap": [c.bootstrap.low, c.bootstrap.high],
+                    "bayes": [c.bayes.low, c.bayes.high], "verdict": c.verdict}
+    bd = None
+    if parent:
+        sub = [k for k in both if k in parent]
+        rows = [index[k] for k in sub]
+        prow = [index[parent[k]] for k in sub]
+        bd = both_directions(R[rows], success[rows], R[prow], success[prow], [verdicts[i] for i in rows], level,
+                             runs=[labels[i] for i in rows], layers=layer_ids, n_layers=n_layers,
+                             conventions={"reference": "each run's recorded SFT parent (graftkit.json base_model)",
+                                          "verdict_source": "stats.compare(parent eval, run eval) on identical "
+                                                            "episodes, seed " + str(seed)})
+        # keep the run coordinate of the correlation: rows of runs without a parent stay NaN / "excluded"
+        full = {}
+        for name, (dims, arr) in bd.data.items():
+            if dims and dims[0] == "run":
+                shape = (len(both),) + arr.shape[1:]
+                fill = np.full(shape, "no parent", dtype=object) if arr.dtype == object else np.full(shape, np.nan)
+                fill[rows] = arr
+                arr = fill
+            full[name] = (dims, arr)
+        from .store import Result
+
+        bd = Result(bd.kind, {**bd.coords, "run": corr.coords["run"]}, full, bd.attrs, bd.var_attrs)
+    res = coupling_result(corr, bd)
+    dest = save or results / f"coupling-{what}-{metric}.h5"
+    write_result(dest, res)
+
+    def ci(arr, j, s):
+        return {"estimate": arr[j, s, 0], "low": arr[j, s, 1], "high": arr[j, s, 2]}
+
+    def rows_of(kind: str, names) -> list[dict]:
+        out_rows = []
+        for j, name in enumerate(names):
+            row = {kind: name, "spearman": ci(res[f"corr_{kind}"], j, 0), "pearson": ci(res[f"corr_{kind}"], j, 1),
+                   "n": int(res[f"n_{kind}"][j]), "reason": str(res[f"reason_{kind}"][j]) or None}
+            if kind == "layer":
+                row["band"] = band_of(int(name), n_layers)
+            if bd is not None:
+                for d, direction in enumerate(DIRECTIONS):
+                    row[direction] = {"agree": int(res[f"agree_{kind}"][j, d]), "total": int(res[f"total_{kind}"][j, d]),
+                                      "frac": res[f"frac_{kind}"][j, d, 0], "low": res[f"frac_{kind}"][j, d, 1],
+                                      "high": res[f"frac_{kind}"][j, d, 2]}
+                row["verdict"] = str(res[f"verdict_{kind}"][j])
+            out_rows.append(row)
+        return out_rows
+
+    layer_rows = rows_of("layer", [int(L) for L in res.coords["layer"]])
+    band_rows = rows_of("band", [str(b) for b in res.coords["band"]])
+    checkpoints = [{"label": lab, "model": k, "success": float(success[i]), "episodes": int(n_success[i]),
+                    "parent": labels[index[parent[k]]] if k in parent else None, "vs_parent": diffs.get(k),
+                    "rank_file": str(ranks[k]["path"]), "eval_file": str(evals[k]["path"])}
+                   for i, (lab, k) in enumerate(zip(labels, both))]
+    note = None if bd is not None else ("no checkpoint's recorded SFT parent (graftkit.json base_model) is among the "
+                                        "coupled checkpoints: the both-directions test needs the SFT's rank and eval")
+    payload = {"run": str(run_dir), "what": what, "metric": metric, "layers": layers, "level": level,
+               "band_rule": band_rule(n_layers), "checkpoints": checkpoints, "per_layer": layer_rows,
+               "per_band": band_rows, "both_directions": (
+                   {"rule": bd.attrs["rule"], "improved": bd.attrs["n_improved"], "degraded": bd.attrs["n_degraded"],
+                    "excluded": bd.attrs["excluded_runs"]} if bd is not None else {"note": note}),
+               "result_file": str(dest), "seconds": time.perf_counter() - t0}
+    if as_json:
+        return _print_json(payload)
+
+    def fmt(c: dict) -> str:
+        return "—" if not np.isfinite(c["estimate"]) else f"{c['estimate']:+.2f} [{c['low']:+.2f}, {c['high']:+.2f}]"
+
+    t = Table(title=f"{escape(metric)} ({escape(what)}) vs greedy success across {len(both)} checkpoints "
+                    f"({int(100 * level)}% bootstrap intervals)")
+    for c in ("layer", "band", "Spearman ρ", "Pearson r", "runs") + (
+            ("improved agree", "degraded agree", "both directions") if bd is not None else ()):
+        t.add_column(c, justify="left" if c in ("layer", "band", "both directions") else "right")
+    for r in layer_rows + band_rows:
+        name = str(r["layer"]) if "layer" in r else f"[bold]{r['band']}[/]"
+        cells = [name, r.get("band", "band mean") if "layer" in r else "band mean", fmt(r["spearman"]),
+                 fmt(r["pearson"]), str(r["n"])]
+        if bd is not None:
+            cells += [f"{r[d]['agree']}/{r[d]['total']}" for d in DIRECTIONS] + [r["verdict"]]
+        t.add_row(*cells)
+    out.print(t)
+    for r in layer_rows + band_rows:
+        if r["reason"]:
+            out.print(f"note: {'layer ' + str(r['layer']) if 'layer' in r else r['band'] + ' band'}: "
+                      f"{escape(r['reason'])}")
+    out.print(escape(band_rule(n_layers)))
+    if bd is not None:
+        out.print(f"both directions vs SFT parent: {bd.attrs['n_improved']} improved, {bd.attrs['n_degraded']} degraded, "
+                  f"{bd.attrs['n_excluded']} with no credible change (excluded); rule: see attrs['both_directions']")
+    else:
+        out.print(f"note: {escape(note)}")
+    out.print(f"saved {escape(str(dest))}")
+
+
 # ---------------------------------------------------------------------------------------------- demo
 
 
