@@ -1,6 +1,19 @@
-"""Grafting: delta anatomy, the splice, and exact export of per-group grafts."""
+"""Grafting: delta anatomy, the splice, exact export and in-place grafts, graft sweeps and attribution."""
 
 from .anatomy import SUMS, delta_anatomy, summarise, tensor_delta_stats
+from .attribution import Dissociation, FactorialAttribution, attribute_factorial, contrast_intervals, dissociation
+from .experiments import (
+    BASE_LABEL,
+    RL_LABEL,
+    SWEEPS,
+    GraftExperiment,
+    dissociation_result,
+    expand_sweep,
+    one_experiment,
+    plan_sweep,
+    run_sweep,
+    sweep_result,
+)
 from .export import export_graft, graft_specs
 from .inplace import InPlaceGraft, SwitchStats, bind_names, grafted
 from .plan import GraftPlan, GraftSpec, plan_graft
@@ -9,5 +22,7 @@ from .splice import splice, splice_chunks
 __all__ = [
     "SUMS", "delta_anatomy", "summarise", "tensor_delta_stats", "export_graft", "graft_specs",
     "GraftPlan", "GraftSpec", "plan_graft", "splice", "splice_chunks", "InPlaceGraft", "SwitchStats",
-    "bind_names", "grafted",
+    "bind_names", "grafted", "Dissociation", "FactorialAttribution", "attribute_factorial", "contrast_intervals",
+    "dissociation", "BASE_LABEL", "RL_LABEL", "SWEEPS", "GraftExperiment", "dissociation_result", "expand_sweep",
+    "one_experiment", "plan_sweep", "run_sweep", "sweep_result",
 ]

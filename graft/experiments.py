@@ -1,0 +1,405 @@
+"""Graft experiments: sweeps expand to frozen specs, one executor evaluates them on one loaded model.
+
+Plan, then execute. :func:`expand_sweep` turns a sweep kind and the chosen groups into a list of frozen,
+serialisable :class:`GraftExperiment` s (``--dry-run`` prints them); :func:`plan_sweep` turns each into a
+:class:`~graftkit.graft.plan.GraftPlan` over the checkpoint's tensors, so a spec that selects nothing
+fails before any evaluation; :func:`run_sweep` loads nothing: it grafts each spec in place into the
+policy's already loaded (base) model (:class:`~graftkit.graft.inplace.InPlaceGraft`), evaluates it on the
+same tasks × seeds × episodes as every other spec, streams each outcome, and restores the model.
+
+Sweeps over the chosen groups G (k = |G|), each with the base (∅) and the RL model (every group) as
+references, both always included:
+
+- ``single``     each group alone: k (+ 2 references)
+- ``loo``        all chosen groups but one: k, plus all chosen groups when G is not every group present
+- ``factorial``  every subset of G: 2^k (∅ is the base; G itself is the RL model when G is every group
+                 present), k ≤ :data:`MAX_FACTORIAL`
+- ``layers``     each group, and all of G together when k > 1, at each band early / mid / late and all
+- ``alpha``      all of G together at each α of the curve (α = 0 is the base, α = 1 with G every group
+                 present is the RL model)
+
+A spec equal to a reference is not repeated. Labels: ``attn+mlp`` (groups joined in taxonomy order),
+``attn@late`` (a layer selection other than all), ``mlp×0.5`` (α ≠ 1), ``∅ (base)``, ``all (rl)``.
+:func:`sweep_result` assembles the labelled result (kind ``graft-sweep``) with the paired comparisons and
+the attribution of :mod:`graftkit.graft.attribution`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import GraftkitError
+from ..store import Result
+from ..weights import BANDS, GROUPS, Checkpoint, Taxonomy
+from ..weights.taxonomy import DECODER
+from . import attribution as A
+from .plan import GraftPlan, GraftSpec, plan_graft
+
+SWEEPS = ("single", "loo", "factorial", "layers", "alpha")
+MAX_FACTORIAL = 6
+DEFAULT_ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)
+BASE_LABEL, RL_LABEL = "∅ (base)", "all (rl)"
+ROLES = ("base", "rl", "graft")
+
+
+@dataclass(frozen=True)
+class GraftExperiment:
+    """One configuration of a sweep: which groups, layers and α to graft from RL into base."""
+
+    label: str
+    """Unique name of the configuration within its sweep (see the module docstring)."""
+    groups: tuple[str, ...]
+    """Groups grafted; for the RL reference, every group the model has."""
+    layers: str = "all"
+    """Decoder layers: all | early | mid | late | indices (as --layers)."""
+    alpha: float = 1.0
+    """Scale of the grafted delta."""
+    role: str = "graft"
+    """base (nothing grafted), rl (everything grafted: the RL model exactly) or graft."""
+    reverse: bool = False
+    """Revert the groups in the RL model to base instead (an ablation; --eval of a --reverse graft)."""
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise GraftkitError(f"experiment role {self.role!r}", f"use one of {', '.join(ROLES)}")
+        GraftSpec(self.groups, self.layers, self.alpha, self.reverse)  # validates groups and α
+
+    def spec(self) -> GraftSpec:
+        if self.role == "base":
+            return GraftSpec(())
+        if self.role == "rl":
+            return GraftSpec(GROUPS)  # every group the model has, tied heads included
+        return GraftSpec(self.groups, self.layers, self.alpha, self.reverse)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "groups": list(self.groups)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "GraftExperiment":
+        return cls(d["label"], tuple(d["groups"]), d.get("layers", "all"), float(d.get("alpha", 1.0)),
+                   d.get("role", "graft"), bool(d.get("reverse", False)))
+
+
+def _ordered(groups) -> tuple[str, ...]:
+    bad = [g for g in groups if g not in GROUPS]
+    if bad:
+        raise GraftkitError(f"unknown group(s) {', '.join(bad)}", f"choose from {', '.join(GROUPS)}")
+    return tuple(g for g in GROUPS if g in set(groups))
+
+
+def label_for(groups: Sequence[str], layers: str = "all", alpha: float = 1.0, reverse: bool = False) -> str:
+    """The display label of a configuration (see the module docstring)."""
+    text = "+".join(_ordered(groups)) or "∅"
+    if reverse:
+        text = f"rl−({text})"
+    if layers.strip().lower() not in ("", "all"):
+        text += f"@{layers}"
+    if alpha != 1:
+        text += f"×{alpha:g}"
+    return text
+
+
+def references(present: Sequence[str]) -> list[GraftExperiment]:
+    """The base (∅) and RL (every group) configurations."""
+    return [GraftExperiment(BASE_LABEL, (), role="base"), GraftExperiment(RL_LABEL, _ordered(present), role="rl")]
+
+
+def expand_sweep(
+    kind: str,
+    groups: Sequence[str],
+    present: Sequence[str],
+    layers: str = "all",
+    alphas: Sequence[float] = DEFAULT_ALPHAS,
+) -> list[GraftExperiment]:
+    """The configurations of sweep ``kind`` over ``groups`` (see the module docstring); ``present``: every
+    group the model has (the RL reference grafts them all); ``layers`` applies to single, loo, factorial
+    and alpha; ``alphas`` to alpha."""
+    if kind not in SWEEPS:
+        raise GraftkitError(f"unknown sweep {kind!r}", f"use one of {', '.join(SWEEPS)}")
+    chosen, present = _ordered(groups), _ordered(present)
+    if not chosen:
+        raise GraftkitError("a sweep needs at least one group", "pass e.g. --groups attn,mlp")
+    absent = [g for g in chosen if g not in present]
+    if absent:
+        raise GraftkitError(f"group(s) {', '.join(absent)} have no tensors in this model",
+                            f"groups present: {', '.join(present)}")
+    layers = layers.strip() or "all"
+    out = references(present)
+
+    def add(gs, lay=layers, alpha=1.0) -> None:
+        gs = _ordered(gs)
+        if not gs or alpha == 0:
+            return  # the base
+        if set(gs) == set(present) and lay.lower() == "all" and alpha == 1:
+            return  # the RL model
+        label = label_for(gs, lay, alpha)
+        if all(e.label != label for e in out):
+            out.append(GraftExperiment(label, gs, lay, float(alpha)))
+
+    k = len(chosen)
+    if kind == "single":
+        for g in chosen:
+            add([g])
+    elif kind == "loo":
+        for g in chosen:
+            add([x for x in chosen if x != g])
+        add(chosen)
+    elif kind == "factorial":
+        if k > MAX_FACTORIAL:
+            raise GraftkitError(
+                f"a factorial over {k} groups is {2 ** k} configurations; at most {MAX_FACTORIAL} groups "
+                f"({2 ** MAX_FACTORIAL})", "choose fewer groups with --groups (e.g. --groups attn,mlp,embed)")
+        for mask in range(1, 2**k):
+            add([g for i, g in enumerate(chosen) if mask >> i & 1])
+    elif kind == "layers":
+        sets = [[g] for g in chosen] + ([list(chosen)] if k > 1 else [])
+        for gs in sets:
+            for band in (*BANDS, "all"):
+                add(gs, band)
+    else:  # alpha
+        if not alphas:
+            raise GraftkitError("--alphas is empty", "pass e.g. --alphas 0,0.25,0.5,0.75,1")
+        for a in alphas:
+            add(chosen, layers, float(a))
+    return out
+
+
+def one_experiment(spec: GraftSpec, present: Sequence[str]) -> list[GraftExperiment]:
+    """``--eval`` of one graft: the references and the graft ``spec`` (unless it is one of them)."""
+    out = references(present)
+    gs = _ordered(spec.groups) if set(spec.groups) != set(GROUPS) else _ordered(present)
+    whole = set(gs) == set(present) and spec.layers.strip().lower() in ("", "all")
+    nothing = not gs or spec.alpha == 0
+    if spec.alpha == 1 and (whole or nothing):
+        return out  # the graft is base or RL itself
+    label = label_for(gs, spec.layers, spec.alpha, spec.reverse)
+    out.append(GraftExperiment(label, gs, spec.layers, spec.alpha, reverse=spec.reverse))
+    return out
+
+
+def present_groups(tax: Taxonomy) -> tuple[str, ...]:
+    """Groups with at least one tensor in the checkpoint."""
+    return _ordered({r.group for r in tax.roles.values() if r.group in GROUPS})
+
+
+def layered_groups(tax: Taxonomy) -> tuple[str, ...]:
+    """Groups with tensors in decoder layers (the ones a layer band can select)."""
+    return _ordered({r.group for r in tax.roles.values() if r.group in GROUPS and r.stack == DECODER})
+
+
+def plan_sweep(tax: Taxonomy, experiments: Sequence[GraftExperiment]) -> dict[str, GraftPlan]:
+    """Every experiment's plan (a bad spec fails here, before any evaluation)."""
+    labels = [e.label for e in experiments]
+    if len(set(labels)) != len(labels):
+        raise GraftkitError(f"duplicate configuration labels in a sweep: {labels}")
+    return {e.label: plan_graft(tax, e.spec()) for e in experiments}
+
+
+# -------------------------------------------------------------------------------------- execute
+
+
+def run_sweep(
+    experiments: Sequence[GraftExperiment],
+    policy,
+    base: Checkpoint,
+    rl: Checkpoint,
+    tasks: Sequence[str],
+    seeds: Sequence[int],
+    episodes: int,
+    decode,
+    *,
+    done: Mapping[str, np.ndarray] | None = None,
+    on_start: Callable[[GraftExperiment], None] = lambda e: None,
+    on_episode: Callable[[object], None] = lambda ep: None,
+    on_result: Callable[[GraftExperiment, np.ndarray], None] = lambda e, s: None,
+    unknown: str = "keep-base",
+    batch_size: int = 64,
+    backend: str = "py",
+    obs: str = "text",
+) -> dict[str, np.ndarray]:
+    """Evaluate every experiment on identical episodes, grafting in place into ``policy.model`` (which
+    must hold ``base``'s weights; it does again on return, also after an error).
+
+    Returns success ``[task, seed, episode]`` (int8) per label, in ``experiments`` order; labels in
+    ``done`` (outcomes of an earlier, interrupted run) are taken from there, not evaluated again.
+    """
+    from ..agent import evaluate
+    from .inplace import InPlaceGraft
+
+    done = dict(done or {})
+    plans = plan_sweep(base.taxonomy(unknown), experiments)
+    shape = (len(tasks), len(seeds), episodes)
+    for label, s in done.items():
+        if np.shape(s) != shape:
+            raise GraftkitError(f"stored outcomes of {label} have shape {np.shape(s)}, expected {shape}",
+                                "start the sweep afresh (remove the partial result)")
+    results: dict[str, np.ndarray] = {}
+    with InPlaceGraft(policy.model, base, rl, unknown=unknown) as session:
+        for e in experiments:
+            if e.label in done:
+                results[e.label] = np.asarray(done[e.label], dtype=np.int8)
+                continue
+            on_start(e)
+            session.apply(plans[e.label])
+            outcome = evaluate(policy, tasks, seeds, episodes, decode, backend=backend, batch_size=batch_size,
+                               on_episode=on_episode, obs=obs)
+            results[e.label] = outcome.success[..., 0].astype(np.int8)
+            on_result(e, results[e.label])
+    return {e.label: results[e.label] for e in experiments}
+
+
+# -------------------------------------------------------------------------------------- results
+
+
+def _subsets(experiments: Sequence[GraftExperiment], layers: str) -> dict[frozenset, str]:
+    """Configurations that are plain subsets of groups at the sweep's layers and α = 1, by subset."""
+    out: dict[frozenset, str] = {}
+    for e in experiments:
+        if e.role == "base" or (e.role == "rl" and layers == "all") or (
+                e.role == "graft" and e.alpha == 1 and not e.reverse and e.layers == layers):
+            out.setdefault(frozenset(e.groups), e.label)
+    return out
+
+
+GROUP_EFFECT = {"single": "single", "loo": "loo", "factorial": "shapley"}
+
+
+def subset_outcomes(experiments, success: Mapping[str, np.ndarray], layers: str = "all") -> dict[frozenset, np.ndarray]:
+    """Folded outcomes ``[seed, task·episode]`` by subset of grafted groups (for attribution)."""
+    return {s: A.fold_tasks(success[label]) for s, label in _subsets(experiments, layers).items() if label in success}
+
+
+def sweep_result(
+    kind: str,
+    experiments: Sequence[GraftExperiment],
+    success: Mapping[str, np.ndarray],
+    tasks: Sequence[str],
+    seeds: Sequence[int],
+    episodes: int,
+    groups: Sequence[str],
+    *,
+    layers: str = "all",
+    movement_share: Mapping[str, float] | None = None,
+    attrs: Mapping | None = None,
+    level: float = 0.95,
+    n_boot: int = 10_000,
+    seed: int = 0,
+) -> Result:
+    """The labelled ``graft-sweep`` result: every completed configuration's outcomes, each compared with
+    base and RL (:func:`graftkit.stats.compare`), and — once every configuration is in — the attribution
+    (factorial: main effects, interactions, Shapley values; single / loo / factorial: ``group_effect``)."""
+    from ..stats import VERDICT_RULE, compare
+
+    groups = _ordered(groups)
+    configs = [e for e in experiments if e.label in success]
+    pending = [e.label for e in experiments if e.label not in success]
+    n = len(configs)
+    folded = {e.label: A.fold_tasks(success[e.label]) for e in configs}
+    diff_base, diff_rl = np.full((n, 3), np.nan), np.full((n, 3), np.nan)
+    bayes_base = np.full((n, 3), np.nan)
+    verdict_base, verdict_rl = np.full(n, "", dtype=object), np.full(n, "", dtype=object)
+    for i, e in enumerate(configs):
+        for ref, diff, verdicts, bayes in ((BASE_LABEL, diff_base, verdict_base, bayes_base),
+                                           (RL_LABEL, diff_rl, verdict_rl, None)):
+            if ref in folded:
+                c = compare(folded[ref], folded[e.label], level=level, n_boot=n_boot, seed=seed)
+                diff[i] = (c.diff, c.bootstrap.low, c.bootstrap.high)
+                verdicts[i] = c.verdict
+                if bayes is not None:
+                    bayes[i] = (c.bayes.mean, c.bayes.low, c.bayes.high)
+    coords = {
+        "config": np.array([e.label for e in configs], dtype=object),
+        "task": np.array(list(tasks), dtype=object),
+        "seed": np.array(list(seeds)),
+        "episode": np.arange(episodes),
+        "group": np.array(list(groups), dtype=object),
+        "group2": np.array(list(groups), dtype=object),
+        "bound": np.array(A.BOUNDS, dtype=object),
+    }
+    shape = (len(tasks), len(seeds), episodes)
+    data = {
+        "success": (("config", "task", "seed", "episode"),
+                    np.stack([np.asarray(success[e.label], np.int8) for e in configs]) if configs
+                    else np.zeros((0, *shape), np.int8)),
+        "diff_vs_base": (("config", "bound"), diff_base),
+        "diff_vs_rl": (("config", "bound"), diff_rl),
+        "diff_vs_base_bayes": (("config", "bound"), bayes_base),
+        "verdict_vs_base": (("config",), verdict_base),
+        "verdict_vs_rl": (("config",), verdict_rl),
+        "config_groups": (("config",), np.array([",".join(e.groups) for e in configs], dtype=object)),
+        "config_alpha": (("config",), np.array([e.alpha if e.role == "graft" else float(e.role == "rl")
+                                               for e in configs], dtype=np.float64)),
+        "config_layers": (("config",), np.array([e.layers for e in configs], dtype=object)),
+        "config_role": (("config",), np.array([e.role for e in configs], dtype=object)),
+    }
+    var_attrs: dict[str, dict] = {
+        "diff_vs_base": {"what": "success(config) − success(base), paired bootstrap interval", "level": level},
+        "diff_vs_rl": {"what": "success(config) − success(rl), paired bootstrap interval", "level": level},
+        "diff_vs_base_bayes": {"what": "posterior mean and credible interval of the same difference", "level": level},
+        "verdict_vs_base": {"rule": VERDICT_RULE},
+        "verdict_vs_rl": {"rule": VERDICT_RULE},
+    }
+    conventions = {"interval": A.INTERVAL_METHOD, "level": level, "n_boot": n_boot, "seed": seed,
+                   "credible": A.CREDIBLE, "verdict_rule": VERDICT_RULE,
+                   "outcomes": "tasks folded into episodes: [seed, task·episode], seeds are the clusters"}
+    complete = not pending
+    subsets = subset_outcomes(configs, success, layers) if complete else {}
+    if complete and kind == "factorial":
+        fa = A.attribute_factorial(subsets, groups, level, n_boot, seed)
+        data["main_effect"] = (("group", "bound"), fa.main_effect)
+        data["interaction"] = (("group", "group2", "bound"), fa.interaction)
+        data["shapley"] = (("group", "bound"), fa.shapley)
+        var_attrs["main_effect"] = {"formula": A.MAIN_EFFECT}
+        var_attrs["interaction"] = {"formula": A.INTERACTION}
+        var_attrs["shapley"] = {"formula": A.SHAPLEY, "total_v_all_minus_v_none": list(fa.total)}
+    if complete and kind in GROUP_EFFECT:
+        effect = GROUP_EFFECT[kind]
+        data["group_effect"] = (("group", "bound"), A.group_effects(subsets, groups, effect, level, n_boot, seed))
+        var_attrs["group_effect"] = {"kind": effect, "formula": A.EFFECTS[effect]}
+    if movement_share is not None:
+        data["movement_share"] = (("group",), np.array([float(movement_share.get(g, 0.0)) for g in groups]))
+        var_attrs["movement_share"] = {
+            "what": "share of the run's total squared weight movement ‖Δ‖²_F in the group (delta anatomy)"}
+    return Result("graft-sweep", coords, data, {
+        "sweep": kind, "layers": layers, "groups": list(groups), "complete": complete, "pending": pending,
+        "experiments": [e.as_dict() for e in experiments], "tasks": list(tasks), "seeds": list(seeds),
+        "episodes": episodes, "conventions": conventions, **(attrs or {}),
+    }, var_attrs)
+
+
+def completed_outcomes(result: Result, experiments: Sequence[GraftExperiment], setup: Mapping) -> dict[str, np.ndarray]:
+    """The outcomes a stored (partial) sweep already holds, if it was run with the same experiments and
+    ``setup`` (base, rl, tasks, seeds, episodes, decode); else nothing."""
+    if result.kind != "graft-sweep":
+        return {}
+    same = json.dumps([e.as_dict() for e in experiments], sort_keys=True) == json.dumps(
+        result.attrs.get("experiments"), sort_keys=True)
+    for k, v in setup.items():
+        same = same and json.dumps(result.attrs.get(k), sort_keys=True, default=str) == json.dumps(v, sort_keys=True, default=str)
+    if not same:
+        return {}
+    return {str(label): result["success"][i] for i, label in enumerate(result.coords["config"])}
+
+
+def dissociation_result(d: A.Dissociation, runs: Mapping[str, Mapping], attrs: Mapping | None = None) -> Result:
+    """The labelled ``graft-dissociation`` result of :func:`graftkit.graft.attribution.dissociation`."""
+    coords = {"group": np.array(d.groups, dtype=object), "run": np.array(["A", "B"], dtype=object),
+              "bound": np.array(A.BOUNDS, dtype=object)}
+    data = {"effect": (("run", "group", "bound"), d.effect), "difference": (("group", "bound"), d.difference),
+            "verdict": (("group",), np.array(d.verdict, dtype=object))}
+    return Result("graft-dissociation", coords, data, {
+        "runs": dict(runs), "effect": d.kind, "effect_formula": A.EFFECTS[d.kind], "level": d.level,
+        "rule": A.DISSOCIATION_RULE, "double_dissociation": d.double_dissociation,
+        "interval": A.INTERVAL_METHOD, **(attrs or {}),
+    }, {"effect": {"formula": A.EFFECTS[d.kind]}, "difference": {"what": "effect_A − effect_B, paired"}})
+
+
+__all__ = [
+    "BASE_LABEL", "DEFAULT_ALPHAS", "MAX_FACTORIAL", "RL_LABEL", "SWEEPS", "GraftExperiment", "completed_outcomes",
+    "dissociation_result", "expand_sweep", "label_for", "layered_groups", "one_experiment", "plan_sweep",
+    "present_groups", "references", "run_sweep", "subset_outcomes", "sweep_result",
+]
