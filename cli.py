@@ -1161,6 +1161,84 @@ def demo(
               f"graftkit graft --from {escape(str(rl))} --groups attn,mlp --layers late --dry-run")
 
 
+# ------------------------------------------------------------------------------------- report, results
+
+
+@app.command()
+@_handled
+def report(
+    run: Optional[Path] = typer.Argument(None, help="Run folder (default: the current run)."),
+    out_file: Optional[Path] = typer.Option(None, "--out", help="HTML file (default: RUN/report.html)."),
+    open_it: bool = typer.Option(False, "--open", help="Open the report in the default web browser."),
+    screenshot: Optional[Path] = typer.Option(None, "--screenshot", help="Also save a PNG of the page rendered "
+                                                                         "in headless Chromium."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """One self-contained HTML report of a run's results (plotly.js inlined, no network needed)."""
+    from .figures import write_report
+
+    run = run or current_run()
+    dest = out_file or run / "report.html"
+    rep = write_report(run, dest)
+    if screenshot is not None:
+        from .figures.browser import screenshot as take
+
+        take(dest, screenshot)
+    if open_it:
+        import webbrowser
+
+        webbrowser.open(Path(dest).resolve().as_uri())
+    info = {"path": str(dest), "run": str(run), "sections": list(rep.sections), "absent": list(rep.absent),
+            "figures": rep.n_figures, "notes": list(rep.notes), "bytes": len(rep.html.encode()),
+            "screenshot": str(screenshot) if screenshot else None}
+    if as_json:
+        return _print_json(info)
+    out.print(f"[bold]report[/] {escape(str(dest))} ({_fmt_bytes(info['bytes'])}, {rep.n_figures} figures)")
+    out.print("[bold]sections[/] " + (escape(", ".join(rep.sections)) or "none"))
+    if rep.absent:
+        out.print("[bold]no results for[/] " + escape(", ".join(rep.absent)))
+    for note in rep.notes:
+        err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
+    if screenshot:
+        out.print(f"[bold]screenshot[/] {escape(str(screenshot))}")
+
+
+@app.command()
+@_handled
+def results(
+    run: Optional[Path] = typer.Argument(None, help="Run folder (default: the current run)."),
+    csv_dir: Optional[Path] = typer.Option(None, "--csv", help="Export every array of every result as a tidy CSV "
+                                                               "file into this folder."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """List a run's results (kind, file, created, dimensions); with --csv, export them as tables."""
+    from .figures import export_csv
+    from .store import list_results, read_result
+
+    run = run or current_run()
+    if not run.is_dir():
+        raise GraftkitError(f"{run}: no such run folder", "pass a run folder (e.g. runs/demo), or run `graftkit demo`")
+    rows = []
+    for r in list_results(run):
+        res = read_result(r["path"])
+        path = Path(r["path"])
+        rows.append({"kind": r["kind"], "file": str(path.relative_to(run) if path.is_relative_to(run) else path),
+                     "created": r["created"], "dims": {d: len(c) for d, c in res.coords.items()},
+                     "arrays": list(res.data)})
+    written = export_csv(run, csv_dir) if csv_dir is not None else None
+    if as_json:
+        return _print_json({"run": str(run), "results": rows, "csv": written})
+    t = Table(title=f"results of {escape(str(run))}")
+    for col in ("kind", "file", "created", "dimensions"):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        t.add_row(escape(r["kind"]), escape(r["file"]), escape(r["created"]),
+                  escape(" ".join(f"{d}={n}" for d, n in r["dims"].items())))
+    out.print(t)
+    if written is not None:
+        out.print(f"wrote {len(written)} CSV files to {escape(str(csv_dir))}")
+
+
 @app.command()
 def version():
     """Print graftkit's version."""

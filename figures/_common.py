@@ -1,0 +1,106 @@
+"""Shared pieces of the figure builders: label escaping, the house layout, intervals as error bars.
+
+Plotly.js draws every label (titles, tick labels, legend entries, hover text) through its own
+pseudo-HTML reader: ``<b>``, ``<i>``, ``<br>``, ``<sup>``, ``<a href>``… become markup and ``&lt;``,
+``&gt;``, ``&amp;`` become ``<``, ``>``, ``&``. Text that comes from results (run, task, tensor and
+model names, statements) therefore goes through :func:`esc` before it reaches a figure, so it shows
+literally; markup that the builders add themselves is written around already-escaped text.
+Hover templates substitute ``%{…}`` in their own text, so data-derived strings never go into a
+template: they travel as ``x``/``y``/``customdata``/trace names and the template refers to them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+#: Colours of a paired verdict (stats.BETTER / WORSE / anything else).
+VERDICT_COLOURS = {"credibly better": "#1a9850", "credibly worse": "#d73027", "headroom": "#1a9850",
+                   "sampling credibly worse": "#d73027"}
+NEUTRAL = "#737373"
+#: One colour per series, in order (Plotly's default qualitative palette, extended).
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+           "#bcbd22", "#17becf", "#393b79", "#ad494a", "#637939", "#8c6d31", "#7b4173", "#3182bd")
+
+
+def esc(text: object) -> str:
+    """``text`` made literal for Plotly's label renderer (``&``, ``<``, ``>`` as entities)."""
+    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def esc_all(items: Iterable[object]) -> list[str]:
+    return [esc(x) for x in items]
+
+
+def colour(i: int) -> str:
+    return PALETTE[i % len(PALETTE)]
+
+
+def verdict_colour(verdict: str) -> str:
+    return VERDICT_COLOURS.get(str(verdict), NEUTRAL)
+
+
+def title(main: str, sub: str | None = None) -> dict:
+    """A figure title; ``main`` and ``sub`` are already escaped (builders escape data they put in)."""
+    text = f"<b>{main}</b>" + (f"<br><sup>{sub}</sup>" if sub else "")
+    return {"text": text, "x": 0.0, "xanchor": "left"}
+
+
+def base_layout(fig: go.Figure, main: str, sub: str | None, x_title: str, y_title: str, height: int = 440,
+                legend_title: str | None = None) -> go.Figure:
+    """The house style: white template, left title, labelled axes, a legend with a title."""
+    fig.update_layout(
+        template="plotly_white", title=title(main, sub), height=height,
+        margin={"l": 70, "r": 30, "t": 80 if sub else 60, "b": 60},
+        xaxis_title=x_title, yaxis_title=y_title, hoverlabel={"align": "left"},
+        legend={"title": {"text": legend_title or ""}},
+        # Plotly hides a one-trace legend; keep it, so every line and bar says which run it is.
+        showlegend=any(t.type != "heatmap" for t in fig.data),
+    )
+    return fig
+
+
+def integer_axis(fig: go.Figure, values, axis: str = "x") -> None:
+    """Whole-number ticks (layers, indices): every value up to 40 of them."""
+    spec = {"tickformat": "d", **({"dtick": 1} if len(values) <= 40 else {})}
+    (fig.update_xaxes if axis == "x" else fig.update_yaxes)(**spec)
+
+
+def fmt(x: float, spec: str = ".4g") -> str:
+    """A number for hover text and tables; NaN/±inf as words (never a bare 'nan')."""
+    x = float(x)
+    if math.isnan(x):
+        return "undefined"
+    if math.isinf(x):
+        return "+inf" if x > 0 else "−inf"
+    return format(x, spec)
+
+
+def pct(x: float, spec: str = ".2f") -> str:
+    return fmt(100 * float(x), spec) + ("%" if math.isfinite(float(x)) else "")
+
+
+def interval_error(est: Sequence[float], low: Sequence[float], high: Sequence[float], scale: float = 1.0) -> dict:
+    """Asymmetric error bars from (estimate, low, high); NaN bounds draw no bar."""
+    e, lo, hi = (np.asarray(v, dtype=np.float64) * scale for v in (est, low, high))
+    plus = np.where(np.isfinite(hi) & np.isfinite(e), np.maximum(hi - e, 0.0), np.nan)
+    minus = np.where(np.isfinite(lo) & np.isfinite(e), np.maximum(e - lo, 0.0), np.nan)
+    return {"type": "data", "symmetric": False, "array": plus, "arrayminus": minus, "thickness": 1.5, "width": 4}
+
+
+def bounds(values: np.ndarray, bound_labels: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split an array whose last axis is the ``bound`` coordinate into (estimate, low, high)."""
+    labels = [str(b) for b in bound_labels]
+    v = np.asarray(values, dtype=np.float64)
+    return tuple(v[..., labels.index(k)] for k in ("estimate", "low", "high"))  # type: ignore[return-value]
+
+
+def zero_line(fig: go.Figure, axis: str = "y") -> None:
+    """A thin line at zero on the value axis (differences, correlations)."""
+    if axis == "y":
+        fig.add_hline(y=0, line={"color": "#444", "width": 1})
+    else:
+        fig.add_vline(x=0, line={"color": "#444", "width": 1})

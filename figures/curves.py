@@ -1,0 +1,69 @@
+"""Training curves: the per-step metrics that `graftkit train sft|grpo` logs, one figure per family.
+
+Input: results of kind ``train-sft`` / ``train-grpo`` (one array per metric over ``step``, written by
+the CLI from ``train_log.jsonl``). A family is drawn when at least one run logged one of its metrics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+from ..store import Result
+from ._common import base_layout, colour, esc
+
+
+@dataclass(frozen=True)
+class CurveFamily:
+    """Metrics drawn on one shared axis."""
+
+    key: str
+    #: Figure title.
+    title: str
+    #: Logged metric names (keys of train_log.jsonl) in this family.
+    metrics: tuple[str, ...]
+    #: Value-axis title, with its unit.
+    y_title: str
+    #: Factor from the logged value to the plotted one (100 for fractions shown in %).
+    scale: float = 1.0
+    #: Hover number format (d3-format).
+    hover: str = ".6g"
+
+
+FAMILIES = (
+    CurveFamily("success", "Success rate of the training batches", ("success",), "success rate (%)", 100.0, ".2f"),
+    CurveFamily("reward", "Mean reward of the training batches", ("reward",), "mean reward per episode"),
+    CurveFamily("loss", "Training loss", ("loss",),
+                "loss (SFT: cross-entropy, nats/token; GRPO: the objective)"),
+    CurveFamily("kl", "KL to the reference policy", ("kl_k3_mean",), "KL, k3 estimator (nats/token)"),
+    CurveFamily("entropy", "Policy entropy on action tokens", ("entropy",), "entropy (nats/token)"),
+    CurveFamily("clip", "Clip fractions", ("clip_frac_low", "clip_frac_high"), "action tokens clipped (%)",
+                100.0, ".3f"),
+    CurveFamily("grad_norm", "Gradient norm", ("grad_norm",), "‖∇‖₂ before clipping"),
+)
+_DASH = ("solid", "dash", "dot", "dashdot")
+
+
+def families_present(runs: Sequence[tuple[str, Result]]) -> list[CurveFamily]:
+    """The families with at least one metric logged by at least one run."""
+    return [f for f in FAMILIES if any(m in r.data for _, r in runs for m in f.metrics)]
+
+
+def training_curve(runs: Sequence[tuple[str, Result]], family: CurveFamily) -> go.Figure:
+    """One line per (run, metric of the family) against the optimiser step."""
+    fig = go.Figure()
+    for i, (label, res) in enumerate(runs):
+        for j, metric in enumerate(m for m in family.metrics if m in res.data):
+            y = np.asarray(res[metric], dtype=np.float64) * family.scale
+            step = np.asarray(res.coords[res.dims(metric)[0]])
+            name = esc(label) + (f" · {metric}" if len(family.metrics) > 1 else "")
+            unit = "%" if family.scale == 100.0 else ""
+            fig.add_trace(go.Scatter(
+                x=step, y=y, mode="lines", name=name, line={"color": colour(i), "dash": _DASH[j % len(_DASH)]},
+                hovertemplate=f"%{{fullData.name}}<br>step %{{x}}<br>{metric} %{{y:{family.hover}}}{unit}<extra></extra>",
+            ))
+    return base_layout(fig, family.title, f"{len(runs)} run(s), one line per run", "optimiser step",
+                       family.y_title, legend_title="run")

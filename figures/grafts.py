@@ -1,0 +1,201 @@
+"""Graft experiments: success change per grafted configuration, its attribution to parameter groups,
+movement share against causal effect, and the double dissociation between two RL runs.
+
+Inputs: results of kind ``graft-sweep`` (coords config, task, seed, episode, group, group2, bound =
+estimate/low/high; ``diff_vs_base[config, bound]``, ``diff_vs_rl[config, bound]``,
+``verdict_vs_base[config]``, ``config_groups`` / ``config_layers`` / ``config_alpha``; optional
+``main_effect[group, bound]``, ``interaction[group, group2, bound]``, ``shapley[group, bound]``,
+``movement_share[group]``) and ``graft-dissociation`` (``effect[run, group, bound]``,
+``difference[group, bound]``, ``verdict[group]``). Differences are success-rate fractions (shown in
+percentage points) unless the array's attrs give ``unit`` "points"/"pp". Every optional array that is
+missing only removes its figure.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+
+from ..store import Result
+from ._common import base_layout, bounds, colour, esc, esc_all, interval_error, verdict_colour, zero_line
+
+
+def _scale(res: Result, name: str) -> float:
+    """Factor to percentage points: 1 when the array says it is already in points, else 100."""
+    unit = str(res.var_attrs.get(name, {}).get("unit", "")).lower()
+    return 1.0 if unit in ("points", "pp", "percentage points", "%") else 100.0
+
+
+def _str(res: Result, name: str, n: int, default: str = "") -> list[str]:
+    return [str(v) for v in np.asarray(res[name])] if name in res.data else [default] * n
+
+
+def _iv(e: float, lo: float, hi: float) -> str:
+    return f"{e:+.2f} [{lo:+.2f}, {hi:+.2f}]" if np.isfinite(e) else "undefined"
+
+
+def graft_effects(label: str, res: Result) -> go.Figure:
+    """Per grafted configuration: success change vs the base (filled, coloured by verdict) and vs RL."""
+    configs = [str(c) for c in res.coords["config"]]
+    n = len(configs)
+    groups, layers = _str(res, "config_groups", n), _str(res, "config_layers", n)
+    alpha = np.asarray(res["config_alpha"], dtype=np.float64) if "config_alpha" in res.data else np.full(n, np.nan)
+    verdict = _str(res, "verdict_vs_base", n, "no verdict stored")
+    fig = go.Figure()
+    for k, (name, what) in enumerate((("diff_vs_base", "vs base (SFT)"), ("diff_vs_rl", "vs RL"))):
+        if name not in res.data:
+            continue
+        s = _scale(res, name)
+        e, lo, hi = bounds(res[name], res.coords["bound"])
+        custom = [[esc(groups[i]), esc(layers[i]), f"{alpha[i]:g}", esc(verdict[i]) if k == 0 else "",
+                   _iv(s * e[i], s * lo[i], s * hi[i])] for i in range(n)]
+        fig.add_trace(go.Scatter(
+            y=esc_all(configs), x=s * e, mode="markers", name=what, error_x={**interval_error(e, lo, hi, s),
+                                                                           "color": colour(k)},
+            marker={"size": 11, "symbol": "circle" if k == 0 else "diamond-open",
+                    "color": [verdict_colour(v) for v in verdict] if k == 0 else colour(k),
+                    "line": {"color": colour(k), "width": 2}},
+            customdata=custom,
+            hovertemplate="%{y} (%{fullData.name})<br>groups %{customdata[0]} · layers %{customdata[1]} · "
+                          "α %{customdata[2]}<br>change %{customdata[4]} points (95% interval)"
+                          "<br>%{customdata[3]}<extra></extra>",
+        ))
+    zero_line(fig, "x")
+    fig.update_yaxes(autorange="reversed", type="category")
+    return base_layout(fig, f"Graft effects — {esc(label)}",
+                       "success(graft) − success(reference) on identical episodes with 95% intervals; fill: green "
+                       "credibly better than base, red credibly worse, grey neither",
+                       "change in success (percentage points)", "grafted configuration",
+                       height=max(320, 140 + 26 * n), legend_title="compared with")
+
+
+def attribution(label: str, res: Result) -> go.Figure | None:
+    """Shapley values and main effects per parameter group, with 95% intervals (None if neither is stored)."""
+    names = [(n, t) for n, t in (("shapley", "Shapley value"), ("main_effect", "main effect")) if n in res.data]
+    if not names:
+        return None
+    fig = go.Figure()
+    for k, (name, what) in enumerate(names):
+        s = _scale(res, name)
+        groups = res.coords[res.dims(name)[0]]
+        e, lo, hi = bounds(res[name], res.coords["bound"])
+        fig.add_trace(go.Bar(
+            x=esc_all(groups), y=s * e, name=what, marker_color=colour(k), error_y=interval_error(e, lo, hi, s),
+            customdata=[[_iv(s * e[i], s * lo[i], s * hi[i])] for i in range(len(e))],
+            hovertemplate="%{x} · %{fullData.name}<br>%{customdata[0]} points (95% interval)<extra></extra>",
+        ))
+    zero_line(fig)
+    fig.update_layout(barmode="group")
+    return base_layout(fig, f"Attribution of the success change to parameter groups — {esc(label)}",
+                       "Shapley: average marginal contribution over subsets; main effect: mean over the other "
+                       "groups' settings of success(with g) − success(without g); whiskers: 95% intervals",
+                       "parameter group", "contribution to success (percentage points)", legend_title="measure")
+
+
+def interaction_heatmap(label: str, res: Result) -> go.Figure | None:
+    """Pairwise interactions between grafted groups (None if not stored)."""
+    if "interaction" not in res.data:
+        return None
+    s = _scale(res, "interaction")
+    d1, d2, _ = res.dims("interaction")
+    e, lo, hi = bounds(res["interaction"], res.coords["bound"])
+    custom = [[_iv(s * e[i, j], s * lo[i, j], s * hi[i, j]) for j in range(e.shape[1])] for i in range(e.shape[0])]
+    lim = float(np.nanmax(np.abs(s * e))) if np.isfinite(e).any() else 1.0
+    fig = go.Figure(go.Heatmap(
+        z=s * e, x=esc_all(res.coords[d2]), y=esc_all(res.coords[d1]), customdata=custom, colorscale="RdBu",
+        zmid=0, zmin=-lim or -1, zmax=lim or 1, colorbar={"title": {"text": "interaction (points)", "side": "right"}},
+        hovertemplate="%{y} × %{x}<br>interaction %{customdata} points (95% interval)<extra></extra>",
+    ))
+    fig.update_yaxes(autorange="reversed")
+    return base_layout(fig, f"Interactions between grafted groups — {esc(label)}",
+                       "success(g and h) − success(g) − success(h) + success(neither), averaged over the rest; "
+                       "blue positive, red negative", "group", "group", height=420)
+
+
+def effect_per_group(res: Result) -> tuple[str, list[str], np.ndarray, np.ndarray, np.ndarray] | None:
+    """The causal effect per group used against movement: Shapley, else main effect, else the single-group
+    graft (all layers, α = 1) vs base. Returns (source, groups, estimate, low, high) in points."""
+    for name, what in (("shapley", "Shapley value"), ("main_effect", "main effect")):
+        if name in res.data:
+            s = _scale(res, name)
+            e, lo, hi = bounds(res[name], res.coords["bound"])
+            return what, [str(g) for g in res.coords[res.dims(name)[0]]], s * e, s * lo, s * hi
+    if "diff_vs_base" not in res.data or "config_groups" not in res.data:
+        return None
+    n = len(res.coords["config"])
+    layers = _str(res, "config_layers", n, "all")
+    alpha = np.asarray(res["config_alpha"], dtype=np.float64) if "config_alpha" in res.data else np.ones(n)
+    s = _scale(res, "diff_vs_base")
+    e, lo, hi = bounds(res["diff_vs_base"], res.coords["bound"])
+    found: dict[str, int] = {}
+    for i, g in enumerate(_str(res, "config_groups", n)):
+        parts = [p.strip() for p in g.split(",") if p.strip()]
+        if len(parts) == 1 and layers[i] in ("all", "") and alpha[i] == 1.0:
+            found.setdefault(parts[0], i)
+    if not found:
+        return None
+    idx = list(found.values())
+    return "single-group graft vs base", list(found), s * e[idx], s * lo[idx], s * hi[idx]
+
+
+def movement_vs_effect(label: str, res: Result) -> go.Figure | None:
+    """Each group's share of squared weight movement against its causal effect on success."""
+    if "movement_share" not in res.data:
+        return None
+    eff = effect_per_group(res)
+    if eff is None:
+        return None
+    source, groups, e, lo, hi = eff
+    mgroups = [str(g) for g in res.coords[res.dims("movement_share")[0]]]
+    share = np.asarray(res["movement_share"], dtype=np.float64)
+    keep = [i for i, g in enumerate(groups) if g in mgroups]
+    if not keep:
+        return None
+    x = 100 * np.array([share[mgroups.index(groups[i])] for i in keep])
+    fig = go.Figure(go.Scatter(
+        x=x, y=e[keep], mode="markers+text", text=esc_all(groups[i] for i in keep), textposition="top center",
+        name=source, marker={"size": 12, "color": colour(0)}, error_y=interval_error(e[keep], lo[keep], hi[keep]),
+        customdata=[[_iv(e[i], lo[i], hi[i])] for i in keep],
+        hovertemplate="%{text}<br>movement share %{x:.4f}%<br>effect %{customdata[0]} points (95% interval)"
+                      "<extra>%{fullData.name}</extra>",
+    ))
+    zero_line(fig)
+    fig.update_xaxes(rangemode="tozero")
+    return base_layout(fig, f"Movement vs effect — {esc(label)}",
+                       f"x: share of squared weight movement (delta anatomy); y: {source} with 95% interval. "
+                       "Far right and near zero = moved a lot, mattered little", "share of squared movement (%)",
+                       "effect on success (percentage points)", legend_title="effect")
+
+
+def dissociation(label: str, res: Result) -> go.Figure:
+    """Per group, the effect in run A and in run B and their difference, with 95% intervals."""
+    groups = esc_all(res.coords["group"])
+    runs = [str(r) for r in res.coords["run"]]
+    paths = res.attrs.get("runs") or res.attrs.get("run_paths") or {}
+    fig = go.Figure()
+    s = _scale(res, "effect")
+    for k, r in enumerate(runs):
+        e, lo, hi = bounds(res["effect"][k], res.coords["bound"])
+        name = f"effect in run {r}" + (f" ({paths[r]})" if isinstance(paths, dict) and r in paths else "")
+        fig.add_trace(go.Bar(
+            x=groups, y=s * e, name=esc(name), marker_color=colour(k), error_y=interval_error(e, lo, hi, s),
+            customdata=[[_iv(s * e[i], s * lo[i], s * hi[i])] for i in range(len(e))],
+            hovertemplate="%{x} · %{fullData.name}<br>%{customdata[0]} points (95% interval)<extra></extra>",
+        ))
+    if "difference" in res.data:
+        e, lo, hi = bounds(res["difference"], res.coords["bound"])
+        verdict = _str(res, "verdict", len(groups), "no verdict stored")
+        fig.add_trace(go.Scatter(
+            x=groups, y=s * e, mode="markers", name="difference " + " − ".join(esc_all(runs)),
+            marker={"size": 12, "symbol": "diamond", "color": [verdict_colour(v) for v in verdict],
+                    "line": {"color": "#222", "width": 1}},
+            error_y={**interval_error(e, lo, hi, s), "color": "#222"},
+            customdata=[[_iv(s * e[i], s * lo[i], s * hi[i]), esc(verdict[i])] for i in range(len(e))],
+            hovertemplate="%{x} · %{fullData.name}<br>%{customdata[0]} points (95% interval)<br>%{customdata[1]}"
+                          "<extra></extra>",
+        ))
+    zero_line(fig)
+    fig.update_layout(barmode="group")
+    return base_layout(fig, f"Double dissociation — {esc(label)}",
+                       "each group's effect on success in two RL runs and their difference, 95% intervals",
+                       "parameter group", "effect on success (percentage points)", legend_title="series")

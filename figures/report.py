@@ -1,0 +1,514 @@
+"""The self-contained HTML report of one run: every result of the run's store, as sections of figures.
+
+``build_report(run_dir)`` reads the run's results (``store.list_results`` / ``read_result``), turns them
+into sections (plan: which figures, from which files), and renders one HTML page: plotly.js inlined once,
+the figures as one JSON document in a ``<script type="application/json">`` element (every ``<``, ``>``
+and ``&`` in it written as a ``\\u`` escape, so no text in a result can close the element), and a short
+script that draws them. Nothing in the page refers to the network. Text from results is HTML-escaped in
+the page and entity-escaped inside figures (figures/_common.py says why).
+
+Sections, in order, each present when its results exist and otherwise a one-line note naming the command
+that adds them: findings, training curves, success with intervals, headroom, delta anatomy, graft
+effects, rank by layer, rank–success coupling, then the list of result files (provenance).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+import plotly.io as pio
+
+from .._version import __version__
+from ..errors import GraftkitError
+from ..stats import Comparison
+from ..store import Result, list_results, read_result
+from . import anatomy, curves, grafts, rank, success
+from ._common import fmt
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """One result file of the run, read, with the label its series carry in figures."""
+
+    path: Path
+    kind: str
+    created: str
+    result: Result
+    label: str
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One figure and its caption (plain text; escaped when rendered)."""
+
+    figure: go.Figure
+    caption: str
+
+
+@dataclass
+class Section:
+    """A report section: figures, optional HTML (already escaped), and notes."""
+
+    key: str
+    title: str
+    #: Shown when the run has no result of this section's kinds.
+    absent: str
+    panels: list[Panel] = field(default_factory=list)
+    html: str = ""
+    #: Visible one-line notes (e.g. a result whose arrays could not be drawn, and why).
+    notes: list[str] = field(default_factory=list)
+    present: bool = False
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading the run
+
+
+def _model_path(attrs: dict) -> str | None:
+    m = attrs.get("model")
+    if isinstance(m, dict):
+        m = m.get("path")
+    return str(m) if isinstance(m, str) and m else None
+
+
+def _base_label(path: Path, kind: str, res: Result) -> str:
+    model = _model_path(res.attrs)
+    if kind in ("eval", "headroom") and model:
+        label = Path(model).name
+        decode = res.attrs.get("decode")
+        if kind == "eval" and isinstance(decode, dict) and decode.get("greedy") is False:
+            label += " (sampled)"
+        if res.attrs.get("obs") == "som":
+            label += " [som]"
+        return label
+    if kind.startswith(("train-", "rank-")) and model:
+        return Path(model).name
+    return path.stem
+
+
+def load_run(run_dir: str | os.PathLike) -> list[Loaded]:
+    """Every result of ``run_dir``, oldest first, each with a label unique within its kind."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise GraftkitError(f"{run_dir}: no such run folder", "pass a run folder (e.g. runs/demo), or run `graftkit demo`")
+    loaded = []
+    for row in list_results(run_dir):
+        path = Path(row["path"])
+        res = read_result(path)
+        loaded.append(Loaded(path, row["kind"], row["created"], res, _base_label(path, row["kind"], res)))
+    seen: dict[tuple[str, str], int] = {}
+    for x in loaded:
+        seen[(x.kind, x.label)] = seen.get((x.kind, x.label), 0) + 1
+    return [Loaded(x.path, x.kind, x.created, x.result, f"{x.label} · {x.path.stem}")
+            if seen[(x.kind, x.label)] > 1 else x for x in loaded]
+
+
+def _of(loaded: Sequence[Loaded], *kinds: str) -> list[Loaded]:
+    return [x for x in loaded if x.kind in kinds]
+
+
+def _guard(section: Section, item: Loaded, build: Callable[[], None]) -> None:
+    """Run one result's builders; a result missing a required array gets a visible note, not a crash."""
+    try:
+        build()
+    except (KeyError, IndexError, ValueError) as exc:
+        section.notes.append(f"{item.path.name}: could not be drawn ({type(exc).__name__}: {exc}); "
+                             f"its {item.kind} arrays do not have the expected layout")
+
+
+# --------------------------------------------------------------------------------------------------
+# Sections (plan: results → panels)
+
+
+def _findings(loaded: Sequence[Loaded]) -> Section:
+    sec = Section("findings", "Findings", "no findings results in this run — run `graftkit demo` to add them")
+    for item in _of(loaded, "findings"):
+        sec.present = True
+
+        def build(item=item):
+            res = item.result
+            ids = [str(f) for f in res.coords["finding"]]
+            n = len(ids)
+            col = {k: (list(res[k]) if k in res.data else [default] * n)
+                   for k, default in (("statement", ""), ("estimate", np.nan), ("low", np.nan), ("high", np.nan),
+                                      ("verdict", ""))}
+            rows = []
+            for i in range(n):
+                e, lo, hi = (float(col[k][i]) for k in ("estimate", "low", "high"))
+                est = fmt(e, ".3g") + (f" [{fmt(lo, '.3g')}, {fmt(hi, '.3g')}]" if np.isfinite(lo) or np.isfinite(hi) else "")
+                rows.append("<tr>" + "".join(f"<td>{_h(c)}</td>" for c in (ids[i], col["statement"][i], est,
+                                                                           col["verdict"][i])) + "</tr>")
+            sec.html += (f"<table class='findings'><caption>{_h(item.path.name)}</caption><thead><tr><th>#</th>"
+                         "<th>finding</th><th>estimate [95% interval]</th><th>verdict</th></tr></thead><tbody>"
+                         + "".join(rows) + "</tbody></table>")
+
+        _guard(sec, item, build)
+    return sec
+
+
+def _training(loaded: Sequence[Loaded]) -> Section:
+    sec = Section("training", "Training curves",
+                  "no training-curve results in this run — run `graftkit train sft` or `graftkit train grpo` to add them")
+    runs = [(x.label + (" (GRPO)" if x.kind == "train-grpo" else " (SFT)"), x.result)
+            for x in _of(loaded, "train-sft", "train-grpo")]
+    sec.present = bool(runs)
+    for fam in curves.families_present(runs):
+        sec.panels.append(Panel(curves.training_curve(runs, fam),
+                                f"{fam.title} per optimiser step, one line per training run ({', '.join(fam.metrics)})."))
+    return sec
+
+
+def _is_sft(item: Loaded, sft_paths: set[str]) -> bool:
+    path = _model_path(item.result.attrs)
+    if item.result.attrs.get("role") == "sft":
+        return True
+    return path is not None and (_resolved(path) in sft_paths)
+
+
+def _resolved(path: str) -> str:
+    return str(Path(path).resolve())
+
+
+def _decode_key(res: Result) -> tuple:
+    d = res.attrs.get("decode") if isinstance(res.attrs.get("decode"), dict) else {}
+    return (d.get("greedy"), d.get("temperature"), d.get("top_p"), res.attrs.get("obs"), res.attrs.get("backend"))
+
+
+def _success(loaded: Sequence[Loaded]) -> Section:
+    sec = Section("success", "Success with intervals",
+                  "no evaluation results in this run — run `graftkit eval --model M` to add them")
+    evals = _of(loaded, "eval")
+    sec.present = bool(evals)
+    if not evals:
+        return sec
+    drawable = []
+    for item in evals:
+        _guard(sec, item, lambda item=item: (success.task_rates(item.result), drawable.append(item)))
+    if not drawable:
+        return sec
+    sec.panels.append(Panel(success.success_rates([(x.label, x.result) for x in drawable]),
+                            "Success rate per task for each evaluated model (bars), with 95% Wilson intervals "
+                            "over all episodes; 'all tasks' pools every task of that model."))
+    # The SFT model: a model this run trained with `train sft`, or an eval result marked role = "sft";
+    # failing both, the one model whose folder name says sft.
+    sft_paths = {_resolved(p) for x in _of(loaded, "train-sft") if (p := _model_path(x.result.attrs))}
+    refs = [x for x in drawable if _is_sft(x, sft_paths)]
+    if not refs:
+        named = [x for x in drawable if "sft" in x.label.lower()]
+        refs = named if len({_model_path(x.result.attrs) for x in named}) == 1 else []
+    by_ref: dict[str, list[tuple[str, dict[str, Comparison]]]] = {}
+    for item in drawable:
+        if item in refs:
+            continue
+        for ref in refs:
+            if _decode_key(ref.result) != _decode_key(item.result):
+                continue
+            rows: dict[str, Comparison] = {}
+            _guard(sec, item, lambda ref=ref, item=item, rows=rows: rows.update(success.paired_vs(ref.result, item.result)))
+            if rows:
+                by_ref.setdefault(ref.label, []).append((item.label, rows))
+            break
+    for ref_label, rows in by_ref.items():
+        sec.panels.append(Panel(success.paired_differences(ref_label, rows),
+                                f"Paired difference in success against the SFT model {ref_label} on identical "
+                                "episodes (same tasks, seeds and episodes), with the 95% paired bootstrap interval "
+                                "(seeds, then episodes); the verdict needs both the bootstrap and the Bayesian "
+                                "interval to exclude zero."))
+    return sec
+
+
+def _headroom(loaded: Sequence[Loaded]) -> Section:
+    sec = Section("headroom", "Headroom",
+                  "no headroom results in this run — run `graftkit headroom --model M` to add them")
+    items = _of(loaded, "headroom")
+    sec.present = bool(items)
+    tables = []
+    for item in items:
+        def build(item=item):
+            fig = success.headroom_rates(item.label, item.result)
+            sec.panels.append(Panel(fig, f"Greedy and sampled success per task for {item.label}, each with a 95% "
+                                         "Wilson interval."))
+            table = success.headroom_of(item.result)
+            if table is None:
+                sec.notes.append(f"{item.path.name}: greedy and sampled outcomes cannot be paired, so no headroom "
+                                 "interval is drawn for it")
+            else:
+                tables.append((item.label, table))
+
+        _guard(sec, item, build)
+    if tables:
+        sec.panels.append(Panel(success.headroom_differences(tables),
+                                "Headroom = sampled − greedy success per task, each greedy episode paired with its "
+                                "k samples, with the 95% paired bootstrap interval; a task has headroom when both "
+                                "the bootstrap and Bayesian intervals lie above zero."))
+    return sec
+
+
+def _anatomy(loaded: Sequence[Loaded]) -> Section:
+    sec = Section("anatomy", "Delta anatomy",
+                  "no delta-anatomy results in this run — run `graftkit delta --base SFT --from RL` to add them")
+    items = _of(loaded, "delta")
+    sec.present = bool(items)
+    bars = []
+    for item in items:
+        def build(item=item):
+            runs = [str(r) for r in item.result.coords["run"]]
+            for r, run in enumerate(runs):
+                label = run if len(items) == 1 else f"{run} · {item.path.stem}"
+                bars.append((label, item.result, r))
+                if "layer_group_share" in item.result.data and len(item.result.coords["layer"]):
+                    sec.panels.append(Panel(anatomy.anatomy_heatmap(label, item.result, r, "share"),
+                                            f"Share of {label}'s total squared weight movement in each decoder layer "
+                                            "× parameter group (cells of one run sum to the in-layer share)."))
+                if "layer_group_rel_delta" in item.result.data and len(item.result.coords["layer"]):
+                    sec.panels.append(Panel(anatomy.anatomy_heatmap(label, item.result, r, "rel_delta"),
+                                            f"Relative change ‖Δ‖_F/‖W‖_F of {label} per decoder layer × parameter "
+                                            "group, pooled over the cell's tensors."))
+                fig = anatomy.top_tensors(label, item.result, r)
+                if fig is not None:
+                    sec.panels.append(Panel(fig, f"The tensors of {label} with the largest share of its squared "
+                                                 "weight movement."))
+
+        _guard(sec, item, build)
+    if bars:
+        try:
+            sec.panels.append(Panel(anatomy.group_shares(bars),
+                                    "Share of each RL run's total squared weight movement per parameter group, over "
+                                    "all tensors including embeddings and the output head."))
+        except KeyError as exc:
+            sec.notes.append(f"group shares could not be drawn (missing array {exc})")
+    return sec
+
+
+def _grafts(loaded: Sequence[Loaded]) -> Section:
+    sec = Section("grafts", "Graft effects and attribution",
+                  "no graft-experiment results in this run — run `graftkit graft --from RL --sweep factorial` to add them")
+    sweeps, dissoc = _of(loaded, "graft-sweep"), _of(loaded, "graft-dissociation")
+    sec.present = bool(sweeps or dissoc)
+    for item in sweeps:
+        def build(item=item):
+            lab, res = item.label, item.result
+            sec.panels.append(Panel(grafts.graft_effects(lab, res),
+                                    f"{lab}: success change of each grafted configuration against the base (SFT) "
+                                    "and against the RL model, on identical episodes, with 95% paired intervals."))
+            fig = grafts.attribution(lab, res)
+            if fig is not None:
+                sec.panels.append(Panel(fig, f"{lab}: the success change attributed to each parameter group "
+                                             "(Shapley values and main effects over the factorial), 95% intervals."))
+            fig = grafts.interaction_heatmap(lab, res)
+            if fig is not None:
+                sec.panels.append(Panel(fig, f"{lab}: pairwise interaction of grafting two groups together."))
+            fig = grafts.movement_vs_effect(lab, res)
+            if fig is not None:
+                sec.panels.append(Panel(fig, f"{lab}: how much each group moved (share of squared movement) "
+                                             "against what it did to success; movement is not effect."))
+
+        _guard(sec, item, build)
+    for item in dissoc:
+        _guard(sec, item, lambda item=item: sec.panels.append(Panel(
+            grafts.dissociation(item.label, item.result),
+            f"{item.label}: per group, the effect on success in RL run A and in RL run B and their difference "
+            "(95% intervals); the verdict says which run's change the group carries.")))
+    return sec
+
+
+def _rank(loaded: Sequence[Loaded]) -> Section:
+    sec = Section("rank", "Rank by layer",
+                  "no rank results in this run — run `graftkit rank` (weights, --what delta or activations) to add them")
+    for kind in ("rank-weights", "rank-delta", "rank-activations"):
+        items = _of(loaded, kind)
+        if not items:
+            continue
+        sec.present = True
+        ok = []
+        for item in items:
+            _guard(sec, item, lambda item=item: (rank.layer_values(item.result), ok.append(item)))
+        if ok:
+            target = rank.TARGETS[kind][0]
+            sec.panels.append(Panel(rank.rank_by_layer(kind, [(x.label, x.result) for x in ok]),
+                                    f"Rank of the {target} per layer, one line per checkpoint; the menu picks the "
+                                    "measure and the subtitle states its convention as recorded."))
+    return sec
+
+
+def _coupling(loaded: Sequence[Loaded]) -> Section:
+    sec = Section("coupling", "Rank–success coupling",
+                  "no coupling results in this run — run `graftkit couple` to add them")
+    items = _of(loaded, "coupling")
+    sec.present = bool(items)
+    for item in items:
+        def build(item=item):
+            lab, res = item.label, item.result
+            sec.panels.append(Panel(rank.coupling_by_layer(lab, res),
+                                    f"{lab}: per layer, the correlation across checkpoints between rank and success "
+                                    "(Spearman and Pearson) with pairs-bootstrap intervals."))
+            fig = rank.coupling_scatter(lab, res)
+            if fig is not None:
+                sec.panels.append(Panel(fig, f"{lab}: each checkpoint's late-layer rank against its success rate."))
+            fig = rank.both_directions(lab, res)
+            if fig is not None:
+                sec.panels.append(Panel(fig, f"{lab}: among runs that credibly improved and runs that credibly "
+                                             "degraded against the SFT parent, the share whose rank moved the same "
+                                             "way as success."))
+
+        _guard(sec, item, build)
+    return sec
+
+
+SECTIONS: tuple[Callable[[Sequence[Loaded]], Section], ...] = (
+    _findings, _training, _success, _headroom, _anatomy, _grafts, _rank, _coupling,
+)
+
+
+def plan_report(loaded: Sequence[Loaded]) -> list[Section]:
+    """The report's sections for the run's results (figures built, nothing rendered)."""
+    return [make(loaded) for make in SECTIONS]
+
+
+# --------------------------------------------------------------------------------------------------
+# Rendering
+
+
+def _h(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _script_json(text: str) -> str:
+    """JSON safe inside a <script> element: no '<', '>', '&' or JS line separators appear literally."""
+    return (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+
+
+def _code(text: str) -> str:
+    """Escape, then show `backticked` commands as code."""
+    parts = _h(text).split("`")
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#222;margin:0;background:#fafafa}
+header{background:#1f2937;color:#fff;padding:18px 32px}header h1{margin:0 0 6px;font-size:1.5em}
+header p{margin:2px 0;color:#d1d5db;font-size:.9em}main{max-width:1180px;margin:0 auto;padding:12px 32px 48px}
+nav ol{columns:2;padding-left:1.2em}h2{border-bottom:2px solid #e5e7eb;padding-bottom:4px;margin-top:36px}
+figure{background:#fff;border:1px solid #e5e7eb;border-radius:6px;margin:16px 0;padding:8px}
+figcaption{font-size:.9em;color:#444;padding:4px 8px 2px}.graph{width:100%;min-height:300px}
+.absent{color:#6b7280;font-style:italic}.note{color:#92400e;background:#fffbeb;padding:4px 8px;border-radius:4px}
+table{border-collapse:collapse;background:#fff;margin:12px 0;font-size:.92em}
+td,th{border:1px solid #e5e7eb;padding:4px 8px;text-align:left;vertical-align:top}caption{text-align:left;color:#666}
+code{background:#eef;padding:0 3px;border-radius:3px}
+"""
+
+_RENDER = """
+(function () {
+  "use strict";
+  var figs = JSON.parse(document.getElementById("graftkit-figures").textContent);
+  var config = {displaylogo: false, responsive: true, modeBarButtonsToRemove: ["sendDataToCloud"],
+                toImageButtonOptions: {format: "png", scale: 2}};
+  var drawn = figs.map(function (f) {
+    return Plotly.newPlot(f.id, f.figure.data, f.figure.layout, config);
+  });
+  Promise.all(drawn).then(function () { document.body.setAttribute("data-rendered", String(figs.length)); });
+})();
+"""
+
+
+def render_html(run_dir: Path, loaded: Sequence[Loaded], sections: Sequence[Section], created: str) -> str:
+    """The page: header, table of contents, sections, provenance; plotly.js inlined once."""
+    from plotly.offline import get_plotlyjs
+
+    figs, body, toc = [], [], []
+    for sec in sections:
+        toc.append(f"<li><a href='#{sec.key}'>{_h(sec.title)}</a>{'' if sec.present else ' (none)'}</li>")
+        body.append(f"<section id='{sec.key}'><h2>{_h(sec.title)}</h2>")
+        if not sec.present:
+            body.append(f"<p class='absent'>{_code(sec.absent[0].upper() + sec.absent[1:])}.</p>")
+        body.append(sec.html)
+        for note in sec.notes:
+            body.append(f"<p class='note'>{_h(note)}</p>")
+        for panel in sec.panels:
+            fid = f"fig-{len(figs) + 1}"
+            figs.append(f'{{"id":{json.dumps(fid)},"figure":{pio.to_json(panel.figure, validate=False)}}}')
+            body.append(f"<figure><div class='graph' id='{fid}'></div><figcaption>{_h(panel.caption)}</figcaption>"
+                        "</figure>")
+        body.append("</section>")
+    rows = "".join(
+        f"<tr><td>{_h(x.path.relative_to(run_dir) if x.path.is_relative_to(run_dir) else x.path)}</td><td>{_h(x.kind)}"
+        f"</td><td>{_h(x.created)}</td><td>{_h(x.result.attrs.get('graftkit_version', ''))}</td>"
+        f"<td>{_h(', '.join(f'{d}={len(c)}' for d, c in x.result.coords.items()))}</td></tr>" for x in loaded)
+    toc.append("<li><a href='#provenance'>Result files</a></li>")
+    body.append("<section id='provenance'><h2>Result files</h2><p>Every figure above is drawn from these HDF5 files "
+                "(labelled arrays with provenance; <code>graftkit results RUN --csv DIR</code> exports them as "
+                "tables).</p><table><thead><tr><th>file</th><th>kind</th><th>created</th><th>graftkit</th>"
+                f"<th>dimensions</th></tr></thead><tbody>{rows}</tbody></table></section>")
+    name = run_dir.resolve().name
+    plotly_js = get_plotlyjs().replace("</script", "<\\/script").replace("<!--", "<\\!--")
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+        f"<title>graftkit report — {_h(name)}</title><style>{_CSS}</style>"
+        f"<script>{plotly_js}</script></head><body>"
+        f"<header><h1>graftkit report — {_h(name)}</h1><p>run folder {_h(run_dir.resolve())}</p>"
+        f"<p>graftkit {_h(__version__)} · created {_h(created)} · {len(loaded)} result file(s) · {len(figs)} figure(s)"
+        "</p></header><main><nav><h2>Contents</h2><ol>" + "".join(toc) + "</ol></nav>" + "".join(body) + "</main>"
+        f"<script type='application/json' id='graftkit-figures'>{_script_json('[' + ','.join(figs) + ']')}</script>"
+        f"<script>{_RENDER}</script></body></html>\n"
+    )
+
+
+@dataclass(frozen=True)
+class Report:
+    """A rendered report and what it holds."""
+
+    html: str
+    #: Section keys with results.
+    sections: tuple[str, ...]
+    #: Section keys without results (the page says which command adds them).
+    absent: tuple[str, ...]
+    n_figures: int
+    notes: tuple[str, ...]
+
+
+def make_report(run_dir: str | os.PathLike) -> Report:
+    """Read the run's results, plan the sections and render the page."""
+    run_dir = Path(run_dir)
+    loaded = load_run(run_dir)
+    sections = plan_report(loaded)
+    created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return Report(
+        html=render_html(run_dir, loaded, sections, created),
+        sections=tuple(s.key for s in sections if s.present),
+        absent=tuple(s.key for s in sections if not s.present),
+        n_figures=sum(len(s.panels) for s in sections),
+        notes=tuple(n for s in sections for n in s.notes),
+    )
+
+
+def build_report(run_dir: str | os.PathLike) -> str:
+    """The report of ``run_dir`` as one self-contained HTML string."""
+    return make_report(run_dir).html
+
+
+def write_report(run_dir: str | os.PathLike, out_path: str | os.PathLike) -> Report:
+    """Write the report of ``run_dir`` to ``out_path`` atomically (temporary sibling, fsync, rename)."""
+    report = make_report(run_dir)
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(report.html)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, out_path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return report

@@ -1,0 +1,183 @@
+"""Success with intervals, paired differences against the SFT model, and headroom.
+
+Inputs: results of kind ``eval`` (``success[task, seed, episode, sample]`` int8, ``attrs["model"]`` the
+checkpoint's description) and ``headroom`` (sampled ``success[task, seed, episode, sample]`` beside
+``greedy_success[task, seed, episode, greedy_sample]``). Rates carry 95% Wilson intervals
+(``stats.wilson_interval``, over all episodes); paired differences use ``stats.compare`` on identical
+episodes (a = the reference, b = the model), headroom ``stats.headroom`` (a = greedy, b = sampled).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+from ..stats import Comparison, HeadroomTable, RateInterval, compare, headroom, wilson_interval
+from ..store import Result
+from ._common import base_layout, colour, esc, esc_all, fmt, interval_error, pct, verdict_colour, zero_line
+
+#: Category label of the pooled rate over every task of a result.
+ALL_TASKS = "all tasks"
+
+
+def _outcomes(res: Result, name: str = "success") -> tuple[list[str], np.ndarray]:
+    """Tasks and outcomes ``[task, seed, episode·sample]`` of one eval/headroom array."""
+    x = np.asarray(res[name])
+    tasks = [str(t) for t in res.coords[res.dims(name)[0]]]
+    return tasks, x.reshape(x.shape[0], x.shape[1], -1)
+
+
+def _pooled(x: np.ndarray) -> np.ndarray:
+    """Outcomes ``[task, seed, e]`` pooled over tasks as ``[seed, task·e]`` (seeds stay the paired unit)."""
+    return np.moveaxis(x, 0, 1).reshape(x.shape[1], -1)
+
+
+def task_rates(res: Result, name: str = "success", level: float = 0.95) -> dict[str, RateInterval]:
+    """Per task and pooled (:data:`ALL_TASKS`): successes / episodes with a Wilson interval."""
+    tasks, x = _outcomes(res, name)
+    out = {t: wilson_interval(int(x[i].sum()), int(x[i].size), level) for i, t in enumerate(tasks)}
+    out[ALL_TASKS] = wilson_interval(int(x.sum()), int(x.size), level)
+    return out
+
+
+def paired_vs(reference: Result, model: Result, level: float = 0.95) -> dict[str, Comparison]:
+    """``model`` against ``reference`` per shared task (and pooled) on identical episodes.
+
+    Empty when the two were not evaluated on the same seeds, episodes and samples per episode (then no
+    pairing exists and nothing is claimed)."""
+    for dim in ("seed", "episode", "sample"):
+        a, b = reference.coords.get(dim), model.coords.get(dim)
+        if a is None or b is None or len(a) != len(b) or not np.array_equal(np.asarray(a), np.asarray(b)):
+            return {}
+    ta, xa = _outcomes(reference)
+    tb, xb = _outcomes(model)
+    shared = [t for t in tb if t in ta]
+    if not shared:
+        return {}
+    a = np.stack([xa[ta.index(t)] for t in shared])
+    b = np.stack([xb[tb.index(t)] for t in shared])
+    out = {t: compare(a[i], b[i], level=level) for i, t in enumerate(shared)}
+    if len(shared) > 1:
+        out[ALL_TASKS] = compare(_pooled(a), _pooled(b), level=level)
+    return out
+
+
+def headroom_of(res: Result, level: float = 0.95) -> HeadroomTable | None:
+    """``stats.headroom`` of a headroom result: each greedy episode repeated against its k samples.
+
+    None when the greedy and sampled arrays cannot be paired (greedy samples neither 1 nor k)."""
+    if "greedy_success" not in res.data:
+        return None
+    tasks, _ = _outcomes(res)
+    s = np.asarray(res["success"])  # [task, seed, episode, k]
+    g = np.asarray(res["greedy_success"])  # [task, seed, episode, g]
+    k = s.shape[-1]
+    if g.shape[:3] != s.shape[:3] or g.shape[-1] not in (1, k):
+        return None
+    if g.shape[-1] == 1:
+        g = np.repeat(g, k, axis=-1)
+    n_seeds = s.shape[1]
+    greedy = {t: g[i].reshape(n_seeds, -1) for i, t in enumerate(tasks)}
+    sampled = {t: s[i].reshape(n_seeds, -1) for i, t in enumerate(tasks)}
+    return headroom(greedy, sampled, level=level)
+
+
+# --------------------------------------------------------------------------------------------------
+# Figures
+
+
+def _rate_bar(name: str, i: int, cats: list[str], rates: dict[str, RateInterval]) -> go.Bar:
+    keys = [c for c in cats if c in rates]
+    r = [rates[c] for c in keys]
+    est, low, high = ([getattr(x, f) for x in r] for f in ("rate", "low", "high"))
+    return go.Bar(
+        x=[esc(c) for c in keys], y=100 * np.asarray(est), name=name, marker_color=colour(i),
+        error_y=interval_error(est, low, high, 100.0),
+        customdata=[[f"{x.successes}/{x.n}", pct(x.low), pct(x.high)] for x in r],
+        hovertemplate="%{fullData.name}<br>%{x}<br>success %{y:.2f}% (%{customdata[0]})"
+                      "<br>95% Wilson [%{customdata[1]}, %{customdata[2]}]<extra></extra>",
+    )
+
+
+def success_rates(evals: Sequence[tuple[str, Result]]) -> go.Figure:
+    """Success per task (and pooled) for every evaluated model, with 95% Wilson intervals."""
+    cats: list[str] = []
+    per = []
+    for _, res in evals:
+        rates = task_rates(res)
+        per.append(rates)
+        cats += [t for t in rates if t not in cats and t != ALL_TASKS]
+    cats.append(ALL_TASKS)
+    fig = go.Figure([_rate_bar(esc(label), i, cats, rates) for i, ((label, _), rates) in enumerate(zip(evals, per))])
+    fig.update_layout(barmode="group", yaxis_range=[0, 105])
+    return base_layout(fig, "Success rate per task", "bars: successes / episodes; whiskers: 95% Wilson interval",
+                       "task", "success rate (%)", legend_title="model")
+
+
+def paired_differences(reference: str, rows: Sequence[tuple[str, dict[str, Comparison]]]) -> go.Figure:
+    """Per task, success(model) − success(reference) in points with the paired bootstrap interval."""
+    fig = go.Figure()
+    for i, (label, comps) in enumerate(rows):
+        keys = list(comps)
+        c = [comps[k] for k in keys]
+        est = [x.diff for x in c]
+        low, high = [x.bootstrap.low for x in c], [x.bootstrap.high for x in c]
+        fig.add_trace(go.Scatter(
+            x=[esc(k) for k in keys], y=100 * np.asarray(est), mode="markers", name=esc(label),
+            marker={"color": [verdict_colour(x.verdict) for x in c], "size": 11, "symbol": i % 20,
+                    "line": {"color": colour(i), "width": 2}},
+            error_y={**interval_error(est, low, high, 100.0), "color": colour(i)},
+            customdata=[[f"{100 * x.bootstrap.low:+.2f}", f"{100 * x.bootstrap.high:+.2f}",
+                         f"{100 * x.bayes.low:+.2f}", f"{100 * x.bayes.high:+.2f}", fmt(x.mcnemar.p_value, ".3g"),
+                         x.verdict, pct(x.rate_a.rate), pct(x.rate_b.rate), esc(reference)] for x in c],
+            hovertemplate="%{fullData.name} − %{customdata[8]}<br>%{x}<br>difference %{y:+.2f} points "
+                          "(%{customdata[7]} vs %{customdata[6]})<br>95% paired bootstrap [%{customdata[0]}, "
+                          "%{customdata[1]}]<br>95% Bayes [%{customdata[2]}, %{customdata[3]}]<br>McNemar exact p "
+                          "= %{customdata[4]}<br>%{customdata[5]}<extra></extra>",
+        ))
+    zero_line(fig)
+    return base_layout(fig, f"Paired difference vs {esc(reference)}",
+                       "success(model) − success(reference) on identical episodes; whiskers: 95% paired bootstrap; "
+                       "fill: green credibly better, red credibly worse, grey no credible change",
+                       "task", "difference in success (percentage points)", legend_title="model")
+
+
+def headroom_rates(label: str, res: Result) -> go.Figure:
+    """Greedy and sampled success per task for one model, each with a 95% Wilson interval."""
+    sampled = task_rates(res, "success")
+    greedy = task_rates(res, "greedy_success")
+    cats = [t for t in sampled]
+    fig = go.Figure([_rate_bar("greedy", 0, cats, greedy), _rate_bar("sampled", 1, cats, sampled)])
+    k = len(res.coords.get("sample", [])) or "k"
+    fig.update_layout(barmode="group", yaxis_range=[0, 105])
+    return base_layout(fig, f"Greedy vs sampled success — {esc(label)}",
+                       f"sampled: {k} samples per episode; whiskers: 95% Wilson interval", "task",
+                       "success rate (%)", legend_title="decoding")
+
+
+def headroom_differences(rows: Sequence[tuple[str, HeadroomTable]]) -> go.Figure:
+    """Headroom = sampled − greedy success per task, with the paired bootstrap interval and verdict."""
+    fig = go.Figure()
+    for i, (label, table) in enumerate(rows):
+        c = [r.comparison for r in table.rows]
+        est = [x.diff for x in c]
+        low, high = [x.bootstrap.low for x in c], [x.bootstrap.high for x in c]
+        fig.add_trace(go.Scatter(
+            x=esc_all(table.tasks), y=100 * np.asarray(est), mode="markers", name=esc(label),
+            marker={"color": [verdict_colour(r.verdict) for r in table.rows], "size": 11, "symbol": i % 20,
+                    "line": {"color": colour(i), "width": 2}},
+            error_y={**interval_error(est, low, high, 100.0), "color": colour(i)},
+            customdata=[[f"{100 * x.bootstrap.low:+.2f}", f"{100 * x.bootstrap.high:+.2f}",
+                         f"{100 * x.bayes.low:+.2f}", f"{100 * x.bayes.high:+.2f}", r.verdict,
+                         pct(x.rate_a.rate), pct(x.rate_b.rate)] for x, r in zip(c, table.rows)],
+            hovertemplate="%{fullData.name}<br>%{x}<br>headroom %{y:+.2f} points (sampled %{customdata[6]}, "
+                          "greedy %{customdata[5]})<br>95% paired bootstrap [%{customdata[0]}, %{customdata[1]}]"
+                          "<br>95% Bayes [%{customdata[2]}, %{customdata[3]}]<br>%{customdata[4]}<extra></extra>",
+        ))
+    zero_line(fig)
+    return base_layout(fig, "Headroom: sampled − greedy success",
+                       "whiskers: 95% paired bootstrap; fill: green headroom, red sampling credibly worse, grey neither",
+                       "task", "sampled − greedy success (percentage points)", legend_title="model")

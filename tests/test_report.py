@@ -1,0 +1,541 @@
+"""The HTML report and the CSV export: sections per result kind, self-containment, escaping, browser rendering.
+
+Results of every kind the report reads are built here as synthetic labelled arrays through store.py (the
+schemas of DESIGN.md and the producers), with known values, so each figure's content can be checked.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from graftkit.cli import app
+from graftkit.figures import build_report, export_csv, load_run, make_report, write_report
+from graftkit.figures.browser import browser_available
+from graftkit.stats import compare, wilson_interval
+from graftkit.store import Result, list_results, read_result, write_result
+
+EVIL = "<script>alert(1)</script><img src=x onerror=\"window.__pwned=1\">"
+EVIL_DIR = "run<img src=x onerror=window.__pwned=1><script>alert(1)"  # a folder name cannot hold '/'
+BOUND = np.array(["estimate", "low", "high"], dtype=object)
+ALL_SECTIONS = ("findings", "training", "success", "headroom", "anatomy", "grafts", "rank", "coupling")
+
+
+def _s(*xs) -> np.ndarray:
+    return np.array(list(xs), dtype=object)
+
+
+def write_run(run: Path, evil: bool = False, kinds: tuple[str, ...] | None = None) -> Path:
+    """A run folder with one or more results of every kind (or only ``kinds``)."""
+    tag = EVIL if evil else ""
+    res_dir = run / "results"
+    rng = np.random.default_rng(0)
+    tasks = _s("click-button", "enter-text" + tag)
+    S, E = 6, 5
+    sft_path, rl_path = str(run / "sft"), str(run / "rl")
+    want = (lambda k: True) if kinds is None else (lambda k: k in kinds)
+
+    if want("findings"):
+        write_result(res_dir / "findings.h5", Result(
+            "findings", {"finding": _s("1", "2", "3", "4")},
+            {"statement": (("finding",), _s("GRPO does not improve mastered tasks" + tag, "headroom helps",
+                                            "attn+mlp carry the degrade", "late rank tracks success")),
+             "estimate": (("finding",), np.array([-0.05, 0.22, 0.8, np.nan])),
+             "low": (("finding",), np.array([-0.1, 0.1, 0.6, np.nan])),
+             "high": (("finding",), np.array([0.0, 0.3, 0.9, np.nan])),
+             "verdict": (("finding",), _s("reproduced", "reproduced", "reproduced", "not measured" + tag))}))
+    if want("train"):
+        steps = np.arange(1, 41)
+        write_result(res_dir / "train-sft-sft.h5", Result(
+            "train-sft", {"step": steps},
+            {"loss": (("step",), 2 * np.exp(-steps / 10)), "grad_norm": (("step",), 1 + rng.random(40)),
+             "lr": (("step",), np.full(40, 1e-3))}, {"model": sft_path}))
+        write_result(res_dir / "train-grpo-rl.h5", Result(
+            "train-grpo", {"step": steps},
+            {k: (("step",), rng.random(40)) for k in ("loss", "reward", "success", "kl_k3_mean", "entropy",
+                                                        "clip_frac_low", "clip_frac_high")},
+            {"model": rl_path}))
+    if want("eval"):
+        coords = {"task": tasks, "seed": np.arange(S), "episode": np.arange(E), "sample": np.arange(1)}
+        dims = ("task", "seed", "episode", "sample")
+        sft_x = (rng.random((2, S, E, 1)) < 0.5).astype(np.int8)
+        rl_x = (rng.random((2, S, E, 1)) < 0.8).astype(np.int8)
+        for name, path, x in (("sft", sft_path, sft_x), ("rl" + tag.replace("/", ""), rl_path + tag.replace("/", ""), rl_x)):
+            write_result(res_dir / f"eval-{'sft' if name == 'sft' else 'rl'}-greedy.h5", Result(
+                "eval", coords, {"success": (dims, x)},
+                {"model": {"path": path, "kind": "hf", "sha256": "0" * 64},
+                 "decode": {"greedy": True, "temperature": 1.0, "top_p": 1.0}, "backend": "py", "obs": "text"}))
+    if want("headroom"):
+        k = 4
+        write_result(res_dir / "headroom-sft.h5", Result(
+            "headroom", {"task": tasks, "seed": np.arange(S), "episode": np.arange(E), "sample": np.arange(k),
+                         "greedy_sample": np.arange(1)},
+            {"success": (("task", "seed", "episode", "sample"), (rng.random((2, S, E, k)) < 0.6).astype(np.int8)),
+             "greedy_success": (("task", "seed", "episode", "greedy_sample"),
+                                (rng.random((2, S, E, 1)) < 0.3).astype(np.int8))},
+            {"model": {"path": sft_path}, "decode": {"greedy": False}, "k": k}))
+    if want("delta"):
+        groups = _s("embed", "attn" + tag, "mlp", "norm")
+        tensors = _s("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight" + tag,
+                     "model.layers.0.mlp.up_proj.weight", "model.layers.1.self_attn.q_proj.weight",
+                     "model.layers.1.mlp.up_proj.weight", "model.norm.weight")
+        tgroup = _s("embed", "attn" + tag, "mlp", "attn" + tag, "mlp", "norm")
+        tlayer = np.array([-1, 0, 0, 1, 1, -1])
+        share = np.array([[0.5, 0.1, 0.1, 0.15, 0.15, 0.0]])
+        lg = np.zeros((1, 2, 4))
+        for t in range(6):
+            if tlayer[t] >= 0:
+                lg[0, tlayer[t], list(groups).index(tgroup[t])] += share[0, t]
+        gshare = np.array([[share[0, tgroup == g].sum() for g in groups]])
+        write_result(res_dir / "delta-rl.h5", Result(
+            "delta", {"run": _s("rl" + tag), "run2": _s("rl" + tag), "tensor": tensors, "group": groups,
+                      "layer": np.arange(2), "all": _s("all")},
+            {"tensor_group": (("tensor",), tgroup), "tensor_layer": (("tensor",), tlayer),
+             "share": (("run", "tensor"), share), "rel_delta": (("run", "tensor"), share / 10),
+             "group_share": (("run", "group"), gshare), "group_rel_delta": (("run", "group"), gshare / 10),
+             "group_fro_delta": (("run", "group"), gshare * 3),
+             "layer_group_share": (("run", "layer", "group"), lg),
+             "layer_group_rel_delta": (("run", "layer", "group"), lg / 10)}, {"tol": 1e-5}))
+    if want("graft"):
+        configs = _s("∅ (base)", "attn" + tag, "mlp", "attn+mlp", "all (rl)")
+        g2 = _s("attn" + tag, "mlp")
+        est = np.array([0.0, -0.1, -0.05, -0.2, -0.25])
+        diff = np.stack([est, est - 0.05, est + 0.05], -1)
+        write_result(res_dir / "graft-factorial-rl.h5", Result(
+            "graft-sweep", {"config": configs, "task": tasks, "seed": np.arange(S), "episode": np.arange(E),
+                            "group": g2, "group2": g2, "bound": BOUND},
+            {"success": (("config", "task", "seed", "episode"), np.zeros((5, 2, S, E), np.int8)),
+             "diff_vs_base": (("config", "bound"), diff), "diff_vs_rl": (("config", "bound"), diff + 0.25),
+             "verdict_vs_base": (("config",), _s("no credible change", "credibly worse" + tag, "no credible change",
+                                                  "credibly worse", "credibly worse")),
+             "config_groups": (("config",), _s("", "attn" + tag, "mlp", "attn" + tag + ",mlp", "all")),
+             "config_layers": (("config",), _s("all", "all", "all", "all", "all")),
+             "config_alpha": (("config",), np.ones(5)),
+             "main_effect": (("group", "bound"), np.array([[-0.12, -0.2, -0.04], [-0.07, -0.15, 0.01]])),
+             "shapley": (("group", "bound"), np.array([[-0.13, -0.2, -0.05], [-0.07, -0.14, 0.0]])),
+             "interaction": (("group", "group2", "bound"), np.zeros((2, 2, 3)) + [[[0, 0, 0]], [[-0.05, -0.1, 0.0]]]),
+             "movement_share": (("group",), np.array([0.25, 0.25]))}, {"sweep": "factorial"}))
+        write_result(res_dir / "graft-dissociation-rl.h5", Result(
+            "graft-dissociation", {"group": g2, "run": _s("A", "B"), "bound": BOUND},
+            {"effect": (("run", "group", "bound"), np.array([[[-0.1, -0.2, 0.0], [0.0, -0.1, 0.1]],
+                                                             [[0.0, -0.1, 0.1], [-0.1, -0.2, 0.0]]])),
+             "difference": (("group", "bound"), np.array([[-0.1, -0.25, 0.05], [0.1, -0.05, 0.25]])),
+             "verdict": (("group",), _s("no credible dissociation", "no credible dissociation" + tag))},
+            {"runs": {"A": rl_path, "B": rl_path + "2"}}))
+    if want("rank"):
+        metrics = _s("erank", "stable_rank" + tag)
+        conv = {"erank": "roy-vetterli sigma: exp(H(sigma/sum(sigma)))", "stable_rank" + tag: "sum(sigma^2)/sigma_1^2"}
+        for kind, lab in (("rank-weights", "sft"), ("rank-weights", "rl"), ("rank-delta", "rl")):
+            vl = rng.random((3, 3, 2)) * 10
+            write_result(res_dir / f"{kind}-{lab}.h5", Result(
+                kind, {"tensor": _s("model.layers.0.mlp.up_proj.weight" + tag), "metric": metrics,
+                       "layer": np.arange(3), "group": _s("attn", "mlp", "all")},
+                {"value": (("tensor", "metric"), np.ones((1, 2))), "value_layer": (("layer", "group", "metric"), vl)},
+                {"model": {"path": str(run / lab)}, "conventions": conv}))
+        write_result(res_dir / "rank-activations-sft.h5", Result(
+            "rank-activations", {"layer": np.arange(4), "metric": metrics},
+            {"value": (("layer", "metric"), rng.random((4, 2))), "n_tokens": (("layer",), np.full(4, 64))},
+            {"model": {"path": sft_path}, "conventions": conv}))
+    if want("coupling"):
+        runs = _s("r1", "r2" + tag, "r3", "r4")
+        corr = np.zeros((3, 2, 3)) + [0.5, 0.1, 0.9]
+        write_result(res_dir / "coupling-weights-erank.h5", Result(
+            "coupling", {"run": runs, "layer": np.arange(3), "band": _s("early", "mid", "late"),
+                         "stat": _s("spearman", "pearson"), "bound": BOUND, "direction": _s("improved", "degraded")},
+            {"corr_layer": (("layer", "stat", "bound"), corr), "corr_band": (("band", "stat", "bound"), corr),
+             "rank": (("run", "layer"), rng.random((4, 3))), "rank_band": (("run", "band"), rng.random((4, 3))),
+             "success": (("run",), np.array([0.2, 0.4, 0.6, 0.8])),
+             "agree_layer": (("layer", "direction"), np.array([[2, 1], [1, 1], [2, 2]])),
+             "total_layer": (("layer", "direction"), np.full((3, 2), 2)),
+             "frac_layer": (("layer", "direction", "bound"), np.zeros((3, 2, 3)) + [0.5, 0.1, 0.9]),
+             "verdict_layer": (("layer",), _s("does not track", "does not track", "does not track" + tag))},
+            {"metric": "erank", "what": "weights"}))
+    return run
+
+
+# --------------------------------------------------------------------------------------------------
+# HTML structure helpers
+
+
+class _Elements(HTMLParser):
+    """Every start tag with its attributes, and the text of each <script> element."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict]] = []
+        self.scripts: list[tuple[dict, str]] = []
+        self._in_script: dict | None = None
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        if tag == "script":
+            self._in_script = dict(attrs)
+            self.scripts.append((self._in_script, ""))
+
+    def handle_endtag(self, tag):
+        if tag == "script":
+            self._in_script = None
+
+    def handle_data(self, data):
+        if self._in_script is not None:
+            attrs, text = self.scripts[-1]
+            self.scripts[-1] = (attrs, text + data)
+        else:
+            self.text.append(data)
+
+
+def _parse(page: str) -> _Elements:
+    p = _Elements()
+    p.feed(page)
+    p.close()
+    return p
+
+
+def _figures(page: str) -> list[dict]:
+    p = _parse(page)
+    data = [t for a, t in p.scripts if a.get("type") == "application/json"]
+    assert len(data) == 1
+    return json.loads(data[0])
+
+
+def _section(page: str, key: str) -> str:
+    m = re.search(rf"<section id='{key}'>(.*?)</section>", page, re.S)
+    assert m, key
+    return m.group(1)
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory) -> tuple[Path, str]:
+    run = write_run(tmp_path_factory.mktemp("runs") / "study")
+    return run, build_report(run)
+
+
+# --------------------------------------------------------------------------------------------------
+# Sections
+
+
+def test_every_section_present_with_its_figures(full_run):
+    run, page = full_run
+    rep = make_report(run)
+    assert rep.sections == ALL_SECTIONS and rep.absent == () and rep.notes == ()
+    titles = [re.sub(r"<[^>]+>", "", f["figure"]["layout"]["title"]["text"]) for f in _figures(page)]
+    assert len(titles) == rep.n_figures
+    expected = {
+        "training": ["Success rate of the training batches", "Mean reward", "Training loss", "KL to the reference",
+                     "Policy entropy", "Clip fractions", "Gradient norm"],
+        "success": ["Success rate per task", "Paired difference vs sft"],
+        "headroom": ["Greedy vs sampled success", "Headroom: sampled − greedy"],
+        "anatomy": ["Share of squared weight movement", "Relative change", "Largest movers", "Where the weights moved"],
+        "grafts": ["Graft effects", "Attribution", "Interactions", "Movement vs effect", "Double dissociation"],
+        "rank": ["Rank by layer — weights", "Rank by layer — RL delta", "Rank by layer — activations"],
+        "coupling": ["Rank–success coupling by layer", "Late-layer rank vs success", "Both directions"],
+    }
+    for key, want in expected.items():
+        html_ = _section(page, key)
+        ids = re.findall(r"id='(fig-\d+)'", html_)
+        got = [titles[int(i.split("-")[1]) - 1] for i in ids]
+        for w in want:
+            assert any(t.startswith(w) for t in got), (key, w, got)
+        assert "class='absent'" not in html_
+    assert "GRPO does not improve mastered tasks" in _section(page, "findings")
+
+
+def test_absent_sections_say_which_command_adds_them(tmp_path):
+    run = write_run(tmp_path / "r", kinds=("train",))
+    page = build_report(run)
+    rep = make_report(run)
+    assert rep.sections == ("training",)
+    for key, command in (("findings", "graftkit demo"), ("success", "graftkit eval"), ("headroom", "graftkit headroom"),
+                         ("anatomy", "graftkit delta"), ("grafts", "graftkit graft"), ("rank", "graftkit rank"),
+                         ("coupling", "graftkit couple")):
+        html_ = _section(page, key)
+        assert "class='absent'" in html_ and f"<code>{command}" in html_, key
+        assert "class='graph'" not in html_
+    # An empty run still renders: header, contents, every section's note.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    page = build_report(empty)
+    assert page.count("class='absent'") == len(ALL_SECTIONS) and _figures(page) == []
+
+
+def test_success_figures_hold_wilson_and_paired_values(full_run):
+    run, page = full_run
+    figs = {re.sub(r"<[^>]+>", "", f["figure"]["layout"]["title"]["text"]).split("\n")[0]: f["figure"]
+            for f in _figures(page)}
+    rates = next(v for k, v in figs.items() if k.startswith("Success rate per task"))
+    sft = read_result(run / "results" / "eval-sft-greedy.h5")["success"]
+    trace = next(t for t in rates["data"] if t["name"] == "sft")
+    x = sft[0]
+    w = wilson_interval(int(x.sum()), x.size)
+    y = _decode(trace["y"])
+    assert trace["x"][0] == "click-button"
+    assert y[0] == pytest.approx(100 * w.rate)
+    assert _decode(trace["error_y"]["array"])[0] == pytest.approx(100 * (w.high - w.rate))
+    assert _decode(trace["error_y"]["arrayminus"])[0] == pytest.approx(100 * (w.rate - w.low))
+    assert trace["x"][-1] == "all tasks" and y[-1] == pytest.approx(100 * sft.mean())
+    # Paired difference: rl − sft per task, bootstrap interval from stats.compare on the same arrays.
+    diff = next(v for k, v in figs.items() if k.startswith("Paired difference vs sft"))
+    rl = read_result(run / "results" / "eval-rl-greedy.h5")["success"]
+    c = compare(sft[1].reshape(6, -1), rl[1].reshape(6, -1))
+    t = diff["data"][0]
+    assert _decode(t["y"])[1] == pytest.approx(100 * c.diff)
+    assert _decode(t["error_y"]["array"])[1] == pytest.approx(100 * (c.bootstrap.high - c.diff))
+    # Pooled over tasks, seeds stay the paired unit: [seed, task·episode].
+    pooled = compare(np.moveaxis(sft[..., 0], 0, 1).reshape(6, -1), np.moveaxis(rl[..., 0], 0, 1).reshape(6, -1))
+    assert t["x"][-1] == "all tasks" and _decode(t["y"])[-1] == pytest.approx(100 * pooled.diff)
+
+
+def _decode(v):
+    """A figure array as floats: plotly 6 writes numpy arrays as {dtype, bdata} (base64)."""
+    if isinstance(v, dict) and "bdata" in v:
+        import base64
+
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"])).astype(float)
+    return np.array([np.nan if x is None else x for x in v], dtype=float)
+
+
+def test_anatomy_heatmap_is_layer_by_group_of_the_stored_share(full_run):
+    run, page = full_run
+    res = read_result(run / "results" / "delta-rl.h5")
+    fig = next(f["figure"] for f in _figures(page) if f["figure"]["layout"]["title"]["text"].startswith(
+        "<b>Share of squared weight movement"))
+    hm = fig["data"][0]
+    assert hm["type"] == "heatmap" and hm["x"] == ["attn", "mlp"]  # embed and norm have no in-layer tensors
+    z = np.array([_decode(row) for row in hm["z"]]) if isinstance(hm["z"], list) else _decode(hm["z"]).reshape(2, 2)
+    np.testing.assert_allclose(z, 100 * res["layer_group_share"][0][:, 1:3])
+
+
+def test_rank_menu_switches_metric_and_names_the_convention(full_run):
+    _, page = full_run
+    fig = next(f["figure"] for f in _figures(page) if "Rank by layer — weights" in f["figure"]["layout"]["title"]["text"])
+    assert len(fig["data"]) == 4  # 2 checkpoints × 2 metrics
+    assert [t["visible"] for t in fig["data"]] == [True, True, False, False]
+    assert "roy-vetterli" in fig["layout"]["title"]["text"]
+    buttons = fig["layout"]["updatemenus"][0]["buttons"]
+    assert [b["args"][0]["visible"] for b in buttons] == [[True, True, False, False], [False, False, True, True]]
+    assert fig["layout"]["yaxis"]["title"]["text"].startswith("effective rank")
+
+
+def test_optional_arrays_missing_only_drop_their_figures(tmp_path):
+    run = write_run(tmp_path / "r", kinds=("graft", "coupling"))
+    for name, drop in (("graft-factorial-rl.h5", ("shapley", "main_effect", "interaction", "movement_share")),
+                       ("coupling-weights-erank.h5", ("agree_layer", "total_layer", "frac_layer", "verdict_layer",
+                                                       "rank_band", "corr_band"))):
+        res = read_result(run / "results" / name)
+        write_result(run / "results" / name, Result(res.kind, res.coords,
+                                                    {k: v for k, v in res.data.items() if k not in drop}, res.attrs))
+    page = build_report(run)
+    titles = [f["figure"]["layout"]["title"]["text"] for f in _figures(page)]
+    assert any("Graft effects" in t for t in titles) and not any("Attribution" in t or "Interactions" in t
+                                                                 for t in titles)
+    # Movement vs effect falls back to nothing without movement_share; the scatter to the band rule.
+    assert not any("Movement vs effect" in t for t in titles)
+    assert any("Late-layer rank vs success" in t for t in titles) and not any("Both directions" in t for t in titles)
+    # A required array missing: a visible note names the file, the rest of the report still renders.
+    res = read_result(run / "results" / "graft-factorial-rl.h5")
+    write_result(run / "results" / "graft-factorial-rl.h5",
+                 Result(res.kind, {k: v for k, v in res.coords.items() if k != "config"},
+                        {k: v for k, v in res.data.items() if "config" not in v[0]}, res.attrs))
+    rep = make_report(run)
+    assert any("graft-factorial-rl.h5: could not be drawn" in n for n in rep.notes)
+    assert "could not be drawn" in _section(rep.html, "grafts")
+
+
+# --------------------------------------------------------------------------------------------------
+# Self-contained and escaped
+
+
+def test_self_contained_plotly_inlined_once(full_run):
+    _, page = full_run
+    p = _parse(page)
+    for tag, attrs in p.tags:
+        for k in ("src", "href"):
+            v = attrs.get(k) or ""
+            assert not re.match(r"\s*(https?:)?//", v), (tag, k, v)
+    scripts = p.scripts
+    assert len(scripts) == 3 and not any("src" in a for a, _ in scripts)
+    from plotly.offline import get_plotlyjs
+
+    assert page.count(get_plotlyjs()[:2000]) == 1  # the bundle appears exactly once
+    assert "<link" not in page and "@import" not in page
+
+
+def test_planted_markup_is_inert(tmp_path):
+    run = write_run(tmp_path / EVIL_DIR, evil=True)
+    page = build_report(run)
+    p = _parse(page)
+    tags = [t for t, _ in p.tags]
+    assert "img" not in tags
+    assert tags.count("script") == 3
+    assert [a.get("type") for a, _ in p.scripts] == [None, "application/json", None]
+    assert not [(t, k) for t, a in p.tags for k in a if k.lower().startswith("on")]
+    # The planted text is shown literally: in the page, as text…
+    text = "".join(p.text)
+    assert EVIL_DIR in text and "GRPO does not improve mastered tasks" + EVIL in text
+    # …and inside the figures entity-escaped, so Plotly's label renderer shows it instead of parsing it.
+    data_text = [t for a, t in p.scripts if a.get("type") == "application/json"][0]
+    assert "<" not in data_text and ">" not in data_text
+    figs = json.loads(data_text)
+    blob = json.dumps(figs, ensure_ascii=False)
+    assert "<script" not in blob and "<img" not in blob
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in blob
+    assert "model.layers.0.self_attn.q_proj.weight&lt;script&gt;" in blob  # a tensor name
+    assert "enter-text&lt;script&gt;" in blob  # a task name
+    # Every label Plotly will parse carries only the builders' own tags.
+    allowed = {"b", "/b", "br", "sup", "/sup", "extra", "/extra"}
+    for s in re.findall(r"<(/?[a-zA-Z]+)", blob):
+        assert s in allowed, s
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI: report and results
+
+
+def test_cli_report_writes_the_page_and_lists_sections(full_run, tmp_path):
+    run, _ = full_run
+    out = tmp_path / "out" / "r.html"
+    r = CliRunner().invoke(app, ["report", str(run), "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    info = json.loads(r.stdout)
+    assert info["path"] == str(out) and out.is_file()
+    assert info["sections"] == list(ALL_SECTIONS) and info["absent"] == []
+    assert info["figures"] == len(_figures(out.read_text()))
+    # Default output: RUN/report.html, and the plain summary names it.
+    r = CliRunner().invoke(app, ["report", str(run)])
+    assert r.exit_code == 0, r.output
+    assert (run / "report.html").is_file() and "report.html" in r.stdout
+    r = CliRunner().invoke(app, ["report", str(tmp_path / "nope")])
+    assert r.exit_code == 2 and "no such run folder" in r.output
+
+
+def test_write_report_is_atomic(tmp_path, monkeypatch):
+    run = write_run(tmp_path / "r", kinds=("findings",))
+    out = tmp_path / "report.html"
+    out.write_text("old")
+    import graftkit.figures.report as report
+
+    monkeypatch.setattr(report.os, "fsync", lambda fd: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError):
+        write_report(run, out)
+    assert out.read_text() == "old" and [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_results_csv_round_trip(tmp_path):
+    run = write_run(tmp_path / "r", evil=True)
+    dest = tmp_path / "csv"
+    r = CliRunner().invoke(app, ["results", str(run), "--csv", str(dest), "--json"])
+    assert r.exit_code == 0, r.output
+    info = json.loads(r.stdout)
+    listed = list_results(run)
+    assert [x["file"] for x in info["results"]] == [str(Path(x["path"]).relative_to(run)) for x in listed]
+    n_arrays = 0
+    for row in listed:
+        res = read_result(row["path"])
+        for name, (dims, values) in res.data.items():
+            n_arrays += 1
+            f = dest / f"results__{Path(row['path']).stem}.{name}.csv"
+            with open(f, newline="", encoding="utf-8") as fh:
+                rows = list(csv.reader(fh))
+            assert rows[0] == [*dims, "value"]
+            assert len(rows) - 1 == values.size
+            body = rows[1:]
+            # Rebuild the array from the tidy rows by its labels: every value and label recovered exactly.
+            index = [{str(v): i for i, v in enumerate(res.coords[d])} for d in dims]
+            back = np.empty(values.shape, dtype=object)
+            for cells in body:
+                back[tuple(index[k][c] for k, c in enumerate(cells[:-1]))] = cells[-1]
+            if values.dtype.kind in "fiub":
+                np.testing.assert_array_equal(back.astype(float), values.astype(float))
+            else:
+                assert back.tolist() == values.tolist()
+    assert len(info["csv"]) == n_arrays == len(list(dest.glob("*.csv")))
+    # Never into an input folder.
+    r = CliRunner().invoke(app, ["results", str(run), "--csv", str(run / "results")])
+    assert r.exit_code == 2 and "holds the run's result files" in r.output
+    # The listing without --csv.
+    r = CliRunner().invoke(app, ["results", str(run)])
+    assert r.exit_code == 0 and "graft-sweep" in r.stdout
+
+
+# --------------------------------------------------------------------------------------------------
+# Real producers: the report reads what graftkit itself writes
+
+
+def test_report_reads_real_delta_and_rank_results(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent))
+    from _pairs import make_pair
+
+    from graftkit.graft import delta_anatomy
+    from graftkit.rank import delta_ranks, weight_ranks
+    from graftkit.weights import open_checkpoint
+
+    pair = make_pair(tmp_path / "ck", layers=3)
+    b, r = open_checkpoint(pair.base), open_checkpoint(pair.rl)
+    tax = b.taxonomy()
+    run = tmp_path / "run"
+    write_result(run / "results" / "delta-rl.h5", delta_anatomy(b, [r], ["rl"], tax))
+    write_result(run / "results" / "rank-weights-rl.h5", weight_ranks(r, tax))
+    write_result(run / "results" / "rank-delta-rl.h5", delta_ranks(b, r, tax))
+    rep = make_report(run)
+    assert rep.sections == ("anatomy", "rank") and rep.notes == ()
+    figs = _figures(rep.html)
+    hm = next(f["figure"]["data"][0] for f in figs if "Share of squared" in f["figure"]["layout"]["title"]["text"])
+    assert len(hm["y"]) == 3 if isinstance(hm["y"], list) else True
+    assert sum(1 for f in figs if "Rank by layer" in f["figure"]["layout"]["title"]["text"]) == 2
+
+
+# --------------------------------------------------------------------------------------------------
+# Browser
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not browser_available(), reason="needs selenium, chromium and chromium-driver")
+def test_report_renders_in_chromium_without_errors(tmp_path):
+    from graftkit.figures.browser import chromium, wait_rendered
+
+    run = write_run(tmp_path / EVIL_DIR, evil=True)
+    out = tmp_path / "report.html"
+    rep = write_report(run, out)
+    driver = chromium()
+    try:
+        # window.onerror is installed before any page script runs (CDP), so errors during load are caught too.
+        driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": (
+            "window.__errors = []; window.addEventListener('error', function (e) { window.__errors.push(String("
+            "e.message)); }); window.addEventListener('unhandledrejection', function (e) { "
+            "window.__errors.push(String(e.reason)); });")})
+        driver.get(out.resolve().as_uri())
+        assert wait_rendered(driver) == rep.n_figures > 20
+        state = driver.execute_script("""
+            var out = [];
+            document.querySelectorAll('.graph').forEach(function (d) {
+              // Drawn data: the trace groups (scatter, bars) and heatmap images inside the plot area.
+              var drawn = 0, area = 0;
+              d.querySelectorAll('.cartesianlayer .trace, .cartesianlayer .hm').forEach(function (t) {
+                var b = t.getBoundingClientRect();
+                if (b.width > 0 && b.height > 0) { drawn++; area += b.width * b.height; }
+              });
+              out.push({id: d.id, plotly: d.classList.contains('js-plotly-plot'),
+                        traces: d._fullData ? d._fullData.length : 0, drawn: drawn, area: area});
+            });
+            return {figs: out, errors: window.__errors, pwned: typeof window.__pwned,
+                    text: Array.from(document.querySelectorAll('svg text')).map(function (t) {
+                      return t.textContent; }).join('\\n')};
+        """)
+        severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        driver.quit()
+    assert severe == [] and state["errors"] == []
+    assert state["pwned"] == "undefined"
+    assert len(state["figs"]) == rep.n_figures
+    for f in state["figs"]:
+        assert f["plotly"] and f["traces"] > 0 and f["drawn"] > 0 and f["area"] > 0, f
+    # Plotly shows the planted markup as literal text.
+    assert "enter-text<script>alert(1)</script>" in state["text"]
