@@ -40,14 +40,15 @@ def graft_effects(label: str, res: Result) -> go.Figure:
     n = len(configs)
     groups, layers = _str(res, "config_groups", n), _str(res, "config_layers", n)
     alpha = np.asarray(res["config_alpha"], dtype=np.float64) if "config_alpha" in res.data else np.full(n, np.nan)
-    verdict = _str(res, "verdict_vs_base", n, "no verdict stored")
+    verdicts = (_str(res, "verdict_vs_base", n, "no verdict stored"), _str(res, "verdict_vs_rl", n, ""))
+    verdict = verdicts[0]
     fig = go.Figure()
     for k, (name, what) in enumerate((("diff_vs_base", "vs base (SFT)"), ("diff_vs_rl", "vs RL"))):
         if name not in res.data:
             continue
         s = _scale(res, name)
         e, lo, hi = bounds(res[name], res.coords["bound"])
-        custom = [[esc(groups[i]), esc(layers[i]), f"{alpha[i]:g}", esc(verdict[i]) if k == 0 else "",
+        custom = [[esc(groups[i]), esc(layers[i]), f"{alpha[i]:g}", esc(verdicts[k][i]),
                    _iv(s * e[i], s * lo[i], s * hi[i])] for i in range(n)]
         fig.add_trace(go.Scatter(
             y=esc_all(configs), x=s * e, mode="markers", name=what, error_x={**interval_error(e, lo, hi, s),
@@ -71,7 +72,10 @@ def graft_effects(label: str, res: Result) -> go.Figure:
 
 def attribution(label: str, res: Result) -> go.Figure | None:
     """Shapley values and main effects per parameter group, with 95% intervals (None if neither is stored)."""
-    names = [(n, t) for n, t in (("shapley", "Shapley value"), ("main_effect", "main effect")) if n in res.data]
+    names = [(n, t) for n, t in (("shapley", "Shapley value"), ("main_effect", "main effect"),
+                                  ("group_effect", _group_effect_name(res))) if n in res.data]
+    if "shapley" in res.data and _group_effect_name(res) == "group effect (shapley)":
+        names = [x for x in names if x[0] != "group_effect"]  # the same numbers as the Shapley values
     if not names:
         return None
     fig = go.Figure()
@@ -112,10 +116,19 @@ def interaction_heatmap(label: str, res: Result) -> go.Figure | None:
                        "blue positive, red negative", "group", "group", height=420)
 
 
+def _group_effect_name(res: Result) -> str:
+    kind = res.var_attrs.get("group_effect", {}).get("kind")
+    return f"group effect ({kind})" if kind else "group effect"
+
+
 def effect_per_group(res: Result) -> tuple[str, list[str], np.ndarray, np.ndarray, np.ndarray] | None:
     """The causal effect per group used against movement: Shapley, else main effect, else the single-group
-    graft (all layers, α = 1) vs base. Returns (source, groups, estimate, low, high) in points."""
-    for name, what in (("shapley", "Shapley value"), ("main_effect", "main effect")):
+    graft (all layers, α = 1) vs base. Returns (source, groups, estimate, low, high) in points.
+
+    Shapley values, main effects and group effects are the sweep's attribution arrays; the single-group
+    fallback reads the configurations when only those were stored."""
+    for name, what in (("shapley", "Shapley value"), ("main_effect", "main effect"),
+                       ("group_effect", _group_effect_name(res))):
         if name in res.data:
             s = _scale(res, name)
             e, lo, hi = bounds(res[name], res.coords["bound"])
@@ -167,16 +180,33 @@ def movement_vs_effect(label: str, res: Result) -> go.Figure | None:
                        "effect on success (percentage points)", legend_title="effect")
 
 
+def _run_name(res: Result, run: str) -> str:
+    """A dissociation run's name from attrs["runs"][run] (a label, a path, or a dict holding either)."""
+    runs = res.attrs.get("runs")
+    v = runs.get(run) if isinstance(runs, dict) else None
+    if isinstance(v, dict):
+        v = v.get("label") or v.get("path")
+    return str(v) if v else ""
+
+
+def _dissociation_colour(verdict: str, runs: list[str]) -> str:
+    """A only / B only in that run's colour; anything else grey."""
+    for k, r in enumerate(runs):
+        if verdict == f"{r} only":
+            return colour(k)
+    return "#737373"
+
+
 def dissociation(label: str, res: Result) -> go.Figure:
     """Per group, the effect in run A and in run B and their difference, with 95% intervals."""
     groups = esc_all(res.coords["group"])
     runs = [str(r) for r in res.coords["run"]]
-    paths = res.attrs.get("runs") or res.attrs.get("run_paths") or {}
     fig = go.Figure()
     s = _scale(res, "effect")
+    names = {r: _run_name(res, r) for r in runs}
     for k, r in enumerate(runs):
         e, lo, hi = bounds(res["effect"][k], res.coords["bound"])
-        name = f"effect in run {r}" + (f" ({paths[r]})" if isinstance(paths, dict) and r in paths else "")
+        name = f"effect in run {r}" + (f" ({names[r]})" if names[r] else "")
         fig.add_trace(go.Bar(
             x=groups, y=s * e, name=esc(name), marker_color=colour(k), error_y=interval_error(e, lo, hi, s),
             customdata=[[_iv(s * e[i], s * lo[i], s * hi[i])] for i in range(len(e))],
@@ -187,7 +217,7 @@ def dissociation(label: str, res: Result) -> go.Figure:
         verdict = _str(res, "verdict", len(groups), "no verdict stored")
         fig.add_trace(go.Scatter(
             x=groups, y=s * e, mode="markers", name="difference " + " − ".join(esc_all(runs)),
-            marker={"size": 12, "symbol": "diamond", "color": [verdict_colour(v) for v in verdict],
+            marker={"size": 12, "symbol": "diamond", "color": [_dissociation_colour(v, runs) for v in verdict],
                     "line": {"color": "#222", "width": 1}},
             error_y={**interval_error(e, lo, hi, s), "color": "#222"},
             customdata=[[_iv(s * e[i], s * lo[i], s * hi[i]), esc(verdict[i])] for i in range(len(e))],
@@ -196,6 +226,8 @@ def dissociation(label: str, res: Result) -> go.Figure:
         ))
     zero_line(fig)
     fig.update_layout(barmode="group")
+    effect = res.attrs.get("effect")
     return base_layout(fig, f"Double dissociation — {esc(label)}",
-                       "each group's effect on success in two RL runs and their difference, 95% intervals",
+                       "each group's effect on success in two RL runs" + (f" ({esc(effect)} effect)" if effect else "")
+                       + " and their difference, 95% intervals; diamond colour: the run the group's change belongs to",
                        "parameter group", "effect on success (percentage points)", legend_title="series")

@@ -492,6 +492,46 @@ def test_report_reads_real_delta_and_rank_results(tmp_path, monkeypatch):
     assert sum(1 for f in figs if "Rank by layer" in f["figure"]["layout"]["title"]["text"]) == 2
 
 
+def test_report_reads_real_graft_and_coupling_results(tmp_path):
+    from graftkit.graft import attribution as A
+    from graftkit.graft import experiments as X
+    from graftkit.rank.coupling import both_directions, coupling, coupling_result
+
+    rng = np.random.default_rng(1)
+    groups, present = ["attn", "mlp"], ["embed", "attn", "mlp", "norm"]
+    exps = X.expand_sweep("factorial", groups, present)
+    tasks, seeds, E = ["click-button", "enter-text"], list(range(5)), 4
+
+    def outcomes(p_attn: float):
+        return {e.label: (rng.random((2, 5, E)) < 0.8 - (p_attn if "attn" in e.groups else 0)).astype(np.int8)
+                for e in exps}
+
+    sa, sb = outcomes(0.4), outcomes(0.0)
+    run = tmp_path / "run"
+    res = X.sweep_result("factorial", exps, sa, tasks, seeds, E, groups, movement_share={"attn": 0.3, "mlp": 0.2},
+                         n_boot=200)
+    write_result(run / "results" / "graft-factorial-a.h5", res)
+    d = A.dissociation(X.subset_outcomes(exps, sa), X.subset_outcomes(exps, sb), groups, n_boot=200)
+    write_result(run / "results" / "graft-dissociation-a-vs-b.h5", X.dissociation_result(
+        d, {"A": {"path": "/x/a", "label": "a"}, "B": {"path": "/x/b", "label": "b"}}))
+    R = rng.random((5, 6)) * 10
+    s = np.array([0.2, 0.3, 0.5, 0.6, 0.9])
+    corr = coupling(R, s, np.full(5, 40), n_boot=200, runs=[f"r{i}" for i in range(5)])
+    both = both_directions(R, s, R.mean(0), 0.5, ["credibly better", "credibly worse"] * 2 + ["no credible change"],
+                           runs=[f"r{i}" for i in range(5)])
+    write_result(run / "results" / "coupling-weights-erank.h5", coupling_result(corr, both))
+    rep = make_report(run)
+    assert rep.sections == ("grafts", "coupling") and rep.notes == ()
+    titles = [f["figure"]["layout"]["title"]["text"] for f in _figures(rep.html)]
+    for want in ("Graft effects", "Attribution", "Interactions", "Movement vs effect", "Double dissociation",
+                 "Rank–success coupling by layer", "Late-layer rank vs success", "Both directions"):
+        assert sum(t.startswith("<b>" + want) for t in titles) == 1, want
+    fig = next(f["figure"] for f in _figures(rep.html) if "Double dissociation" in f["figure"]["layout"]["title"]["text"])
+    assert [t["name"] for t in fig["data"][:2]] == ["effect in run A (a)", "effect in run B (b)"]
+    e = _decode(fig["data"][0]["y"])
+    np.testing.assert_allclose(e, 100 * d.effect[0, :, 0])
+
+
 # --------------------------------------------------------------------------------------------------
 # Browser
 
