@@ -306,7 +306,7 @@ def _default_graft_out(rl: Path, groups: str, layers: str, alpha: float, reverse
 @_handled
 def graft(
     rl: Path = typer.Option(..., "--from", help="RL checkpoint: HF folder, .safetensors, or LoRA adapter."),
-    groups: str = typer.Option(..., help="Groups to move: comma list of embed,attn,mlp,norm,lm_head,vision,projector | all | none."),
+    groups: Optional[str] = typer.Option(None, help="Groups to move: comma list of embed,attn,mlp,norm,lm_head,vision,projector | all | none (a sweep: the groups it varies, default every group present)."),
     base: Optional[Path] = typer.Option(None, help="The SFT base (default: the parent recorded in graftkit.json)."),
     layers: str = typer.Option("all", help="Decoder layers: all | early | mid | late | 0-3,10."),
     alpha: float = typer.Option(1.0, help="Scale of the grafted delta (1 = exact copy of RL's tensors)."),
@@ -317,13 +317,36 @@ def graft(
     max_shard_size: str = typer.Option("5GB", help="HF max shard size of the output."),
     allow_pickle: bool = typer.Option(False, help="Load pickled .bin/.pt weights (weights_only=True)."),
     unknown: str = typer.Option("error", help="Tensors no taxonomy table claims: error | keep-base."),
+    eval_: bool = typer.Option(False, "--eval", help="Graft in memory and evaluate against base and RL on identical episodes (no export)."),
+    sweep: Optional[str] = typer.Option(None, help="Evaluate a sweep of in-memory grafts: single | loo | factorial | layers | alpha."),
+    alphas: str = typer.Option("0,0.25,0.5,0.75,1", help="α values of --sweep alpha."),
+    vs: Optional[Path] = typer.Option(None, "--vs", help="A second RL run of the same base: run the sweep for it too and test a double dissociation."),
+    tasks: str = typer.Option("mastered", help="With --eval/--sweep: suite (mastered, headroom, all) or comma list of tasks."),
+    seeds: int = typer.Option(25, help="With --eval/--sweep: evaluation seeds 0..N-1."),
+    episodes: int = typer.Option(4, help="With --eval/--sweep: episodes per seed and task."),
+    sample: bool = typer.Option(False, help="With --eval/--sweep: sample actions instead of greedy decoding."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature."),
+    max_new_tokens: int = typer.Option(32, help="With --eval/--sweep: longest action in tokens (longer turns are cut and count invalid)."),
+    batch_size: int = typer.Option(64, help="Episodes advanced together."),
+    save: Optional[Path] = typer.Option(None, "--save", help="With --eval/--sweep: HDF5 result (default: RUN/results/graft-<sweep>-<rl>.h5)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
-    """Splice the RL model's delta for some groups and layers into the base: θ = θ_base + α·M⊙Δ."""
+    """Splice the RL model's delta for some groups and layers into the base: θ = θ_base + α·M⊙Δ.
+
+    With --eval or --sweep nothing is written but a result: the base policy is loaded once, each graft is
+    written into it in place, evaluated on identical episodes and compared with base and RL."""
     from .graft import GraftSpec, export_graft, plan_graft
     from .weights import check_pair, open_checkpoint, open_rl, parse_size, resolve_base
 
     t0 = time.perf_counter()
+    if eval_ or sweep or vs is not None:
+        return _graft_experiments(
+            rl=rl, groups=groups, base=base, layers=layers, alpha=alpha, reverse=reverse, dry_run=dry_run,
+            allow_pickle=allow_pickle, unknown=unknown, sweep=sweep, alphas=alphas, vs=vs, tasks=tasks,
+            seeds=seeds, episodes=episodes, sample=sample, temperature=temperature, max_new_tokens=max_new_tokens,
+            batch_size=batch_size, save=save, as_json=as_json)
+    if groups is None:
+        raise GraftkitError("--groups is required to export a graft", "pass e.g. --groups attn,mlp (or --sweep single)")
     spec = GraftSpec.parse(groups, layers, alpha, reverse)
     parse_size(max_shard_size)
     base_path = resolve_base(_must_exist(rl), base)
@@ -376,6 +399,208 @@ def graft(
         out.print(f"note: {escape(note)}", soft_wrap=True)
     out.print(f"grafted {len(plan.selected)} tensors ({_fmt_bytes(summary['selected_bytes'])} of "
               f"{_fmt_bytes(b.nbytes)}) → {escape(str(written))} in {seconds:.1f} s")
+
+
+def _graft_experiments(*, rl, groups, base, layers, alpha, reverse, dry_run, allow_pickle, unknown, sweep, alphas,
+                       vs, tasks, seeds, episodes, sample, temperature, max_new_tokens, batch_size, save, as_json):
+    """`graft --eval` / `--sweep`: expand the specs, graft each into the loaded base in place, evaluate,
+    compare, attribute; with `--vs`, the same for a second run and the double-dissociation test."""
+    from dataclasses import asdict
+
+    from .agent import Decode, resolve_tasks
+    from .graft import GraftSpec, delta_anatomy
+    from .graft import attribution as attr
+    from .graft import experiments as X
+    from .store import read_result, write_result
+    from .weights import check_pair, describe, open_checkpoint, open_rl, resolve_base
+
+    t0 = time.perf_counter()
+    kind = sweep or "eval"
+    if sweep is not None and sweep not in X.SWEEPS:
+        raise GraftkitError(f"unknown --sweep {sweep!r}", f"use one of {', '.join(X.SWEEPS)}")
+    if vs is not None and kind not in X.GROUP_EFFECT:
+        raise GraftkitError(f"--vs needs --sweep single, loo or factorial (got {kind})",
+                            "pass e.g. --sweep single --vs RL2")
+    base_path = resolve_base(_must_exist(rl), base)
+    b = open_checkpoint(base_path, allow_pickle=allow_pickle)
+    tax = b.taxonomy(unknown)
+    runs = [("A", rl, open_rl(rl, b, allow_pickle=allow_pickle))]
+    if vs is not None:
+        runs.append(("B", vs, open_rl(_must_exist(vs, "--vs"), b, allow_pickle=allow_pickle)))
+    for _, _, r in runs:
+        check_pair(b, r, tax)
+    present = X.present_groups(tax)
+    if kind == "eval":
+        if groups is None:
+            raise GraftkitError("--eval needs --groups", "pass e.g. --groups attn,mlp")
+        spec = GraftSpec.parse(groups, layers, alpha, reverse)
+        exps = X.one_experiment(spec, present)
+        chosen = tuple(g for g in spec.groups if g in present) if set(spec.groups) != set(X.GROUPS) else present
+    else:
+        if reverse:
+            raise GraftkitError("--reverse applies to one graft, not a sweep", "drop --reverse or --sweep")
+        default = X.layered_groups(tax) if kind == "layers" else present
+        chosen = default if groups in (None, "all") else GraftSpec.parse(groups).groups
+        try:
+            alpha_list = [float(a) for a in alphas.split(",") if a.strip()]
+        except ValueError:
+            raise GraftkitError(f"--alphas {alphas!r}: expected a comma list of numbers", "e.g. --alphas 0,0.5,1") from None
+        exps = X.expand_sweep(kind, chosen, present, layers=layers if kind != "layers" else "all", alphas=alpha_list)
+    X.plan_sweep(tax, exps)  # every spec must select something, before any model loads
+    sweep_layers = layers if kind not in ("layers", "eval") else "all"
+    labels = dict(zip((k for k, _, _ in runs), _unique_labels([p for _, p, _ in runs])))
+    if dry_run:
+        payload = {"sweep": kind, "base": str(base_path), "rl": {k: str(p) for k, p, _ in runs},
+                   "groups": list(chosen), "count": len(exps), "experiments": [e.as_dict() for e in exps],
+                   "dry_run": True}
+        if as_json:
+            return _print_json(payload)
+        t = Table(title=f"dry run: {kind} sweep over {escape(','.join(chosen) or 'nothing')} — {len(exps)} configurations"
+                        + (" per run" if vs else ""))
+        for c in ("config", "groups", "layers", "α", "role"):
+            t.add_column(c, justify="right" if c == "α" else "left")
+        for e in exps:
+            t.add_row(escape(e.label), escape(",".join(e.groups) or "—"), escape(e.layers), f"{e.alpha:g}", e.role)
+        out.print(t)
+        return
+    task_list, seed_list = resolve_tasks(tasks), _seed_list(seeds)
+    decode = Decode(greedy=not sample, temperature=temperature, max_new_tokens=max_new_tokens)
+    policy = _load_policy(base_path, allow_pickle)
+    base_desc = describe(b)
+    outcomes: dict[str, dict[str, np.ndarray]] = {}
+    files, resumed, payload_runs = {}, {}, {}
+    for key, path, r in runs:
+        label = labels[key]
+        dest = save if (save and key == "A") else current_run() / "results" / f"graft-{kind}-{label}.h5"
+        if vs is not None and save and key == "B":
+            dest = save.with_name(f"{save.stem}-vs{save.suffix}")
+        setup = {"base": base_desc, "rl": describe(r), "tasks": task_list, "seeds": seed_list, "episodes": episodes,
+                 "decode": asdict(decode), "unknown": unknown}
+        done = {}
+        if dest.is_file():
+            try:
+                done = X.completed_outcomes(read_result(dest), exps, setup)
+            except GraftkitError:
+                done = {}
+        resumed[key] = sorted(done)
+        if key == "B" and X.BASE_LABEL in outcomes.get("A", {}):
+            done.setdefault(X.BASE_LABEL, outcomes["A"][X.BASE_LABEL])  # one base for both runs
+        share = delta_anatomy(b, [r], [label], tax)
+        movement = {g: float(v) for g, v in zip(share.coords["group"], share["group_share"][0])}
+        common = dict(layers=sweep_layers, movement_share=movement,
+                      attrs={**setup, "rl_label": label, "command": "graft --" + ("sweep " + kind if sweep else "eval")})
+        partial: dict[str, np.ndarray] = dict(done)
+
+        def stream(e, s, dest=dest, partial=partial, common=common):
+            partial[e.label] = s  # a partial result after every configuration: an interrupted sweep resumes
+            write_result(dest, X.sweep_result(kind, exps, partial, task_list, seed_list, episodes, chosen,
+                                              compare_configs=False, **common))
+
+        per = len(task_list) * len(seed_list) * episodes
+        with Progress(TextColumn("[bold]{task.description}[/]"), BarColumn(),
+                      TextColumn("{task.completed}/{task.total} episodes"), TimeRemainingColumn(),
+                      console=err, transient=True, disable=not err.is_terminal) as p:
+            current = {}
+
+            def start(e, p=p, current=current):
+                current["id"] = p.add_task(f"{label}: {e.label}", total=per)
+
+            outcomes[key] = X.run_sweep(
+                exps, policy, b, r, task_list, seed_list, episodes, decode, done=done, on_start=start,
+                on_episode=lambda ep, p=p, current=current: p.advance(current["id"]), on_result=stream,
+                unknown=unknown, batch_size=batch_size)
+        res = X.sweep_result(kind, exps, outcomes[key], task_list, seed_list, episodes, chosen, **common)
+        files[key] = str(write_result(dest, res))
+        payload_runs[key] = _sweep_json(res, path)
+    dis = None
+    if vs is not None:
+        effect = X.GROUP_EFFECT[kind]
+        subsets = {k: X.subset_outcomes(exps, outcomes[k], sweep_layers) for k in outcomes}
+        d = attr.dissociation(subsets["A"], subsets["B"], chosen, kind=effect)
+        dest = current_run() / "results" / f"graft-dissociation-{labels['A']}-vs-{labels['B']}.h5"
+        files["dissociation"] = str(write_result(dest, X.dissociation_result(
+            d, {"A": {"path": str(rl), "label": labels["A"], "result": files["A"]},
+                "B": {"path": str(vs), "label": labels["B"], "result": files["B"]}},
+            attrs={"base": base_desc, "sweep": kind})))
+        dis = {"effect": effect, "double_dissociation": d.double_dissociation, "rule": attr.DISSOCIATION_RULE,
+               "groups": {g: {"A": d.effect[0, i].tolist(), "B": d.effect[1, i].tolist(),
+                              "difference": d.difference[i].tolist(), "verdict": d.verdict[i]}
+                          for i, g in enumerate(d.groups)}}
+    seconds = time.perf_counter() - t0
+    if as_json:
+        return _print_json({"sweep": kind, "base": str(base_path), "runs": payload_runs, "dissociation": dis,
+                            "files": files, "resumed": resumed, "tasks": task_list, "seeds": len(seed_list),
+                            "episodes": episodes, "decode": asdict(decode), "seconds": seconds})
+    for key, _, _ in runs:
+        _sweep_tables(payload_runs[key], labels[key], len(seed_list), episodes)
+    if dis is not None:
+        t = Table(title=f"double dissociation ({dis['effect']} effects): A = {escape(labels['A'])}, "
+                        f"B = {escape(labels['B'])} — {'yes' if dis['double_dissociation'] else 'no'}")
+        for c in ("group", "effect A", "effect B", "A − B", "verdict"):
+            t.add_column(c, justify="left" if c in ("group", "verdict") else "right")
+        for g, row in dis["groups"].items():
+            t.add_row(g, *(_pts(row[k]) for k in ("A", "B", "difference")), row["verdict"])
+        out.print(t)
+        out.print(f"rule: {escape(attr.DISSOCIATION_RULE)}", soft_wrap=True)
+    for k, f in files.items():
+        note = f" (resumed {len(resumed[k])} configurations)" if resumed.get(k) else ""
+        out.print(f"saved {escape(f)}{note}")
+    out.print(f"{seconds:.1f} s")
+
+
+def _pts(b) -> str:
+    """(estimate, low, high) as percentage points."""
+    if b is None or any(v is None or not math.isfinite(v) for v in b):
+        return "—"
+    return f"{100 * b[0]:+.1f} [{100 * b[1]:+.1f}, {100 * b[2]:+.1f}]"
+
+
+def _sweep_json(res, rl_path) -> dict:
+    configs = []
+    for i, label in enumerate(res.coords["config"]):
+        configs.append({
+            "config": str(label), "groups": str(res["config_groups"][i]), "layers": str(res["config_layers"][i]),
+            "alpha": float(res["config_alpha"][i]), "success": float(res["success"][i].mean()),
+            "diff_vs_base": res["diff_vs_base"][i].tolist(), "verdict_vs_base": str(res["verdict_vs_base"][i]),
+            "diff_vs_rl": res["diff_vs_rl"][i].tolist(), "verdict_vs_rl": str(res["verdict_vs_rl"][i]),
+        })
+    groups = [str(g) for g in res.coords["group"]]
+    attribution = {}
+    for j, g in enumerate(groups):
+        row = {name: res[name][j].tolist() for name in ("group_effect", "main_effect", "shapley") if name in res.data}
+        if "movement_share" in res.data:
+            row["movement_share"] = float(res["movement_share"][j])
+        attribution[g] = row
+    payload = {"rl": str(rl_path), "configs": configs, "attribution": attribution,
+               "group_effect": res.var_attrs.get("group_effect", {}).get("kind")}
+    if "interaction" in res.data:
+        payload["interactions"] = [{"groups": [groups[a], groups[c]], "interaction": res["interaction"][a, c].tolist()}
+                                   for a in range(len(groups)) for c in range(a + 1, len(groups))]
+    return payload
+
+
+def _sweep_tables(run: dict, label: str, n_seeds: int, episodes: int) -> None:
+    t = Table(title=f"{escape(label)}: grafts evaluated on identical episodes ({n_seeds} seeds × {episodes} episodes per task)")
+    for c in ("config", "success", "vs base \\[95%]", "verdict vs base", "vs RL \\[95%]", "verdict vs RL"):
+        t.add_column(c, justify="right" if c in ("success",) or c.startswith("vs") else "left")
+    for c in run["configs"]:
+        t.add_row(escape(c["config"]), f"{100 * c['success']:.1f}%", _pts(c["diff_vs_base"]), c["verdict_vs_base"],
+                  _pts(c["diff_vs_rl"]), c["verdict_vs_rl"])
+    out.print(t)
+    if any(run["attribution"].values()):
+        t = Table(title=(f"attribution of the success change to groups ({escape(run['group_effect'])} effect) beside "
+                         "weight movement" if run["group_effect"] else "weight movement of the grafted groups"))
+        cols = [c for c in ("group_effect", "main_effect", "shapley") if any(c in r for r in run["attribution"].values())]
+        t.add_column("group")
+        t.add_column("movement share", justify="right")
+        for c in cols:
+            t.add_column(c.replace("_", " "), justify="right")
+        for g, r in run["attribution"].items():
+            share = r.get("movement_share")
+            t.add_row(g, "—" if share is None else f"{100 * share:.1f}%", *(_pts(r.get(c)) for c in cols))
+        out.print(t)
+    for row in run.get("interactions", []):
+        out.print(f"interaction {'×'.join(row['groups'])}: {_pts(row['interaction'])}")
 
 
 # ------------------------------------------------------------------------------------ eval, headroom

@@ -288,9 +288,11 @@ def sweep_result(
     level: float = 0.95,
     n_boot: int = 10_000,
     seed: int = 0,
+    compare_configs: bool = True,
 ) -> Result:
     """The labelled ``graft-sweep`` result: every completed configuration's outcomes, each compared with
-    base and RL (:func:`graftkit.stats.compare`), and — once every configuration is in — the attribution
+    base and RL (:func:`graftkit.stats.compare`; ``compare_configs=False`` leaves NaN, for the partial
+    results written while a sweep runs), and — once every configuration is in — the attribution
     (factorial: main effects, interactions, Shapley values; single / loo / factorial: ``group_effect``)."""
     from ..stats import VERDICT_RULE, compare
 
@@ -305,7 +307,7 @@ def sweep_result(
     for i, e in enumerate(configs):
         for ref, diff, verdicts, bayes in ((BASE_LABEL, diff_base, verdict_base, bayes_base),
                                            (RL_LABEL, diff_rl, verdict_rl, None)):
-            if ref in folded:
+            if ref in folded and compare_configs:
                 c = compare(folded[ref], folded[e.label], level=level, n_boot=n_boot, seed=seed)
                 diff[i] = (c.diff, c.bootstrap.low, c.bootstrap.high)
                 verdicts[i] = c.verdict
@@ -346,7 +348,7 @@ def sweep_result(
     conventions = {"interval": A.INTERVAL_METHOD, "level": level, "n_boot": n_boot, "seed": seed,
                    "credible": A.CREDIBLE, "verdict_rule": VERDICT_RULE,
                    "outcomes": "tasks folded into episodes: [seed, task·episode], seeds are the clusters"}
-    complete = not pending
+    complete = not pending and compare_configs
     subsets = subset_outcomes(configs, success, layers) if complete else {}
     if complete and kind == "factorial":
         fa = A.attribute_factorial(subsets, groups, level, n_boot, seed)
@@ -365,7 +367,7 @@ def sweep_result(
         var_attrs["movement_share"] = {
             "what": "share of the run's total squared weight movement ‖Δ‖²_F in the group (delta anatomy)"}
     return Result("graft-sweep", coords, data, {
-        "sweep": kind, "layers": layers, "groups": list(groups), "complete": complete, "pending": pending,
+        "sweep": kind, "layers": layers, "groups": list(groups), "complete": not pending, "pending": pending,
         "experiments": [e.as_dict() for e in experiments], "tasks": list(tasks), "seeds": list(seeds),
         "episodes": episodes, "conventions": conventions, **(attrs or {}),
     }, var_attrs)
@@ -399,7 +401,7 @@ def dissociation_result(d: A.Dissociation, runs: Mapping[str, Mapping], attrs: M
 
 
 __all__ = [
-    "BASE_LABEL", "DEFAULT_ALPHAS", "MAX_FACTORIAL", "RL_LABEL", "SWEEPS", "GraftExperiment", "completed_outcomes",
+    "GROUPS", "GROUP_EFFECT", "BASE_LABEL", "DEFAULT_ALPHAS", "MAX_FACTORIAL", "RL_LABEL", "SWEEPS", "GraftExperiment", "completed_outcomes",
     "dissociation_result", "expand_sweep", "label_for", "layered_groups", "one_experiment", "plan_sweep",
     "present_groups", "references", "run_sweep", "subset_outcomes", "sweep_result",
 ]

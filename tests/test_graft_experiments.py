@@ -201,3 +201,155 @@ def test_sweep_result_schema_from_a_planted_factorial():
     # a partial sweep: no attribution yet, the pending configurations named
     part = sweep_result("factorial", exps, {k: success[k] for k in labels[:3]}, ["t1", "t2"], range(5), 3, groups)
     assert not part.attrs["complete"] and part.attrs["pending"] == ["mlp"] and "shapley" not in part.data
+
+
+# ------------------------------------------------------------------------- executor and CLI, end to end
+
+TASKS = ["click-button", "focus-text"]
+
+
+@pytest.fixture(scope="module")
+def policies(tmp_path_factory):
+    """A tiny SFT policy and two RL children: one moved in attention, one in the MLP (planted)."""
+    import torch
+
+    from graftkit.agent import task_words, tiny_policy
+    from graftkit.weights import describe, open_checkpoint, save_model
+
+    root = tmp_path_factory.mktemp("policies")
+    sft = tiny_policy(task_words(), "nano", seed=0)
+    paths = {"sft": save_model(root / "sft", sft.model, sft.tokenizer, provenance={"producer": "test"})}
+    d = describe(open_checkpoint(paths["sft"]))
+    for name, where, seed in (("rl", ".self_attn.", 1), ("rl2", ".mlp.", 2)):
+        m = tiny_policy(task_words(), "nano", seed=0).model
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for n, q in m.named_parameters():
+                if where in n and q.dim() == 2:
+                    q.add_(0.5 * torch.randn(q.shape, generator=g))
+        paths[name] = save_model(root / name, m, sft.tokenizer, provenance={
+            "producer": "test (planted)", "base_model": {"path": d["path"], "sha256": d["sha256"]}})
+    return paths
+
+
+@pytest.mark.slow
+def test_run_sweep_plays_what_separately_loaded_models_play(policies, tmp_path):
+    """Each in-place graft plays exactly the episodes (actions, outcomes) of the same graft exported and
+    loaded on its own; the base model is itself again afterwards."""
+    from graftkit.agent import Decode, evaluate, load_policy
+    from graftkit.graft import export_graft, plan_graft, run_sweep
+    from graftkit.weights import open_checkpoint
+
+    base, rl = open_checkpoint(policies["sft"]), open_checkpoint(policies["rl"])
+    exps = expand_sweep("single", ("attn", "mlp"), ("embed", "attn", "mlp", "norm", "lm_head"))
+    decode = Decode(max_new_tokens=4)
+    policy = load_policy(policies["sft"])
+    before = {n: t.clone() for n, t in policy.model.state_dict().items()}
+    played: dict[str, list] = {}
+    current = {}
+    got = run_sweep(exps, policy, base, rl, TASKS[:1], [0, 1], 2, decode,
+                    on_start=lambda e: current.update(label=e.label),
+                    on_episode=lambda ep: played.setdefault(current["label"], []).append(ep))
+    assert list(got) == [e.label for e in exps] and all(s.shape == (1, 2, 2) for s in got.values())
+    for n, t in policy.model.state_dict().items():
+        assert torch_equal(t, before[n]), n
+
+    def actions(eps):
+        return sorted((e.task, e.seed, tuple(t.action for t in e.turns), e.success) for e in eps)
+
+    tax = base.taxonomy()
+    for e in exps:
+        folder = export_graft(base, rl, plan_graft(tax, e.spec()), tmp_path / f"g{len(e.label)}", force=True)
+        eps: list = []
+        alone = evaluate(load_policy(folder), TASKS[:1], [0, 1], 2, decode, on_episode=eps.append)
+        assert actions(played[e.label]) == actions(eps), e.label
+        assert (alone.success[..., 0] == got[e.label]).all()
+    # the planted attention delta changes what the policy does; the (unmoved) MLP graft does not
+    assert actions(played["attn"]) != actions(played[BASE_LABEL])
+    assert actions(played["mlp"]) == actions(played[BASE_LABEL])
+    # resuming: configurations already done are not played again
+    played.clear()
+    again = run_sweep(exps, policy, base, rl, TASKS[:1], [0, 1], 2, decode, done={k: got[k] for k in list(got)[:3]},
+                      on_start=lambda e: current.update(label=e.label),
+                      on_episode=lambda ep: played.setdefault(current["label"], []).append(ep))
+    assert set(played) == {e.label for e in exps[3:]}
+    assert all((again[k] == got[k]).all() for k in got)
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a, b)
+
+
+def _cli(args, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from graftkit.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GRAFTKIT_RUNS", str(tmp_path / "runs"))
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_cli_sweep_dry_run_json_lists_the_specs_and_writes_nothing(policies, tmp_path, monkeypatch):
+    r = _cli(["graft", "--from", policies["rl"], "--sweep", "single", "--dry-run", "--json"], tmp_path, monkeypatch)
+    assert r.exit_code == 0, r.output
+    j = json.loads(r.stdout)
+    assert j["dry_run"] and j["sweep"] == "single" and j["count"] == 5 + 2
+    assert [e["label"] for e in j["experiments"]] == [BASE_LABEL, RL_LABEL, "embed", "attn", "mlp", "norm", "lm_head"]
+    assert [GraftExperiment.from_dict(e) for e in j["experiments"]] == expand_sweep(
+        "single", j["groups"], ("embed", "attn", "mlp", "norm", "lm_head"))
+    assert not (tmp_path / "runs").exists()
+    t = _cli(["graft", "--from", policies["rl"], "--sweep", "factorial", "--groups", "attn,mlp", "--dry-run"],
+             tmp_path, monkeypatch)
+    assert t.exit_code == 0 and "attn+mlp" in t.stdout and "5 configurations" in t.stdout
+    bad = _cli(["graft", "--from", policies["rl"], "--sweep", "grid", "--dry-run"], tmp_path, monkeypatch)
+    assert bad.exit_code == 2 and "unknown --sweep" in bad.stderr
+    bad = _cli(["graft", "--from", policies["rl"], "--sweep", "layers", "--vs", policies["rl2"], "--dry-run"],
+               tmp_path, monkeypatch)
+    assert bad.exit_code == 2 and "--vs needs" in bad.stderr
+
+
+@pytest.mark.slow
+def test_cli_sweep_eval_end_to_end_with_dissociation_and_resume(policies, tmp_path, monkeypatch):
+    from graftkit.store import read_result
+
+    args = ["graft", "--from", policies["rl"], "--sweep", "single", "--groups", "attn,mlp", "--tasks", ",".join(TASKS),
+            "--seeds", "2", "--episodes", "1", "--max-new-tokens", "4", "--vs", policies["rl2"], "--json"]
+    r = _cli(args, tmp_path, monkeypatch)
+    assert r.exit_code == 0, r.output
+    j = json.loads(r.stdout)
+    res = read_result(j["files"]["A"])
+    assert res.kind == "graft-sweep" and res.attrs["sweep"] == "single" and res.attrs["complete"]
+    assert list(res.coords["config"]) == [BASE_LABEL, RL_LABEL, "attn", "mlp"]
+    assert res.dims("success") == ("config", "task", "seed", "episode") and res["success"].shape == (4, 2, 2, 1)
+    assert res["success"].dtype == np.int8 and list(res.coords["bound"]) == ["estimate", "low", "high"]
+    for name, dims in (("diff_vs_base", ("config", "bound")), ("diff_vs_rl", ("config", "bound")),
+                       ("verdict_vs_base", ("config",)), ("config_groups", ("config",)), ("config_alpha", ("config",)),
+                       ("config_layers", ("config",)), ("movement_share", ("group",)), ("group_effect", ("group", "bound"))):
+        assert res.dims(name) == dims, name
+    assert list(res.coords["group"]) == ["attn", "mlp"]
+    # the planted RL moved attention only: all of its movement is there
+    assert res["movement_share"].tolist() == pytest.approx([1.0, 0.0])
+    assert res["diff_vs_base"][0].tolist() == [0, 0, 0] and res["verdict_vs_base"][0] == "no credible change"
+    assert res.attrs["rl"]["sha256"] and res.attrs["decode"]["max_new_tokens"] == 4
+    res_b = read_result(j["files"]["B"])
+    assert (res_b["success"][0] == res["success"][0]).all()  # one base, shared
+    assert res_b["movement_share"].tolist() == pytest.approx([0.0, 1.0])
+    dis = read_result(j["files"]["dissociation"])
+    assert dis.kind == "graft-dissociation" and list(dis.coords["run"]) == ["A", "B"]
+    assert dis["effect"].shape == (2, 2, 3) and dis["difference"].shape == (2, 3) and dis["verdict"].shape == (2,)
+    assert dis.attrs["runs"]["A"]["path"] == str(policies["rl"]) and dis.attrs["effect"] == "single"
+    # the same command again resumes: every configuration is taken from the stored results
+    again = _cli(args, tmp_path, monkeypatch)
+    assert again.exit_code == 0, again.output
+    j2 = json.loads(again.stdout)
+    assert j2["resumed"]["A"] == sorted(res.coords["config"]) and j2["runs"] == j["runs"]
+    # --eval of one graft, table form
+    one = _cli(["graft", "--from", policies["rl"], "--eval", "--groups", "attn", "--layers", "mid", "--tasks",
+                TASKS[0], "--seeds", "2", "--episodes", "1", "--max-new-tokens", "4"], tmp_path, monkeypatch)
+    assert one.exit_code == 0, one.output
+    assert "attn@mid" in one.stdout and "verdict vs base" in one.stdout
+    stored = read_result(tmp_path / "runs" / "demo" / "results" / "graft-eval-rl.h5")
+    assert list(stored.coords["config"]) == [BASE_LABEL, RL_LABEL, "attn@mid"]
