@@ -36,8 +36,8 @@ class CurveFamily:
 FAMILIES = (
     CurveFamily("success", "Success rate of the training batches", ("success",), "success rate (%)", 100.0, ".2f"),
     CurveFamily("reward", "Mean reward of the training batches", ("reward",), "mean reward per episode"),
-    CurveFamily("loss", "Training loss", ("loss",),
-                "loss (SFT: cross-entropy, nats/token; GRPO: the objective)"),
+    CurveFamily("loss", "Training loss (SFT: cross-entropy; GRPO: the surrogate objective)", ("loss",),
+                "loss (SFT: nats/token)"),
     CurveFamily("kl", "KL to the reference policy", ("kl_k3_mean",), "KL, k3 estimator (nats/token)"),
     CurveFamily("entropy", "Policy entropy on action tokens", ("entropy",), "entropy (nats/token)"),
     CurveFamily("clip", "Clip fractions", ("clip_frac_low", "clip_frac_high"), "action tokens clipped (%)",
@@ -61,9 +61,36 @@ def training_curve(runs: Sequence[tuple[str, Result]], family: CurveFamily) -> g
             step = np.asarray(res.coords[res.dims(metric)[0]])
             name = esc(label) + (f" · {metric}" if len(family.metrics) > 1 else "")
             unit = "%" if family.scale == 100.0 else ""
+            window = smoothing_window(len(y))
+            line = {"color": colour(i), "dash": _DASH[j % len(_DASH)]}
             fig.add_trace(go.Scatter(
-                x=step, y=y, mode="lines", name=name, line={"color": colour(i), "dash": _DASH[j % len(_DASH)]},
+                x=step, y=y, mode="lines", name=name, line={**line, "width": 1}, opacity=0.35 if window else 1.0,
+                legendgroup=f"{i}-{j}",
                 hovertemplate=f"%{{fullData.name}}<br>step %{{x}}<br>{metric} %{{y:{family.hover}}}{unit}<extra></extra>",
             ))
-    return base_layout(fig, family.title, f"{len(runs)} run(s), one line per run", "optimiser step",
-                       family.y_title, legend_title="run")
+            if window:
+                fig.add_trace(go.Scatter(
+                    x=step, y=moving_mean(y, window), mode="lines", name=f"{name} · mean of {window} steps",
+                    line={**line, "width": 2}, legendgroup=f"{i}-{j}", showlegend=False,
+                    hovertemplate=f"%{{fullData.name}}<br>step %{{x}}<br>{metric} %{{y:{family.hover}}}{unit}"
+                                  "<extra></extra>",
+                ))
+    sub = f"{len(runs)} run(s), one colour per run" + (
+        "; faint: every step, solid: centred moving mean" if any(smoothing_window(len(r.coords["step"]))
+                                                              for _, r in runs) else "")
+    return base_layout(fig, family.title, sub, "optimiser step", family.y_title, legend_title="run")
+
+
+def smoothing_window(n: int) -> int:
+    """Steps in the moving mean drawn over a long curve: n/50 (odd), none below 200 steps."""
+    return (n // 50) | 1 if n >= 200 else 0
+
+
+def moving_mean(y: np.ndarray, window: int) -> np.ndarray:
+    """Centred moving mean over ``window`` steps, NaN-aware, shrinking at the ends (no padding)."""
+    ok = np.isfinite(y)
+    kernel = np.ones(window)
+    num = np.convolve(np.where(ok, y, 0.0), kernel, mode="same")
+    den = np.convolve(ok.astype(float), kernel, mode="same")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, num / den, np.nan)

@@ -579,3 +579,18 @@ def test_report_renders_in_chromium_without_errors(tmp_path):
         assert f["plotly"] and f["traces"] > 0 and f["drawn"] > 0 and f["area"] > 0, f
     # Plotly shows the planted markup as literal text.
     assert "enter-text<script>alert(1)</script>" in state["text"]
+
+
+def test_long_curves_get_a_moving_mean_beside_the_raw_steps():
+    from graftkit.figures.curves import FAMILIES, moving_mean, smoothing_window, training_curve
+
+    y = np.random.default_rng(0).random(500)
+    y[10] = np.nan
+    w = smoothing_window(500)
+    assert w == 11 and smoothing_window(199) == 0
+    ref = [np.nanmean(y[max(0, i - w // 2): i + w // 2 + 1]) for i in range(500)]  # the window, clipped at the ends
+    np.testing.assert_allclose(moving_mean(y, w), ref)
+    res = Result("train-grpo", {"step": np.arange(500)}, {"loss": (("step",), y)})
+    fig = training_curve([("run", res)], next(f for f in FAMILIES if f.key == "loss"))
+    assert len(fig.data) == 2 and fig.data[1].showlegend is False
+    np.testing.assert_allclose(fig.data[1].y, ref)
