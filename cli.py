@@ -24,6 +24,7 @@ from rich.table import Table
 
 from ._version import __version__
 from .errors import GraftkitError
+from .study import eval_result, training_curves
 
 app = typer.Typer(
     add_completion=False,
@@ -630,27 +631,6 @@ def _run_eval(policy, tasks, seeds, episodes, decode, samples, backend, batch_si
                         batch_size=batch_size, on_episode=lambda e: p.advance(p.task_ids[0]), obs=obs)
 
 
-def eval_result(outcome, model_desc: dict, extra: dict | None = None, kind: str = "eval", more: dict | None = None):
-    """An evaluation as a labelled result: every episode's outcome over [task, seed, episode, sample]
-    (``more``: further arrays over the same task/seed/episode axes, e.g. greedy outcomes beside sampled)."""
-    from dataclasses import asdict
-
-    from .store import Result
-
-    dims = ("task", "seed", "episode", "sample")
-    coords = {"task": np.array(outcome.tasks, dtype=object), "seed": np.array(outcome.seeds),
-              "episode": np.arange(outcome.episodes), "sample": np.arange(outcome.samples)}
-    for dims_more, values in (more or {}).values():
-        for d, n in zip(dims_more, np.shape(values)):
-            coords.setdefault(d, np.arange(n))
-    data = {k: (dims, getattr(outcome, k)) for k in ("success", "reward", "turns", "invalid")}
-    data["success"] = (dims, outcome.success.astype(np.int8))
-    attrs = {"model": model_desc, "decode": asdict(outcome.decode), "backend": outcome.backend, "obs": outcome.obs,
-             "episode_seed": "env seed = 1000 * seed + episode", "seconds": outcome.seconds,
-             "success": "raw reward == 1 at the end of the episode", **(extra or {})}
-    return Result(kind, coords, {**data, **(more or {})}, attrs)
-
-
 def _seed_list(n: int) -> list[int]:
     if n < 1:
         raise GraftkitError(f"--seeds {n} must be ≥ 1", "pass e.g. --seeds 25")
@@ -708,7 +688,7 @@ def eval_cmd(
         outcomes[role].extra["file"] = str(dest)
     rows = []
     for i, t in enumerate(task_list + ["all"]):
-        pick = (lambda o: o.success[..., 0].reshape(len(seed_list), -1)) if t == "all" else \
+        pick = (lambda o: o.success[..., 0].transpose(1, 0, 2).reshape(len(seed_list), -1)) if t == "all" else \
                (lambda o, i=i: o.success[i, :, :, 0])
         a = pick(outcomes["model"])
         row = {"task": t, "model": _rate_json(wilson_interval(int(a.sum()), a.size))}
@@ -841,17 +821,10 @@ def _step_printer(total: int, what: str, as_json: bool, keys: tuple[str, ...]):
 
 
 def _save_training_curves(folder: Path, kind: str) -> Path:
-    """A run's train_log.jsonl as a labelled result: every logged metric over [step]."""
-    from .store import Result, write_result
+    """A run's train_log.jsonl as a labelled result in the current run's store."""
+    from .store import write_result
 
-    log = [json.loads(x) for x in (folder / "train_log.jsonl").read_text().splitlines() if x]
-    keys = [k for k in log[0] if k != "step" and all(isinstance(m.get(k), (int, float)) for m in log)]
-    steps = np.array([m["step"] for m in log])
-    data = {k: (("step",), np.array([float(m[k]) for m in log])) for k in keys}
-    prov = json.loads((folder / "graftkit.json").read_text())
-    res = Result(f"train-{kind}", {"step": steps}, data,
-                 {"model": str(folder.resolve()), "config": prov.get("config"), "producer": prov.get("producer")})
-    return write_result(current_run() / "results" / f"train-{kind}-{folder.name}.h5", res)
+    return write_result(current_run() / "results" / f"train-{kind}-{folder.name}.h5", training_curves(folder, kind))
 
 
 def _parse_budgets(items: list[str], tasks: str | None) -> dict[str, int]:
@@ -1012,26 +985,125 @@ def sweep(
 # ---------------------------------------------------------------------------------------------- rank
 
 
+def _run_checkpoints(run: Path) -> list[Path]:
+    """Every model folder of ``run`` that graftkit wrote (a provenance record and weight files)."""
+    from .weights import PROVENANCE
+
+    weight_globs = ("*.safetensors", "model.safetensors.index.json", "pytorch_model*.bin")
+    return sorted(p for p in run.iterdir() if p.is_dir() and (p / PROVENANCE).is_file()
+                  and any(any(p.glob(g)) for g in weight_globs)) if run.is_dir() else []
+
+
+def _prompt_progress(total: int, what: str) -> Progress:
+    p = Progress(TextColumn(f"[bold]{escape(what)}[/]"), BarColumn(), TextColumn("{task.completed}/{task.total} prompts"),
+                 TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal)
+    p.add_task(what, total=total)
+    return p
+
+
+def _rank_activations(model, layers, metric, save, backend, tokens, centred, probes, probe_file, tasks, batch_size,
+                      as_json) -> None:
+    """`graftkit rank --what activations`: hidden-state ranks per layer on probe prompts, per checkpoint."""
+    from .rank import METRICS, PAIR_METRICS
+    from .rank.activations import BACKENDS, TOKENS, activation_ranks, probe_prompts, prompts_from_file
+    from .store import write_result
+    from .weights import band_rule
+
+    t0 = time.perf_counter()
+    if tokens not in TOKENS:
+        raise GraftkitError(f"--tokens {tokens!r} is not an option", f"use one of {', '.join(TOKENS)}")
+    if backend not in BACKENDS:
+        raise GraftkitError(f"--backend {backend!r} is not an option", f"use one of {', '.join(BACKENDS)}")
+    if batch_size < 1:
+        raise GraftkitError(f"--batch-size {batch_size} must be at least 1", "use e.g. 8")
+    shown = [m.strip() for m in (metric or "erank,stable_rank,participation_ratio").split(",") if m.strip()]
+    for m in shown:
+        if m not in METRICS:
+            hint = " (pair measures need --what delta)" if m in PAIR_METRICS else ""
+            raise GraftkitError(f"--metric: unknown metric '{m}'{hint}", f"use one of {', '.join(METRICS)}")
+    if not shown:
+        raise GraftkitError("--metric names no metric", f"use one of {', '.join(METRICS)}")
+    run = current_run()
+    models = [_must_exist(Path(p), "--model") for p in model] if model else _run_checkpoints(run)
+    if not models:
+        raise GraftkitError(f"no checkpoints found in {run}", "pass --model PATH, or run `graftkit demo` first")
+    if save is not None and len(models) > 1:
+        raise GraftkitError(f"--save names one file but {len(models)} models are ranked", "rank one --model, or drop --save")
+    prompts = prompts_from_file(probe_file) if probe_file is not None else probe_prompts(tasks, probes)
+    source = {"file": str(probe_file)} if probe_file is not None else {"tasks": tasks, "seed": 0}
+    labels = _unique_labels(models)
+    tag = "" if layers.strip().lower() in ("", "all") else "-" + layers.strip().lower().replace(",", "+")
+    payload: dict = {"what": "activations", "layers": layers, "metrics": shown, "backend": backend, "tokens": tokens,
+                     "centred": centred, "probes": {"n": len(prompts), **source}, "models": {}}
+    for path, lab in zip(models, labels):
+        policy = _load_policy(path, allow_pickle=False)
+        prov = {"config": {"command": "rank", "what": "activations", "layers": layers, "backend": backend,
+                           "tokens": tokens, "centred": centred, "probes": payload["probes"], "batch_size": batch_size}}
+        with _prompt_progress(len(prompts), f"rank activations {lab}") as p:
+            tick = lambda n: p.advance(p.task_ids[0], n)  # noqa: E731
+            # the CLI loaded this model for the measurement alone: TransformerBridge may rewire it in place
+            res = activation_ranks(policy, None, prompts, layers, tokens=tokens, centred=centred, backend=backend,
+                                   batch_size=batch_size, on_batch=tick, give_model=True, provenance=prov)
+        del policy
+        dest = save or run / "results" / f"rank-activations-{lab}{tag}.h5"
+        write_result(dest, res)
+        mi = [list(res.coords["metric"]).index(m) for m in shown]
+        rows = [{"layer": int(L), "block": int(res["block"][i]) if res["block"][i] >= 0 else None,
+                 "n_tokens": int(res["n_tokens"][i]), **{m: float(res["value"][i, k]) for m, k in zip(shown, mi)}}
+                for i, L in enumerate(res.coords["layer"])]
+        payload["models"][lab] = {"path": str(path), "base": None, "result_file": str(dest), "layers": rows,
+                                  "outside_decoder": [], "n_prompts": len(prompts)}
+        payload["band_rule"] = res.attrs["band_rule"]
+        if not as_json:
+            title = (f"{escape(lab)}: activation ranks per hidden state ({escape(backend)}, {escape(tokens)} tokens, "
+                     f"{'centred' if centred else 'uncentred'}; layers {escape(layers)})")
+            t = Table(title=title, caption="layer L = output of decoder block L-1 (0 = embedding output); "
+                                           "fp64 covariance, position 0 dropped")
+            for c in ("layer", "block", "tokens", *shown):
+                t.add_column(c, justify="left" if c == "layer" else "right")
+            for r in rows:
+                t.add_row(str(r["layer"]), "emb" if r["block"] is None else str(r["block"]), str(r["n_tokens"]),
+                          *(f"{r[m]:.4g}" for m in shown))
+            out.print(t)
+            out.print(f"saved {escape(str(dest))} ({len(prompts)} prompts)")
+    if not as_json:
+        out.print(escape(payload["band_rule"]))
+    payload["seconds"] = time.perf_counter() - t0
+    if as_json:
+        _print_json(payload)
+
+
 @app.command()
 @_handled
 def rank(
     model: Optional[List[Path]] = typer.Option(None, "--model", help="Checkpoint(s) (default: every model folder of the current run)."),
     vs: Optional[Path] = typer.Option(None, "--vs", help="Base for --what delta (default: each model's recorded SFT parent)."),
-    what: str = typer.Option("weights", "--what", help="weights | delta."),
+    what: str = typer.Option("weights", "--what", help="weights | delta | activations."),
     layers: str = typer.Option("all", help="all | early | mid | late | indices like 0-3,10."),
-    metric: Optional[str] = typer.Option(None, "--metric", help="Comma list shown in the table (default erank,stable_rank[,spectral_drift,intruders])."),
+    metric: Optional[str] = typer.Option(None, "--metric", help="Comma list shown in the table (default erank,stable_rank[,spectral_drift,intruders | ,participation_ratio])."),
     save: Optional[Path] = typer.Option(None, "--save", help="HDF5 result file, one model only (default: RUN/results/rank-*.h5)."),
+    backend: str = typer.Option("hooks", "--backend", help="activations: hooks (forward hooks, any HF causal LM) | lens (TransformerLens bridge)."),
+    tokens: str = typer.Option("last", "--tokens", help="activations: last | all tokens of each prompt (position 0 always dropped)."),
+    centred: bool = typer.Option(True, "--centred/--no-centred", help="activations: covariance (centred) or uncentred second moment."),
+    probes: int = typer.Option(64, "--probes", help="activations: number of probe prompts drawn from --tasks."),
+    probe_file: Optional[Path] = typer.Option(None, "--probe-file", help="activations: text file, one prompt per line (replaces --probes)."),
+    tasks: str = typer.Option("all", "--tasks", help="activations: suite (mastered, headroom, all) or tasks the probes come from."),
+    batch_size: int = typer.Option(8, "--batch-size", help="activations: prompts per forward pass."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
-    """Spectral ranks of every weight matrix (or of the RL delta), per tensor and per decoder layer."""
+    """Spectral ranks of every weight matrix (or of the RL delta), per tensor and per decoder layer, or of
+    the hidden states on probe prompts, per layer."""
     from .rank import METRICS, PAIR_METRICS, delta_ranks, weight_ranks
     from .store import write_result
-    from .weights import PROVENANCE, band_rule, open_checkpoint, recorded_base, resolve_base
+    from .weights import band_rule, open_checkpoint, recorded_base, resolve_base
     from .weights.taxonomy import DECODER
 
     t0 = time.perf_counter()
+    if what == "activations":
+        return _rank_activations(model, layers, metric, save, backend, tokens, centred, probes, probe_file, tasks,
+                                 batch_size, as_json)
     if what not in ("weights", "delta"):
-        raise GraftkitError(f"--what {what!r} is not an option", "use weights or delta")
+        raise GraftkitError(f"--what {what!r} is not an option", "use weights, delta or activations")
     allowed = METRICS + (PAIR_METRICS if what == "delta" else ())
     default = "erank,stable_rank" + (",spectral_drift,intruders" if what == "delta" else "")
     shown = [m.strip() for m in (metric or default).split(",") if m.strip()]
@@ -1045,9 +1117,7 @@ def rank(
     if model:
         models = [_must_exist(Path(p), "--model") for p in model]
     else:
-        weight_globs = ("*.safetensors", "model.safetensors.index.json", "pytorch_model*.bin")
-        models = sorted(p for p in run.iterdir() if p.is_dir() and (p / PROVENANCE).is_file()
-                        and any(any(p.glob(g)) for g in weight_globs)) if run.is_dir() else []
+        models = _run_checkpoints(run)
         if what == "delta" and vs is None:
             models = [p for p in models if recorded_base(p) is not None]
         if not models:

@@ -18,7 +18,7 @@ ALLOWED = {
     "rank": {"weights", "agent", "stats", "store"},
     "figures": {"store", "stats"},
 }
-EVERYTHING = {"cli", "demo", "__init__"}  # the edges that know about everything
+EVERYTHING = {"cli", "demo", "study", "__init__"}  # the edges that know about everything
 
 
 def _unit(path: Path) -> str:
