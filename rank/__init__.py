@@ -7,6 +7,7 @@ from .spectra import (
 )
 from .weights import METRICS, PAIR_METRICS, delta_ranks, select_tensors, weight_ranks
 from .coupling import BOTH_DIRECTIONS_RULE, both_directions, coupling, coupling_result
+from .activations import Moments, activation_ranks, activation_spectrum, probe_prompts, prompts_from_file
 
 __all__ = [
     "CONVENTIONS", "Intruders", "Spectrum", "delta_energy_in_topk", "erank", "erank_sq", "intruder_dimensions",
@@ -14,4 +15,5 @@ __all__ = [
     "spectral_drift", "spectrum", "stable_rank", "top1_energy", "top1_energy_of",
     "METRICS", "PAIR_METRICS", "delta_ranks", "select_tensors", "weight_ranks",
     "BOTH_DIRECTIONS_RULE", "both_directions", "coupling", "coupling_result",
+    "Moments", "activation_ranks", "activation_spectrum", "probe_prompts", "prompts_from_file",
 ]

@@ -15,7 +15,8 @@ ALLOWED = {
     "agent": {"webenv", "weights"},
     "train": {"agent", "webenv", "weights"},
     "graft": {"weights", "agent", "stats", "store", "rank"},
-    "rank": {"weights", "agent", "stats", "store"},
+    # rank reads the web tasks only to render probe prompts for activation ranks (downstream of agent: no cycle)
+    "rank": {"weights", "agent", "webenv", "stats", "store"},
     "figures": {"store", "stats"},
 }
 EVERYTHING = {"cli", "demo", "study", "__init__"}  # the edges that know about everything
