@@ -594,3 +594,20 @@ def test_long_curves_get_a_moving_mean_beside_the_raw_steps():
     fig = training_curve([("run", res)], next(f for f in FAMILIES if f.key == "loss"))
     assert len(fig.data) == 2 and fig.data[1].showlegend is False
     np.testing.assert_allclose(fig.data[1].y, ref)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not browser_available(), reason="needs selenium, chromium and chromium-driver")
+def test_cli_report_screenshot_is_a_tall_png(tmp_path):
+    from PIL import Image
+
+    run = write_run(tmp_path / "r", kinds=("findings", "delta"))
+    png = tmp_path / "shot" / "report.png"
+    r = CliRunner().invoke(app, ["report", str(run), "--screenshot", str(png), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["screenshot"] == str(png)
+    with Image.open(png) as im:
+        w, h = im.size
+        assert w == 1400 and h > 2000  # the whole page, not one window's worth
+        # Not blank: the header band is dark, the page body light.
+        assert im.convert("L").getpixel((10, 10)) < 80 and im.convert("L").getpixel((10, h // 2)) > 200
