@@ -114,6 +114,10 @@ def _what(res: Result) -> str:
     return esc(", ".join(parts)) if parts else "rank metric as recorded in the result"
 
 
+def _layer_axis(res: Result) -> str:
+    return TARGETS["rank-activations"][1] if res.attrs.get("what") == "activations" else "decoder layer"
+
+
 def coupling_by_layer(label: str, res: Result) -> go.Figure:
     """Per layer, the correlation across checkpoints between rank and success, with bootstrap intervals."""
     layers = np.asarray(res.coords["layer"])
@@ -136,7 +140,7 @@ def coupling_by_layer(label: str, res: Result) -> go.Figure:
     level = res.attrs.get("level", 0.95)
     return base_layout(fig, f"Rank–success coupling by layer — {esc(label)}",
                        f"{_what(res)}; correlation across checkpoints, whiskers: {100 * float(level):g}% pairs "
-                       "bootstrap", "decoder layer", "correlation of rank with success", legend_title="statistic")
+                       "bootstrap", _layer_axis(res), "correlation of rank with success", legend_title="statistic")
 
 
 def _late_band(res: Result) -> tuple[np.ndarray, str] | None:
@@ -210,5 +214,5 @@ def both_directions(label: str, res: Result) -> go.Figure | None:
     fig.update_yaxes(range=[-2, 102])
     return base_layout(fig, f"Both directions: does Δrank follow Δsuccess? — {esc(label)}",
                        "share of runs (vs the SFT parent) where sign(Δrank) = sign(Δsuccess); whiskers: 95% Wilson; "
-                       "credible when the interval clears 50%", "decoder layer", "runs agreeing in sign (%)",
+                       "credible when the interval clears 50%", _layer_axis(res), "runs agreeing in sign (%)",
                        legend_title="runs that")
