@@ -75,7 +75,8 @@ def measure(n_prompts: int, hidden: int, layers: int, tokens: str, batch_size: i
     _, py_peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     return {"prompts": n_prompts, "tokens_ranked": int(res["n_tokens"][0]), "heap_peak_mb": peak[0] / 2**20,
-            "tracemalloc_peak_mb": py_peak / 2**20, "rss_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "tracemalloc_peak_mb": py_peak / 2**20,
+            "rss_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "stored_activations_mb": stored / 2**20, "seconds": seconds}
 
 
