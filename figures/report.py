@@ -81,16 +81,17 @@ def _model_path(attrs: dict) -> str | None:
 
 def _base_label(path: Path, kind: str, res: Result) -> str:
     model = _model_path(res.attrs)
-    if kind in ("eval", "headroom") and model:
-        label = Path(model).name
+    named = res.attrs.get("label") if isinstance(res.attrs.get("label"), str) and res.attrs.get("label") else None
+    if kind in ("eval", "headroom") and (named or model):
+        label = named or Path(model).name
         decode = res.attrs.get("decode")
         if kind == "eval" and isinstance(decode, dict) and decode.get("greedy") is False:
             label += " (sampled)"
         if res.attrs.get("obs") == "som":
             label += " [som]"
         return label
-    if kind.startswith(("train-", "rank-")) and model:
-        return Path(model).name
+    if kind.startswith(("train-", "rank-")) and (named or model):
+        return named or Path(model).name
     return path.stem
 
 
@@ -138,16 +139,19 @@ def _findings(loaded: Sequence[Loaded]) -> Section:
             ids = [str(f) for f in res.coords["finding"]]
             n = len(ids)
             col = {k: (list(res[k]) if k in res.data else [default] * n)
-                   for k, default in (("statement", ""), ("estimate", np.nan), ("low", np.nan), ("high", np.nan),
-                                      ("verdict", ""))}
+                   for k, default in (("claim", ""), ("statement", ""), ("estimate", np.nan), ("low", np.nan),
+                                      ("high", np.nan), ("verdict", ""))}
+            has_claim = "claim" in res.data
             rows = []
             for i in range(n):
                 e, lo, hi = (float(col[k][i]) for k in ("estimate", "low", "high"))
                 est = fmt(e, ".3g") + (f" [{fmt(lo, '.3g')}, {fmt(hi, '.3g')}]" if np.isfinite(lo) or np.isfinite(hi) else "")
-                rows.append("<tr>" + "".join(f"<td>{_h(c)}</td>" for c in (ids[i], col["statement"][i], est,
-                                                                           col["verdict"][i])) + "</tr>")
-            sec.html += (f"<table class='findings'><caption>{_h(item.path.name)}</caption><thead><tr><th>#</th>"
-                         "<th>finding</th><th>estimate [95% interval]</th><th>verdict</th></tr></thead><tbody>"
+                cells = [ids[i], *([col["claim"][i]] if has_claim else []), col["statement"][i], est, col["verdict"][i]]
+                rows.append("<tr>" + "".join(f"<td>{_h(c)}</td>" for c in cells) + "</tr>")
+            notes = "; ".join(str(res.attrs[k]) for k in ("units", "interval") if isinstance(res.attrs.get(k), str))
+            head = ["#", *(["claim"] if has_claim else []), "this run found", "estimate [interval]", "verdict"]
+            sec.html += (f"<table class='findings'><caption>{_h(item.path.name)}" + (f" — {_h(notes)}" if notes else "")
+                         + "</caption><thead><tr>" + "".join(f"<th>{_h(h)}</th>" for h in head) + "</tr></thead><tbody>"
                          + "".join(rows) + "</tbody></table>")
 
         _guard(sec, item, build)

@@ -50,7 +50,10 @@ def write_run(run: Path, evil: bool = False, kinds: tuple[str, ...] | None = Non
              "estimate": (("finding",), np.array([-0.05, 0.22, 0.8, np.nan])),
              "low": (("finding",), np.array([-0.1, 0.1, 0.6, np.nan])),
              "high": (("finding",), np.array([0.0, 0.3, 0.9, np.nan])),
-             "verdict": (("finding",), _s("reproduced", "reproduced", "reproduced", "not measured" + tag))}))
+             "claim": (("finding",), _s("no gain on mastered tasks", "gain with headroom", "localised degrade",
+                                        "rank tracks capability" + tag)),
+             "verdict": (("finding",), _s("reproduced", "reproduced", "reproduced", "not measured" + tag))},
+            {"units": "success-rate difference (fraction) unless the statement says otherwise" + tag}))
     if want("train"):
         steps = np.arange(1, 41)
         write_result(res_dir / "train-sft-sft.h5", Result(
@@ -245,7 +248,10 @@ def test_every_section_present_with_its_figures(full_run):
         for w in want:
             assert any(t.startswith(w) for t in got), (key, w, got)
         assert "class='absent'" not in html_
-    assert "GRPO does not improve mastered tasks" in _section(page, "findings")
+    findings = _section(page, "findings")
+    assert "GRPO does not improve mastered tasks" in findings and "gain with headroom" in findings
+    assert "<td>0.22 [0.1, 0.3]</td>" in findings and "<td>undefined</td>" in findings
+    assert "success-rate difference (fraction)" in findings
 
 
 def test_absent_sections_say_which_command_adds_them(tmp_path):
