@@ -52,6 +52,25 @@ def resolve_tasks(spec: str | Sequence[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def first_prompts(tasks: str | Sequence[str], n: int, seed: int = 0) -> list[str]:
+    """``n`` first-turn prompts from the web tasks, rendered as the policy reads them: prompt k is episode
+    ``seed + k // T`` of task ``k mod T`` (T tasks: a suite name or a task list)."""
+    from ..webenv import make_env
+    from ..webenv.render import render_text
+    from .policy import format_prompt
+
+    names = resolve_tasks(tasks)
+    envs = {t: make_env(t) for t in names}
+    out = []
+    for k in range(n):
+        task = names[k % len(names)]
+        obs = envs[task].reset(seed + k // len(names))
+        out.append(format_prompt(render_text(obs), []))
+    for env in envs.values():
+        getattr(env, "close", lambda: None)()
+    return out
+
+
 @dataclass
 class EvalOutcome:
     """Every episode's outcome: arrays indexed [task, seed, episode, sample]."""

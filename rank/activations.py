@@ -36,7 +36,7 @@ BOS). TransformerBridge rewires the model's blocks in place and switches it to e
 default it boots on a deep copy; ``give_model=True`` hands it the model instead.
 
 Prompts. :func:`probe_prompts` renders the first observation of fixed-seed episodes of the web tasks in
-the policy's own format (``agent.policy.format_prompt`` of ``webenv.render_text``);
+the policy's own format (``agent.evaluate.first_prompts``);
 :func:`prompts_from_file` reads one prompt per non-empty line. :func:`encode_prompt` tokenises a prompt
 as :meth:`agent.Policy.prompt_ids` does for a first turn: BOS + tokens, or the chat template's
 one-turn conversation when the tokenizer has one.
@@ -86,22 +86,11 @@ TOL_RULE = "max(n_tokens, d)*eps(activation dtype)*sigma_1 (absolute, on sigma =
 def probe_prompts(tasks: str | Sequence[str], n: int, seed: int = 0) -> list[str]:
     """``n`` first-turn prompts from the web tasks: prompt k is episode ``seed + k // T`` of task
     ``k mod T`` (T tasks, a suite name or task list), rendered as the policy reads it."""
-    from ..agent.evaluate import resolve_tasks
-    from ..agent.policy import format_prompt
-    from ..webenv import make_env, render_text
+    from ..agent.evaluate import first_prompts
 
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise GraftkitError(f"probe prompts: n={n!r} must be a positive integer", "pass --probes 64 or more")
-    names = resolve_tasks(tasks)
-    envs = {t: make_env(t) for t in names}
-    out = []
-    for k in range(n):
-        task = names[k % len(names)]
-        obs = envs[task].reset(seed + k // len(names))
-        out.append(format_prompt(render_text(obs), []))
-    for env in envs.values():
-        getattr(env, "close", lambda: None)()
-    return out
+    return first_prompts(tasks, n, seed)
 
 
 def prompts_from_file(path: str | Path) -> list[str]:

@@ -15,8 +15,7 @@ ALLOWED = {
     "agent": {"webenv", "weights"},
     "train": {"agent", "webenv", "weights"},
     "graft": {"weights", "agent", "stats", "store", "rank"},
-    # rank reads the web tasks only to render probe prompts for activation ranks (downstream of agent: no cycle)
-    "rank": {"weights", "agent", "webenv", "stats", "store"},
+    "rank": {"weights", "agent", "stats", "store"},
     "figures": {"store", "stats"},
 }
 EVERYTHING = {"cli", "demo", "study", "__init__"}  # the edges that know about everything
