@@ -9,11 +9,14 @@ tensors whose coefficient c changes (θ = θ_base + c · (θ_rl − θ_base), se
   the tensor it writes. The value is formed in the checkpoint's dtype and then cast to the parameter's
   dtype by ``copy_`` — the cast ``from_pretrained(dtype=...)`` applies when it loads an exported graft —
   so the grafted model equals ``from_pretrained(export_graft(...))`` bit for bit.
-- Before a tensor is first overwritten, its current value is saved (only the tensors a graft touches are
-  ever saved) and, with ``verify`` (the default), checked to equal the base checkpoint's tensor (after
-  the same cast): a model that is not the base would make every "graft" silently wrong.
-- On exit — normal or by an exception — every saved tensor is copied back: the model is bit for bit what
-  it was. The checkpoints are only read.
+- Before a tensor is first overwritten, with ``verify`` (the default), its bits are checked to equal
+  the base checkpoint's tensor (after the same cast): a model that is not the base would make every
+  "graft" silently wrong. Its original is then kept (``keep``): ``"base"`` (the default when verifying)
+  keeps nothing in memory — the verified bits are the base checkpoint's, so restoring re-reads them from
+  the memory-mapped file; ``"copy"`` (the default without verification) saves a copy of only the tensors
+  a graft overwrites.
+- On exit — normal or by an exception — every tensor not at its original is put back: the model is bit
+  for bit what it was. The checkpoints are only read.
 
 Names: a checkpoint tensor is bound to the model's parameter or persistent buffer of the same
 ``state_dict`` name, else by the first rule of :data:`STATE_DICT_RENAMES` that gives an existing name
@@ -107,10 +110,18 @@ class InPlaceGraft:
     rl: Checkpoint
     verify: bool = True
     unknown: str = "keep-base"
+    keep: str = "auto"
+    """Where originals come from on restore: base (the verified base checkpoint), copy (saved copies of
+    the overwritten tensors), auto (base when verifying, else copy)."""
     coef: dict[str, float] = field(default_factory=dict, init=False)
     _saved: dict[str, "torch.Tensor"] = field(default_factory=dict, init=False, repr=False)
+    _touched: set = field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.keep == "auto":
+            self.keep = "base" if self.verify else "copy"
+        if self.keep not in ("base", "copy") or (self.keep == "base" and not self.verify):
+            raise GraftkitError(f"keep={self.keep!r}", "use copy, or base together with verify=True")
         check_pair(self.base, self.rl, self.base.taxonomy(self.unknown))
         self._targets = _state_tensors(self.model)
         self.bound, self.missing = bind_names(self.model, self.base.metas)
@@ -147,18 +158,28 @@ class InPlaceGraft:
     def _param(self, name: str):
         return self._targets[self.bound[name]]
 
-    def _save(self, name: str) -> None:
-        import torch
+    def _same_bits(self, name: str, t) -> bool:
+        """Whether parameter ``t`` holds exactly the bits of base tensor ``name`` (cast to its dtype)."""
+        import numpy as np
 
+        from ..weights import code_of, tensor_bits
+
+        have = tensor_bits(t)
+        want = self.base.array(name) if code_of(t.dtype) == self.base.metas[name].code else \
+            tensor_bits(self.base.read(name).to(t.dtype))
+        return have.shape == want.shape and np.array_equal(have.view(f"u{have.itemsize}"),
+                                                           want.view(f"u{want.itemsize}"))
+
+    def _save(self, name: str) -> None:
         t = self._param(name)
-        if self.verify:
-            # Compared after the cast a load applies (a bf16 checkpoint in a float32 model is exact).
-            if not torch.equal(t.detach(), self.base.read(name).to(device=t.device, dtype=t.dtype)):
-                raise GraftkitError(
-                    f"the loaded model's {self.bound[name]} differs from tensor {name} of base {self.base.path}",
-                    "load the model from that base checkpoint (or pass verify=False if it was deliberately changed)",
-                )
-        self._saved[name] = t.detach().clone()
+        if self.verify and not self._same_bits(name, t.detach()):
+            raise GraftkitError(
+                f"the loaded model's {self.bound[name]} differs from tensor {name} of base {self.base.path}",
+                "load the model from that base checkpoint (or pass verify=False if it was deliberately changed)",
+            )
+        if self.keep == "copy":
+            self._saved[name] = t.detach().clone()
+        self._touched.add(name)
 
     def _write(self, name: str, c: float) -> None:
         import torch
@@ -201,7 +222,7 @@ class InPlaceGraft:
             new = float(plan.coef.get(name, 0.0))
             if new == self.coef[name]:
                 continue
-            if name not in self._saved:
+            if name not in self._touched:
                 self._save(name)
                 stats.saved += 1
             self._write(name, new)
@@ -212,13 +233,12 @@ class InPlaceGraft:
         return stats
 
     def restore(self) -> None:
-        """Copy every saved original back (bit-exact) and forget them."""
-        import torch
-
-        with torch.no_grad():
-            for name, t in self._saved.items():
-                self._param(name).copy_(t)
+        """Put every tensor not at its original back (bit-exact) and forget the saved copies."""
+        for name in self._touched:
+            if self.coef[name] != 0:
+                self._write(name, 0.0)
         self._saved.clear()
+        self._touched.clear()
         self.coef = {n: 0.0 for n in self.base.metas}
 
     @property
@@ -237,8 +257,8 @@ class grafted:
     itself again after it, also when the block raises. Yields the :class:`InPlaceGraft` session."""
 
     def __init__(self, model, base: Checkpoint, rl: Checkpoint, plan: GraftPlan, *, verify: bool = True,
-                 unknown: str = "keep-base"):
-        self.session = InPlaceGraft(model, base, rl, verify=verify, unknown=unknown)
+                 unknown: str = "keep-base", keep: str = "auto"):
+        self.session = InPlaceGraft(model, base, rl, verify=verify, unknown=unknown, keep=keep)
         self.plan = plan
 
     def __enter__(self) -> InPlaceGraft:

@@ -103,24 +103,30 @@ def test_restore_is_bit_exact_after_an_exception(pair):
     original = _state(model)
     with pytest.raises(RuntimeError, match="inside"):
         with grafted(model, base, rl, plan_graft(tax, GraftSpec(("attn", "mlp", "embed"), alpha=0.3))) as s:
-            assert s.saved_bytes > 0
+            assert s._touched
             assert not torch.equal(model.state_dict()[next(n for n in original if "q_proj" in n)],
                                    original[next(n for n in original if "q_proj" in n)])
             raise RuntimeError("inside the block")
     _assert_model_equals(model, original, "after an exception")
 
 
-def test_only_overwritten_tensors_are_saved(pair):
+@pytest.mark.parametrize("keep, verify", [("copy", True), ("copy", False), ("base", True)])
+def test_only_overwritten_tensors_are_kept_and_restore_is_exact_either_way(pair, keep, verify):
     p, model_dtype, _ = pair
     base, rl = open_checkpoint(p.base), open_checkpoint(p.rl)
     tax = base.taxonomy()
     model = _load(p.base, model_dtype)
-    plan = plan_graft(tax, GraftSpec(("mlp",), "late"))
-    with grafted(model, base, rl, plan) as s:
+    original = _state(model)
+    plan = plan_graft(tax, GraftSpec(("mlp",), "late", alpha=0.5))
+    with grafted(model, base, rl, plan, keep=keep, verify=verify) as s:
         moved = set(plan.moved())
-        assert set(s._saved) == moved
+        assert s._touched == moved
         want = sum(model.state_dict()[n].numel() * model.state_dict()[n].element_size() for n in moved)
-        assert s.saved_bytes == want
+        assert s.saved_bytes == (want if keep == "copy" else 0)  # "base" re-reads the verified base
+        s.apply(plan_graft(tax, GraftSpec(("attn",), "0")))
+    _assert_model_equals(model, original, f"restored (keep={keep})")
+    with pytest.raises(GraftkitError, match="keep"):
+        InPlaceGraft(model, base, rl, verify=False, keep="base")
 
 
 def test_a_model_that_is_not_the_base_is_refused(pair):
