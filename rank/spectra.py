@@ -113,22 +113,25 @@ class Intruders:
 # input handling
 
 
-def _matrix(W: Any, name: str = "W") -> tuple[np.ndarray, str, float]:
-    """(float64 copy, original dtype name, eps of the original dtype) of one 2-D float matrix."""
+def _validated(W: Any, name: str = "W", check_finite: bool = True) -> tuple[Any, str, float]:
+    """(W itself, original dtype name, eps of the original dtype) of one 2-D, non-empty, finite float matrix.
+
+    ``check_finite=False`` leaves the NaN/inf check to the caller (the Gram route does it on the Gram).
+    """
     if isinstance(W, torch.Tensor):
         if not (W.is_floating_point()):
             raise GraftkitError(f"{name} has dtype {W.dtype}, expected a floating-point tensor",
                                 "pass the weight as a float tensor")
         dtype, eps = str(W.dtype).removeprefix("torch."), float(torch.finfo(W.dtype).eps)
         shape = tuple(W.shape)
-        arr = None if W.ndim != 2 else W.detach().to(device="cpu", dtype=torch.float64).numpy()
+        finite = (lambda: bool(torch.isfinite(W).all()))
     elif isinstance(W, np.ndarray):
         if W.dtype.kind != "f":
             raise GraftkitError(f"{name} has dtype {W.dtype}, expected a floating-point array",
                                 "pass the weight as a float array")
         dtype, eps = W.dtype.name, float(np.finfo(W.dtype).eps)
         shape = W.shape
-        arr = None if W.ndim != 2 else np.asarray(W, dtype=np.float64)
+        finite = (lambda: bool(np.isfinite(W).all()))
     else:
         raise GraftkitError(f"{name} is a {type(W).__name__}, expected a torch tensor or numpy array",
                             "pass one 2-D matrix")
@@ -138,10 +141,22 @@ def _matrix(W: Any, name: str = "W") -> tuple[np.ndarray, str, float]:
         raise GraftkitError(f"{name} has shape {list(shape)}, expected a 2-D matrix", hint)
     if 0 in shape:
         raise GraftkitError(f"{name} has shape {list(shape)}, an empty matrix", "pass a non-empty matrix")
-    if not np.isfinite(arr).all():
+    if check_finite and not finite():  # in the given dtype: an upcast neither creates nor removes NaN/inf
         raise GraftkitError(f"{name} (shape {list(shape)}) holds NaN or inf values",
                             "check the checkpoint or delta for overflow")
-    return arr, dtype, eps
+    return W, dtype, eps
+
+
+def _float64(W: Any) -> np.ndarray:
+    if isinstance(W, torch.Tensor):
+        return W.detach().to(device="cpu", dtype=torch.float64).numpy()
+    return np.asarray(W, dtype=np.float64)
+
+
+def _matrix(W: Any, name: str = "W") -> tuple[np.ndarray, str, float]:
+    """(float64 copy, original dtype name, eps of the original dtype) of one 2-D float matrix."""
+    X, dtype, eps = _validated(W, name)
+    return _float64(X), dtype, eps
 
 
 def _sigma(s: Any, name: str = "sigma") -> np.ndarray:
@@ -186,21 +201,73 @@ def spectrum(W: Any, method: str = "gram") -> Spectrum:
     """The singular values of ``W`` (descending, float64) with dtype, shape and method recorded."""
     if method not in METHODS:
         raise GraftkitError(f"unknown spectrum method {method!r}", f"use one of {sorted(METHODS)}")
-    return _spectrum(*_matrix(W), method)
+    return _spectrum(*_validated(W, check_finite=method != "gram"), method)
 
 
-def _spectrum(A: np.ndarray, dtype: str, eps: float, method: str) -> Spectrum:
+#: Rows of the longer side upcast to float64 at a time when accumulating a Gram (≈ 32 MB blocks).
+GRAM_BLOCK_ELEMENTS = 1 << 22
+#: Column tiles of the Gram: only tiles on or above the diagonal are multiplied ((k + 1)/2k of the products).
+GRAM_TILES = 8
+GRAM_MIN_TILE = 64
+#: Below this many multiply-adds (long·short²) one plain product beats several tile products' call overhead.
+GRAM_TILE_MIN_WORK = 1 << 27
+
+
+def _gram_upper(X: torch.Tensor) -> torch.Tensor:
+    """The upper triangle (diagonal tiles whole) of the float64 Gram Xᵀ X of X [long, short], any float dtype.
+
+    X's rows are upcast to float64 a block at a time and G accumulates Σ_b X_bᵀ X_b, so a [vocab, hidden]
+    embedding never exists as a whole float64 copy: memory is one block plus the short × short Gram. G is
+    symmetric, so of its column tiles only those on or above the diagonal are computed (one product per
+    tile row, G[a:b, a:] += X_b[:, a:b]ᵀ X_b[:, a:]): about (k + 1)/2k of the full product's flops.
+    """
+    long, short = X.shape
+    rows = max(1, GRAM_BLOCK_ELEMENTS // short)
+    tile = max(GRAM_MIN_TILE, -(-short // GRAM_TILES)) if long * short * short >= GRAM_TILE_MIN_WORK else short
+    G = torch.zeros(short, short, dtype=torch.float64)
+    for start in range(0, long, rows):
+        B = X[start:start + rows].to(device="cpu", dtype=torch.float64)
+        if short <= tile:
+            G.addmm_(B.T, B)
+            continue
+        for a in range(0, short, tile):
+            G[a:a + tile, a:].addmm_(B[:, a:a + tile].T, B[:, a:])
+    return G
+
+
+def _gram_eigenvalues(W: Any) -> np.ndarray:
+    """Ascending eigenvalues of the float64 Gram of W's smaller side, from W in its own dtype.
+
+    G = W Wᵀ when m ≤ n, else Wᵀ W (:func:`_gram_upper`; ``eigvalsh`` reads its upper triangle). torch
+    does the products and ``eigvalsh`` (LAPACK, eigenvalues only) and releases the GIL, so matrices can
+    run in threads. W's finiteness is checked here, on G, for free: a NaN or inf entry of W makes a
+    diagonal entry of G NaN or inf, and a finite float32/bfloat16 W cannot overflow a float64 Gram.
+    """
+    if isinstance(W, torch.Tensor):
+        T = W.detach()
+    else:  # torch refuses to wrap a read-only array (a memory map) without copying it
+        T = torch.from_numpy(np.ascontiguousarray(W) if W.flags.writeable else np.array(W, order="C"))
+    G = _gram_upper(T if T.shape[0] > T.shape[1] else T.T)
+    if not bool(torch.isfinite(G).all()):
+        _validated(W)  # raises the NaN/inf error when W holds one
+        raise GraftkitError(f"the float64 Gram of a {list(T.shape)} matrix overflows (entries near 1e154)",
+                            "rescale the matrix, or use method='svd'")
+    return torch.linalg.eigvalsh(G, UPLO="U").numpy()
+
+
+def _spectrum(A: Any, dtype: str, eps: float, method: str) -> Spectrum:
+    """σ of a validated matrix ``A`` (a torch tensor or numpy array in any float dtype; see ``_validated``;
+    the Gram route checks finiteness itself)."""
     m, n = A.shape
     if method == "gram":
-        G = A @ A.T if m <= n else A.T @ A  # float64: an fp32 Gram loses the small end of the spectrum
-        lam = np.linalg.eigvalsh(G)
+        lam = _gram_eigenvalues(A)  # float64: an fp32 Gram loses the small end of the spectrum
         # eigenvalues below the Gram's rounding floor are indistinguishable from 0: set them to 0, so a
         # rank-r matrix has exactly min(m, n) − r zero σ (else they come out near sqrt(eps)·σ₁)
         lam[lam <= max(m, n) * _EPS64 * max(float(lam[-1]), 0.0)] = 0.0
         sigma = np.sqrt(lam)[::-1].copy()
     else:
-        sigma = np.linalg.svd(A, compute_uv=False)
-    return Spectrum(sigma=sigma, shape=(m, n), dtype=dtype, dtype_eps=eps, method=METHODS[method])
+        sigma = np.linalg.svd(_float64(A), compute_uv=False)
+    return Spectrum(sigma=sigma, shape=(int(m), int(n)), dtype=dtype, dtype_eps=eps, method=METHODS[method])
 
 
 def singular_values(W: Any, method: str = "gram") -> np.ndarray:
@@ -291,7 +358,8 @@ def measures(W: Any, method: str = "gram", *, tol: float | None = None,
     """
     if method not in METHODS:
         raise GraftkitError(f"unknown spectrum method {method!r}", f"use one of {sorted(METHODS)}")
-    A, dtype, eps = _matrix(W)
+    # no float64 copy here (the Gram route upcasts block by block), and no separate finiteness pass for it
+    A, dtype, eps = _validated(W, check_finite=method != "gram")
     sp = _spectrum(A, dtype, eps, method)
     s = sp.sigma
     zero = not s.any()

@@ -1,10 +1,10 @@
 """Spectral measures of every weight matrix of a checkpoint, and of the delta between two checkpoints.
 
-Tensors are streamed one at a time (``Checkpoint.read``, a view of the mapped file where possible), each
-upcast to float64 inside :func:`rank.spectra.measures` (bfloat16 and float8 included), so memory holds one
-matrix and its Gram at a time. Embeddings and lm_head are ranked at their real vocabulary size: the
-default ``method="gram"`` takes the eigenvalues of the Gram of the *smaller* side (hidden × hidden), so a
-[vocab, hidden] matrix costs one vocab·hidden² product.
+Tensors are streamed (``Checkpoint.read``, a view of the mapped file where possible) and upcast to float64
+inside :func:`rank.spectra.measures` (bfloat16 and float8 included) block by block, so memory holds, per
+worker thread, one block of a matrix and its Gram. Embeddings and lm_head are ranked at their real
+vocabulary size: the default ``method="gram"`` takes the eigenvalues of the Gram of the *smaller* side
+(hidden × hidden), so a [vocab, hidden] matrix costs one vocab·hidden² product.
 
 Conventions (also recorded in every result's attrs):
 
@@ -112,6 +112,50 @@ def _matrices(name: str, t) -> list[tuple[str, object]]:
     return [(name, t)]
 
 
+def _workers(workers: int | None) -> int:
+    import torch
+
+    n = torch.get_num_threads() if workers is None else workers
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise GraftkitError(f"workers={workers!r} must be a positive integer", "e.g. workers=2, or None for all cores")
+    return n
+
+
+def _in_threads(items: Sequence[str], fn: Callable[[str], object], workers: int, size: Callable[[str], int],
+                on_done: Callable[[str], None]) -> dict[str, object]:
+    """{item: fn(item)}, computed by ``workers`` threads, largest ``size`` first; ``on_done`` in this thread."""
+    if workers == 1 or len(items) < 2:
+        out = {}
+        for it in items:
+            out[it] = fn(it)
+            on_done(it)
+        return out
+    import torch
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    out: dict[str, object] = {}
+    try:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="graftkit-rank") as ex:
+            order = sorted(items, key=size, reverse=True)  # longest first: no big matrix left for the end
+            pending = {ex.submit(fn, it): it for it in order}
+            try:
+                while pending:
+                    finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for fut in finished:
+                        it = pending.pop(fut)
+                        out[it] = fut.result()  # re-raises a worker's GraftkitError here
+                        on_done(it)
+            except BaseException:
+                for fut in pending:
+                    fut.cancel()
+                raise
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
 def _row(m: dict, metrics: Sequence[str]) -> list[float]:
     return [float(m[k]) for k in metrics]
 
@@ -194,29 +238,40 @@ def weight_ranks(
     method: str = "gram",
     on_tensor: Callable[[str, int], None] = lambda name, nbytes: None,
     provenance: dict | None = None,
+    workers: int | None = None,
 ) -> Result:
     """Spectral measures of every weight matrix of ``ckpt`` (streamed), per tensor and per layer.
 
     Returns a ``Result`` of kind ``"rank-weights"``: ``value[tensor, metric]``, ``tensor_group``,
     ``tensor_layer`` (−1 outside the decoder stack), ``value_layer[layer, group, metric]``, and attrs
     with every convention, the method, the tolerance rule and ``describe(ckpt)``.
+
+    ``workers`` tensors are ranked at once in threads (default: torch's intra-op thread count), largest
+    first; meanwhile torch's intra-op threads are set to 1 (process-wide, restored on return), so the
+    cores work on different matrices instead of contending for one small ``eigvalsh``. ``on_tensor`` is
+    called from the calling thread as tensors finish. Values do not depend on ``workers``.
     """
     metrics = _check_metrics(metrics, METRICS)
     names, skipped, chosen = select_tensors(ckpt, tax, layers)
     t0 = time.perf_counter()
+    n_workers = _workers(workers)
+
+    def rank_one(name: str) -> list[tuple[str, dict]]:
+        t = ckpt.read(name)
+        return [(label, measures(W, method)) for label, W in _matrices(name, t)]
+
+    done = _in_threads(names, rank_one, n_workers, size=lambda n: ckpt.metas[n].nbytes,
+                       on_done=lambda n: on_tensor(n, ckpt.metas[n].nbytes))
     rows, parents, values, tols, dtypes, shapes = [], [], [], [], [], []
     method_name = None
     for name in names:
-        t = ckpt.read(name)
-        for label, W in _matrices(name, t):
-            m = measures(W, method)
+        for label, m in done[name]:
             method_name = m["method"]
             rows.append(label), parents.append(name), values.append(_row(m, metrics))
             tols.append(m["numerical_rank_tol"]), dtypes.append(m["dtype"]), shapes.append(m["shape"])
-        del t
-        on_tensor(name, ckpt.metas[name].nbytes)
     attrs = {"what": "weights", "method": method_name or method, "spectrum_dtype": "float64",
-             "model": describe(ckpt), "seconds": time.perf_counter() - t0, **(provenance or {})}
+             "model": describe(ckpt), "seconds": time.perf_counter() - t0, "workers": n_workers,
+             **(provenance or {})}
     vals = np.array(values, dtype=np.float64).reshape(len(rows), len(metrics))
     return _assemble("rank-weights", rows, parents, vals, metrics, tols, dtypes, shapes, tax, chosen,
                      skipped, attrs)

@@ -313,3 +313,67 @@ def test_couple_errors_name_missing_results(grid, monkeypatch, tmp_path):
     assert "eval-lr0-greedy.h5" in msg and "graftkit rank --model" in msg and "Traceback" not in r.output
     r = runner.invoke(app, ["couple", str(run), "--what", "delta"])
     assert r.exit_code == 2 and "weights or activations" in r.output
+
+
+# --------------------------------------------------------------------------------------------------
+# the fast paths the WeightWatcher benchmark relies on (rank/spectra.py Gram, rank/weights.py threads)
+
+
+def test_tiled_blocked_gram_matches_svd(monkeypatch):
+    import torch
+
+    from graftkit.rank import spectra
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # many tiny products: spare them OpenMP's barriers on a busy shared machine
+    try:
+        _check_tiled_gram(monkeypatch, spectra, torch)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _check_tiled_gram(monkeypatch, spectra, torch):
+    monkeypatch.setattr(spectra, "GRAM_BLOCK_ELEMENTS", 200 * 150)  # a few row blocks
+    monkeypatch.setattr(spectra, "GRAM_TILE_MIN_WORK", 0)  # tiles even for small matrices
+    monkeypatch.setattr(spectra, "GRAM_TILES", 3)
+    monkeypatch.setattr(spectra, "GRAM_MIN_TILE", 16)
+    rng = np.random.default_rng(5)
+    for shape in [(400, 150), (150, 400), (300, 40)]:  # tall, wide (Gram of W Wᵀ), uneven last tile
+        W = rng.normal(size=shape) * np.logspace(0, -4, shape[1])  # spread spectrum
+        ref = np.linalg.svd(W, compute_uv=False)
+        np.testing.assert_allclose(spectra.singular_values(W), ref, rtol=1e-9, atol=1e-12 * ref[0])
+        Wt = torch.tensor(W, dtype=torch.float32)
+        ref32 = np.linalg.svd(Wt.double().numpy(), compute_uv=False)
+        np.testing.assert_allclose(spectra.singular_values(Wt), ref32, rtol=1e-9, atol=1e-9 * ref32[0])
+    bad = torch.ones(500, 80)
+    bad[321, 7] = float("nan")
+    with pytest.raises(GraftkitError, match="NaN or inf"):
+        spectra.measures(bad)
+    bad[321, 7] = float("inf")
+    with pytest.raises(GraftkitError, match="NaN or inf"):
+        spectra.spectrum(bad)
+    huge = np.full((4, 3), 1e200)
+    with pytest.raises(GraftkitError, match="overflows"):
+        spectra.measures(huge)
+
+
+def test_weight_ranks_threads_give_identical_values_and_restore_torch_threads(tmp_path):
+    import torch
+
+    from graftkit.demo import planted_pair
+    from graftkit.rank import weight_ranks
+    from graftkit.weights import open_checkpoint
+
+    sft, _ = planted_pair(tmp_path)
+    ck = open_checkpoint(sft)
+    tax = ck.taxonomy()
+    before = torch.get_num_threads()
+    seen = []
+    one = weight_ranks(ck, tax, workers=1)
+    three = weight_ranks(ck, tax, workers=3, on_tensor=lambda n, b: seen.append(n))
+    assert torch.get_num_threads() == before and three.attrs["workers"] == 3
+    np.testing.assert_array_equal(one["value"], three["value"])
+    assert list(one.coords["tensor"]) == list(three.coords["tensor"])
+    assert sorted(seen) == sorted({str(n) for n in three["tensor_source"]})
+    with pytest.raises(GraftkitError, match="workers"):
+        weight_ranks(ck, tax, workers=0)
