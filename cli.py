@@ -1419,44 +1419,53 @@ def couple(
 @app.command()
 @_handled
 def demo(
-    out_dir: Path = typer.Option(Path("runs/demo"), "--out", help="Run folder."),
-    quick: bool = typer.Option(False, help="Smallest settings (same as the default for now)."),
+    out_dir: Path = typer.Option(Path("runs/demo"), "--out", help="Run folder (finished stages are skipped)."),
+    quick: bool = typer.Option(False, help="The CI-sized study: fewer steps, seeds and probes (≈5 minutes)."),
+    train_sft: bool = typer.Option(False, "--train-sft", help="Train the SFT policy with the default recipe instead "
+                                                              "of starting from the embedded one."),
+    sft: Optional[Path] = typer.Option(None, "--sft", help="Start from this SFT policy folder."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
-    """The weight tools in miniature: a tiny SFT model, a planted RL delta, its anatomy and a graft."""
-    from .demo import planted_pair
-    from .graft import GraftSpec, delta_anatomy, export_graft, plan_graft
-    from .store import write_result
-    from .weights import check_pair, describe, open_checkpoint
+    """The whole study in miniature: SFT → headroom → GRPO grid → evaluation → anatomy → grafts → rank →
+    coupling → findings → report."""
+    from .study import StudyConfig, run_study
 
-    t0 = time.perf_counter()
+    if sft is not None:
+        _must_exist(sft, "--sft")
+    cfg = StudyConfig.preset(str(out_dir), quick, sft=str(sft) if sft else None, train_sft=train_sft or None)
     out_dir.mkdir(parents=True, exist_ok=True)
-    sft, rl = planted_pair(out_dir, force=True)
-    b, r = open_checkpoint(sft), open_checkpoint(rl)
-    tax = b.taxonomy()
-    check_pair(b, r, tax)
-    res = delta_anatomy(b, [r], ["rl"], tax, provenance={"base": describe(b), "runs": [describe(r)]})
-    result_file = write_result(out_dir / "results" / "delta-rl.h5", res)
-    plan = plan_graft(tax, GraftSpec(("attn", "mlp")))
-    # Not rl-attn+mlp-all: that is where `graftkit graft --from RL --groups attn,mlp` writes by default.
-    grafted = export_graft(b, r, plan, out_dir / "grafts" / "demo-attn+mlp", force=True)
     runs_root().mkdir(parents=True, exist_ok=True)
     (runs_root() / ".current").write_text(str(out_dir.resolve()) + "\n")
-    shares = {g: float(res["group_share"][0, j]) for j, g in enumerate(res.coords["group"])}
-    info = {"sft": str(sft), "rl": str(rl), "delta": str(result_file), "graft": str(grafted),
-            "group_share": shares, "seconds": time.perf_counter() - t0}
+    p = Progress(TextColumn("[bold]{task.description}[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                 TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal)
+    bar = p.add_task("", total=1, visible=False)
+    t0 = time.perf_counter()
+
+    def on_stage(name: str, status: str, detail: str) -> None:
+        if status == "start":
+            p.update(bar, description=name, completed=0, total=1, visible=True)
+        mark = {"start": "…", "done": "[green]✓[/]", "skip": "[dim]↷ done before[/]"}[status]
+        if status != "start" or not err.is_terminal:
+            err.print(f"{mark} {escape(name)} [dim]{escape(detail)} ({time.perf_counter() - t0:.0f} s)[/]")
+
+    def on_work(stage: str, done: int, total: int) -> None:
+        p.update(bar, description=stage, completed=done, total=total, visible=True)
+
+    with p:
+        info = run_study(cfg, on_stage, on_work)
     if as_json:
         return _print_json(info)
-    out.print(f"[bold]tiny SFT[/]      {escape(str(sft))}")
-    out.print(f"[bold]planted RL[/]    {escape(str(rl))}")
-    out.print("[bold]movement share[/] " + ", ".join(f"{g} {100 * s:.1f}%" for g, s in sorted(shares.items(), key=lambda x: -x[1])))
-    out.print(f"[bold]delta anatomy[/] {escape(str(result_file))}")
-    out.print(f"[bold]graft attn+mlp[/] {escape(str(grafted))}")
-    out.print(f"done in {info['seconds']:.1f} s. Next: graftkit delta --from {escape(str(rl))} ; "
-              f"graftkit graft --from {escape(str(rl))} --groups attn,mlp --layers late --dry-run")
-
-
-# ------------------------------------------------------------------------------------- report, results
+    t = Table(title=f"the study's four findings, as this run found them ({escape(str(out_dir))})", show_lines=True)
+    for c in ("#", "claim", "this run", "verdict"):
+        t.add_column(c, overflow="fold")
+    for f in info["findings"]:
+        t.add_row(str(f["number"]), escape(f["claim"]), escape(f["statement"]), escape(f["verdict"]))
+    out.print(t)
+    rl = next((v for k, v in info["models"].items() if k.startswith("degrade")), None)
+    out.print(f"report: {escape(info['report'])}  ({info['seconds'] / 60:.1f} min)")
+    if rl:
+        out.print(f"next: graftkit graft --from {escape(rl)} --groups attn,mlp ; graftkit rank --layers late ; "
+                  f"graftkit report {escape(str(out_dir))} --open")
 
 
 @app.command()

@@ -30,6 +30,10 @@ from .webenv.tasks import SUITES
 #: GRPO learning-rate regimes of the mastered-suite grid, calibrated on the embedded tiny policy with
 #: ``graftkit eval --compare`` (see grids/paper18.yaml): null leaves success unchanged, degrade makes it
 #: credibly worse, collapse destroys it.
+#: The embedded default SFT policy: the tiny policy trained by ``graftkit train sft`` with the default recipe
+#: (its graftkit.json records the exact config), shipped so the demo starts from a strong baseline in seconds.
+EMBEDDED_SFT = Path(__file__).resolve().parent / "assets" / "sft"
+
 REGIMES: dict[str, float] = {"null": 1e-5, "degrade": 3e-4, "collapse": 3e-3}
 
 
@@ -42,7 +46,9 @@ class StudyConfig:
     quick: bool = False
     """The CI-sized preset (fewer steps, seeds and probes); findings are stated all the same."""
     sft: str | None = None
-    """Start from this SFT policy folder instead of training one (copied into the run)."""
+    """Start from this SFT policy folder (copied into the run); default: the embedded one (:data:`EMBEDDED_SFT`)."""
+    train_sft: bool = False
+    """Train the SFT policy with the default recipe instead of copying one."""
     sft_steps: int = 6000
     """SFT optimizer steps (the default recipe of ``graftkit train sft``)."""
     sft_lr: float = 3e-3
@@ -71,8 +77,8 @@ class StudyConfig:
     """Probe prompts for activation ranks."""
     rank_layers: str = "late"
     """Layer band of the rank–success coupling."""
-    threads: int = 2
-    """torch threads."""
+    threads: int = 1
+    """torch threads (one is steadier than two for the tiny policy on shared cores)."""
 
     @classmethod
     def preset(cls, out: str, quick: bool = False, **overrides) -> "StudyConfig":
@@ -127,7 +133,7 @@ class Study:
 
     @property
     def root(self) -> Path:
-        return Path(self.cfg.out)
+        return Path(self.cfg.out).resolve()
 
     @property
     def results(self) -> Path:
@@ -138,7 +144,7 @@ class Study:
         return self.root / "sft"
 
     def rl(self, run: RLRun) -> Path:
-        return self.root / "rl" / run.name
+        return self.root / run.name
 
     def stage(self, name: str, outputs: list[Path], fn: Callable[[], object], detail: str = "") -> None:
         """Run ``fn`` unless every output already exists (a finished stage is never redone)."""
@@ -220,8 +226,8 @@ def stage_sft(st: Study) -> None:
 
         from .train.sft import SFTConfig, run_sft
 
-        if cfg.sft:
-            src = Path(cfg.sft)
+        if not cfg.train_sft:
+            src = Path(cfg.sft) if cfg.sft else EMBEDDED_SFT
             if not (src / "config.json").is_file():
                 raise GraftkitError(f"--sft {src}: not an HF model folder (no config.json)",
                                     "pass a folder written by `graftkit train sft`")
@@ -235,7 +241,8 @@ def stage_sft(st: Study) -> None:
         if (st.sft / "train_log.jsonl").is_file():
             _write(st.results / "train-sft-sft.h5", training_curves(st.sft, "sft"))
 
-    st.stage("sft", [st.sft / "graftkit.json"], run, "SFT on oracle demonstrations")
+    st.stage("sft", [st.sft / "graftkit.json"], run, "SFT on oracle demonstrations" if cfg.train_sft else
+             f"SFT policy from {cfg.sft or 'the embedded default'}")
 
 
 def stage_headroom(st: Study) -> Path:
@@ -275,7 +282,7 @@ def stage_grpo(st: Study) -> None:
                      on_step=lambda m: st.on_work(f"grpo {run.name}", m["step"], gcfg.steps))
             _write(st.results / f"train-grpo-{run.name}.h5", training_curves(st.rl(run), "grpo"))
 
-        st.stage(f"grpo {run.name}", [st.results / f"train-grpo-{run.name}.h5"], go,
+        st.stage(f"grpo {run.name}", [st.results / f"train-grpo-{run.name}.h5", st.rl(run) / "graftkit.json"], go,
                  f"{run.suite} suite, lr {run.lr:g}, seed {run.seed}")
 
 
@@ -422,3 +429,300 @@ def findings_result(findings: list[Finding], cfg: StudyConfig):
                    "high": (("finding",), arr("high")), "verdict": (("finding",), arr("verdict", object))},
                   {"config": cfg.as_dict(), "interval": "95% paired bootstrap over evaluation seeds, then episodes",
                    "units": "estimate/low/high: success-rate difference (fraction) unless the statement says otherwise"})
+
+
+# -------------------------------------------------------------------------------------- graft, rank
+
+
+def regime_run(cfg: StudyConfig, regime: str) -> RLRun | None:
+    """The first-seed run of a learning-rate regime (the one the graft sweeps take apart)."""
+    return next((r for r in rl_runs(cfg) if r.regime == regime), None)
+
+
+def stage_grafts(st: Study) -> list[Path]:
+    """Full-factorial graft sweeps of the degraded and the collapsed run into the SFT policy (mastered
+    suite, identical episodes, one model load each), then their double dissociation."""
+    from .agent import Decode
+    from .graft import attribution as attr
+    from .graft import delta_anatomy
+    from .graft import experiments as X
+    from .store import read_result
+    from .weights import describe, open_checkpoint
+
+    cfg = st.cfg
+    tasks, seeds, episodes = list(SUITES["mastered"]), list(range(cfg.graft_seeds)), 1
+    decode = Decode(greedy=True)
+    base = open_checkpoint(st.sft)
+    tax = base.taxonomy()
+    groups = tuple(g for g in cfg.graft_groups if g in X.present_groups(tax))
+    exps = X.expand_sweep("factorial", groups, X.present_groups(tax))
+    swept = [r for r in (regime_run(cfg, "degrade"), regime_run(cfg, "collapse")) if r is not None]
+    files: list[Path] = []
+    outcomes: dict[str, dict] = {}
+    for run in swept:
+        dest = st.results / f"graft-factorial-{run.name}.h5"
+        files.append(dest)
+        rl = open_checkpoint(st.rl(run))
+        setup = {"base": describe(base), "rl": describe(rl), "tasks": tasks, "seeds": seeds, "episodes": episodes,
+                 "decode": asdict(decode), "unknown": "error"}
+
+        def go(run=run, rl=rl, dest=dest, setup=setup):
+            share = delta_anatomy(base, [rl], [run.name], tax)
+            movement = {g: float(v) for g, v in zip(share.coords["group"], share["group_share"][0])}
+            common = dict(movement_share=movement, attrs={**setup, "rl_label": run.name, "command": "demo"})
+            partial_file = dest.with_name(f".partial-{dest.name}")
+            done = X.completed_outcomes(read_result(partial_file), exps, setup) if partial_file.is_file() else {}
+            partial = dict(done)
+            n, total = [len(done)], len(exps)
+
+            def stream(e, s):
+                partial[e.label] = s  # an interrupted sweep resumes from the configurations it finished
+                _write(partial_file, X.sweep_result("factorial", exps, partial, tasks, seeds, episodes, groups,
+                                                    compare_configs=False, **common))
+                n[0] += 1
+                st.on_work(f"graft {run.name}", n[0], total)
+
+            policy = _policy(st.sft)
+            success = X.run_sweep(exps, policy, base, rl, tasks, seeds, episodes, decode, done=done, on_result=stream)
+            _write(dest, X.sweep_result("factorial", exps, success, tasks, seeds, episodes, groups, **common))
+            partial_file.unlink(missing_ok=True)
+
+        st.stage(f"graft {run.name}", [dest], go, f"factorial over {'+'.join(groups)} = {len(exps)} configurations")
+    if len(swept) == 2:
+        dest = st.results / "graft-dissociation.h5"
+
+        def dissociate():
+            subsets = {}
+            for key, f in zip("AB", files):
+                res = read_result(f)
+                success = {lab: np.asarray(res["success"][i]) for i, lab in enumerate(res.coords["config"])}
+                subsets[key] = X.subset_outcomes(exps, success, "all")
+            d = attr.dissociation(subsets["A"], subsets["B"], groups, kind="shapley")
+            _write(dest, X.dissociation_result(
+                d, {k: {"path": str(st.rl(r)), "label": r.name, "result": str(f)} for k, r, f in zip("AB", swept, files)},
+                attrs={"base": describe(base), "sweep": "factorial"}))
+
+        st.stage("dissociation", [dest], dissociate, f"{swept[0].name} vs {swept[1].name}")
+        files.append(dest)
+    return files
+
+
+def stage_ranks(st: Study) -> None:
+    """Weight and activation ranks of every policy, delta ranks of every RL run against SFT."""
+    from .rank import delta_ranks, weight_ranks
+    from .rank.activations import activation_ranks, probe_prompts
+    from .weights import open_checkpoint
+
+    cfg = st.cfg
+    prompts = probe_prompts("all", cfg.probes, seed=0)
+    base = open_checkpoint(st.sft)
+    tax = base.taxonomy()
+    for label, path in models(st).items():
+        w, a, d = (st.results / f"rank-{k}-{label}.h5" for k in ("weights", "activations", "delta"))
+
+        def go(label=label, path=path, w=w, a=a, d=d):
+            ck = open_checkpoint(path)
+            prov = {"config": {"command": "demo", "label": label}}
+            if not w.exists():
+                _write(w, weight_ranks(ck, tax, "all", provenance=prov))
+            if not a.exists():
+                policy = _policy(path)
+                _write(a, activation_ranks(policy, None, prompts, "all", tokens="last", centred=True,
+                                           give_model=True, provenance=prov))
+            if label != "sft" and not d.exists():
+                _write(d, delta_ranks(base, ck, tax, "all", provenance=prov))
+
+        st.stage(f"rank {label}", [w, a] + ([d] if label != "sft" else []), go, "weights, activations"
+                 + (", delta" if label != "sft" else ""))
+
+
+def _config_row(res, label: str) -> np.ndarray | None:
+    labels = list(res.coords["config"])
+    return None if label not in labels else np.asarray(res["diff_vs_base"][labels.index(label)])
+
+
+def finding_3(degrade, collapse) -> Finding:
+    """Grafting localises the degrade regime to attention + MLP; the collapse regime is not traceable to
+    any single group; the embedding dominates weight movement yet is causally inert.
+
+    Rules: (a) in the degraded run, the attn+mlp graft alone is credibly worse than base and carries at
+    least half of the full RL change; (b) in the collapsed run, no single-group graft carries half of the
+    change; (c) the embedding has the largest movement share and its Shapley interval contains zero.
+    """
+    from .graft.experiments import RL_LABEL, label_for
+
+    claim = ("Grafting localises the degrade regime to attention + MLP; the collapse regime is not traceable to any "
+             "single group; the embedding change dominates weight movement yet is causally inert.")
+    if degrade is None:
+        return Finding(3, claim, "no graft sweep of a degraded run", math.nan, math.nan, math.nan, "not measured")
+    parts, checks = [], []
+    full = _config_row(degrade, RL_LABEL)
+    am = _config_row(degrade, label_for(("attn", "mlp")))
+    groups = list(degrade.coords["group"])
+    if am is not None and full is not None:
+        share = am[0] / full[0] if full[0] else math.nan
+        parts.append(f"degraded run: RL changes success by {_pts(full[0])} [{_pts(full[1])}, {_pts(full[2])}], "
+                     f"the attn+mlp graft alone by {_pts(am[0])} [{_pts(am[1])}, {_pts(am[2])}] "
+                     f"({100 * share:.0f}% of it)" if np.isfinite(share) else "")
+        checks.append(am[2] < 0 and np.isfinite(share) and share >= 0.5)
+    if "shapley" in degrade.data:
+        sh = np.asarray(degrade["shapley"])
+        parts.append("Shapley " + ", ".join(f"{g} {_pts(sh[i, 0])} [{_pts(sh[i, 1])}, {_pts(sh[i, 2])}]"
+                                            for i, g in enumerate(groups)))
+    if collapse is not None:
+        cf = _config_row(collapse, RL_LABEL)
+        singles = {g: _config_row(collapse, label_for((g,))) for g in collapse.coords["group"]}
+        best = max((g for g in singles if singles[g] is not None), key=lambda g: abs(singles[g][0]), default=None)
+        if cf is not None and best is not None:
+            frac = singles[best][0] / cf[0] if cf[0] else math.nan
+            parts.append(f"collapsed run: RL changes success by {_pts(cf[0])} [{_pts(cf[1])}, {_pts(cf[2])}]; the "
+                         f"strongest single-group graft ({best}) carries {100 * frac:.0f}% of it")
+            checks.append(np.isfinite(frac) and abs(frac) < 0.5)
+    if "movement_share" in degrade.data and "embed" in groups and "shapley" in degrade.data:
+        ms = np.asarray(degrade["movement_share"])
+        e = groups.index("embed")
+        sh = np.asarray(degrade["shapley"])
+        parts.append(f"embed: {100 * ms[e]:.0f}% of the weight movement, Shapley effect {_pts(sh[e, 0])} "
+                     f"[{_pts(sh[e, 1])}, {_pts(sh[e, 2])}]")
+        checks.append(int(np.argmax(ms)) == e and sh[e, 1] <= 0 <= sh[e, 2])
+    verdict = ("reproduced" if checks and all(checks) else "partly reproduced" if any(checks) else "not reproduced")
+    est = am if am is not None else (math.nan,) * 3
+    return Finding(3, claim, "; ".join(p for p in parts if p) + ".", float(est[0]), float(est[1]), float(est[2]),
+                   verdict)
+
+
+# ---------------------------------------------------------------------------------------------- run
+
+
+def stage_findings(st: Study) -> list[Finding]:
+    """The four findings, each as this run found it, written to results/findings.h5 (always recomputed:
+    it is cheap and reads only finished results)."""
+    from .store import read_result
+
+    cfg, runs = st.cfg, rl_runs(st.cfg)
+    evals = {label: read_result(st.results / f"eval-{label}-greedy.h5") for label in models(st)}
+    headroom_res = read_result(st.results / "headroom-sft.h5")
+    sweeps = {regime: (read_result(p) if (p := st.results / f"graft-factorial-{r.name}.h5").exists() else None)
+              for regime in ("degrade", "collapse") if (r := regime_run(cfg, regime)) is not None}
+    found = [finding_1(evals, runs), finding_2(evals, runs, headroom_res),
+             finding_3(sweeps.get("degrade"), sweeps.get("collapse")), finding_4(st)]
+    _write(st.results / "findings.h5", findings_result(found, cfg))
+    return found
+
+
+def stage_report(st: Study) -> Path:
+    from .figures import write_report
+
+    dest = st.root / "report.html"
+    st.on_stage("report", "start", "")
+    write_report(st.root, dest)
+    st.on_stage("report", "done", str(dest))
+    return dest
+
+
+def run_study(cfg: StudyConfig, on_stage=lambda name, status, detail: None,
+              on_work=lambda stage, done, total: None) -> dict:
+    """Every stage in order (finished ones are skipped); returns the findings and the output paths."""
+    import torch
+
+    torch.set_num_threads(cfg.threads)
+    st = Study(cfg, on_stage, on_work)
+    st.results.mkdir(parents=True, exist_ok=True)
+    (st.root / "study.json").write_text(json.dumps(cfg.as_dict(), indent=2) + "\n")
+    t0 = time.perf_counter()
+    stage_sft(st)
+    stage_headroom(st)
+    stage_grpo(st)
+    stage_eval(st)
+    stage_delta(st)
+    stage_grafts(st)
+    stage_ranks(st)
+    stage_coupling(st)
+    found = stage_findings(st)
+    report = stage_report(st)
+    return {"out": str(st.root), "report": str(report), "findings": [asdict(f) for f in found],
+            "models": {k: str(v) for k, v in models(st).items()}, "seconds": time.perf_counter() - t0,
+            "stage_seconds": st.timings}
+
+
+# --------------------------------------------------------------------------------------- coupling
+
+
+COUPLING_METRIC = "erank"
+
+
+def stage_coupling(st: Study) -> Path:
+    """Late-layer activation rank vs success across every policy of the run (SFT included), and the
+    both-directions test of the RL runs against SFT."""
+    from .rank.coupling import both_directions, coupling, coupling_result
+    from .stats import compare
+    from .store import read_result
+
+    dest = st.results / f"coupling-activations-{COUPLING_METRIC}.h5"
+
+    def run():
+        labels = list(models(st))
+        tasks = all_tasks()
+        outcome = {k: suite_outcomes(read_result(st.results / f"eval-{k}-greedy.h5"), tasks) for k in labels}
+        rows = []
+        for k in labels:
+            res = read_result(st.results / f"rank-activations-{k}.h5")
+            block = np.asarray(res["block"])
+            m = list(res.coords["metric"]).index(COUPLING_METRIC)
+            keep = block >= 0
+            rows.append(np.asarray(res["value"])[keep, m])
+            layer_ids = [int(b) for b in block[keep]]
+        R = np.stack(rows)
+        success = np.array([outcome[k].mean() for k in labels])
+        n_success = np.array([outcome[k].size for k in labels], dtype=np.int64)
+        n_layers = len(layer_ids)
+        conventions = {"metric": COUPLING_METRIC, "what": "activations",
+                       "rank_value": "rank-activations value[layer, metric]: hidden states after each decoder block, "
+                                     "last token, centred, fp64 covariance (see the rank results' attrs)",
+                       "layer_indexing": "decoder block index, 0-based (hidden-state index − 1)",
+                       "success": "greedy success over every task, seed and episode",
+                       "runs": "the SFT policy and every RL run of the study"}
+        corr = coupling(R, success, n_success, runs=labels, layers=layer_ids, n_layers=n_layers, conventions=conventions)
+        # the SFT policy is the reference itself: excluded from both directions (and counted as such)
+        verdicts = ["reference (SFT)" if k == "sft" else compare(outcome["sft"], outcome[k]).verdict for k in labels]
+        both = both_directions(R, success, R[labels.index("sft")], success[labels.index("sft")], verdicts,
+                               runs=labels, layers=layer_ids, n_layers=n_layers, conventions=conventions)
+        _write(dest, coupling_result(corr, both))
+
+    st.stage("coupling", [dest], run, f"activation {COUPLING_METRIC} vs success across {len(models(st))} policies")
+    return dest
+
+
+def finding_4(st: Study) -> Finding:
+    """Late-layer effective rank tracks capability in both directions.
+
+    Rule: reproduced when the late band's Spearman interval lies above zero and the both-directions
+    verdict of the late band is 'tracks in both directions'; partly when only one of the two holds."""
+    from .rank.coupling import TRACKS_BOTH
+    from .store import read_result
+
+    claim = "Late-layer effective rank tracks capability in both directions (at 4B; at 8B the two come apart)."
+    path = st.results / f"coupling-activations-{COUPLING_METRIC}.h5"
+    if not path.exists():
+        return Finding(4, claim, "no coupling result", math.nan, math.nan, math.nan, "not measured")
+    res = read_result(path)
+    bands = list(res.coords["band"])
+    if "late" not in bands:
+        return Finding(4, claim, "the model has no late layer band", math.nan, math.nan, math.nan, "not measured")
+    b = bands.index("late")
+    rho = np.asarray(res["corr_band"])[b, list(res.coords["stat"]).index("spearman")]
+    parts = [f"late-band activation {COUPLING_METRIC} vs greedy success across {len(res.coords['run'])} policies: "
+             f"Spearman ρ {rho[0]:+.2f} [{rho[1]:+.2f}, {rho[2]:+.2f}]"]
+    verdict_band = None
+    for name in ("verdict_band", "both_verdict_band"):
+        if name in res.data:
+            verdict_band = str(np.asarray(res[name])[list(res.coords["band"]).index("late")])
+    for agree, total in (("agree_band", "total_band"), ("both_agree_band", "both_total_band")):
+        if agree in res.data:
+            a, t = np.asarray(res[agree])[b], np.asarray(res[total])[b]
+            parts.append(f"sign of Δrank agrees with Δsuccess in {int(a[0])}/{int(t[0])} improved and "
+                         f"{int(a[1])}/{int(t[1])} degraded runs ({verdict_band})")
+            break
+    checks = [bool(rho[1] > 0), verdict_band == TRACKS_BOTH]
+    verdict = "reproduced" if all(checks) else "partly reproduced" if any(checks) else "not reproduced"
+    return Finding(4, claim, "; ".join(parts) + ".", float(rho[0]), float(rho[1]), float(rho[2]), verdict)

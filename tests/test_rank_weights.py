@@ -126,7 +126,9 @@ def test_cli(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GRAFTKIT_RUNS", str(tmp_path / "runs"))
     runner = CliRunner()
-    assert runner.invoke(app, ["demo"]).exit_code == 0
+    from graftkit.demo import planted_pair
+
+    planted_pair(tmp_path / "runs" / "demo")
     res = runner.invoke(app, ["rank", "--layers", "late"])
     assert res.exit_code == 0, res.output
     assert "sft" in res.output and "rl" in res.output
