@@ -1,0 +1,131 @@
+"""The study pipeline's pieces that need no training: presets, resumable stages, and the findings' rules
+on planted evaluation outcomes (the demo itself runs end to end in test_cli.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from graftkit.agent.rollout import Decode
+from graftkit.agent.evaluate import EvalOutcome
+from graftkit.study import (
+    RLRun, Study, StudyConfig, all_tasks, eval_result, finding_1, finding_2, findings_result, rl_runs,
+    suite_outcomes,
+)
+from graftkit.store import read_result, write_result
+from graftkit.webenv.tasks import SUITES
+
+S, E = 25, 2
+
+
+def _eval(rates: dict[str, float], seed: int):
+    """An evaluation whose task t succeeds on a planted fraction of episodes; every model meets the same
+    uniform draw per episode, so a higher rate succeeds on a superset of episodes. ``seed`` names the model."""
+    tasks = all_tasks()
+    u = np.random.default_rng(0).random((len(tasks), S, E, 1))  # shared: rates order the same episodes
+    success = np.stack([u[i] < rates.get(t, 0.5) for i, t in enumerate(tasks)])
+    z = np.zeros(success.shape)
+    o = EvalOutcome(tasks, list(range(S)), E, 1, Decode(greedy=True), success, z, z.astype(np.int32),
+                    z.astype(np.int32), 1.0)
+    return eval_result(o, {"path": f"/runs/x/m{seed}"})
+
+
+def _roundtrip(tmp_path, name, res):
+    return read_result(write_result(tmp_path / f"{name}.h5", res))
+
+
+def test_presets_and_runs():
+    full, quick = StudyConfig.preset("runs/demo"), StudyConfig.preset("runs/q", quick=True)
+    assert quick.quick and quick.grpo_steps < full.grpo_steps and quick.eval_seeds < full.eval_seeds
+    assert full.eval_seeds == 25 and len(full.seeds) >= 2 and len(quick.seeds) >= 2
+    runs = rl_runs(full)
+    assert {r.regime for r in runs} == {"null", "degrade", "collapse", "headroom"}
+    lrs = [full.regimes[k] for k in ("null", "degrade", "collapse")]
+    assert lrs == sorted(lrs) and len(set(lrs)) == 3
+    assert len({r.name for r in runs}) == len(runs)
+    assert StudyConfig.preset("o", sft="x", train_sft=None).sft == "x"
+
+
+def test_suite_outcomes_keep_seeds_as_rows(tmp_path):
+    res = _roundtrip(tmp_path, "e", _eval({}, 0))
+    tasks = SUITES["mastered"][:2]
+    got = suite_outcomes(res, tasks)
+    assert got.shape == (S, 2 * E)
+    names = list(res.coords["task"])
+    for s in (0, 7, 24):
+        want = np.concatenate([res["success"][names.index(t), s, :, 0] for t in tasks])
+        assert (got[s] == want).all()
+
+
+def test_stage_skips_finished_outputs(tmp_path):
+    st = Study(StudyConfig(out=str(tmp_path)))
+    calls, seen = [], []
+    st.on_stage = lambda name, status, detail: seen.append((name, status))
+    out = tmp_path / "x.txt"
+
+    def work():
+        calls.append(1)
+        out.write_text("done")
+
+    st.stage("x", [out], work)
+    st.stage("x", [out], work)
+    assert calls == [1] and seen == [("x", "start"), ("x", "done"), ("x", "skip")]
+
+
+def _study_evals(tmp_path, mastered_change: dict[str, float], headroom_gain: float):
+    base = {t: 0.95 for t in SUITES["mastered"]} | {t: 0.3 for t in SUITES["headroom"]}
+    evals = {"sft": _roundtrip(tmp_path, "sft", _eval(base, 0))}
+    runs = []
+    for i, (name, d) in enumerate(mastered_change.items()):
+        regime = name.split("-")[0]
+        runs.append(RLRun(name, "mastered", regime, 1e-4, i))
+        evals[name] = _roundtrip(tmp_path, name, _eval({t: max(0.0, r + d) for t, r in base.items()}, 0))
+    runs.append(RLRun("headroom-s0", "headroom", "headroom", 1e-4, 0))
+    evals["headroom-s0"] = _roundtrip(tmp_path, "h", _eval(
+        {t: (r + headroom_gain if t in SUITES["headroom"] else r) for t, r in base.items()}, 0))
+    return evals, runs
+
+
+def _headroom(tmp_path):
+    tasks = all_tasks()
+    o = _eval({}, 1)
+    o_ = _roundtrip(tmp_path, "hr0", o)
+    from graftkit.store import Result
+
+    g = np.asarray(o_["success"])
+    return Result("headroom", {**o_.coords, "greedy_sample": np.arange(1)},
+                  {"success": (("task", "seed", "episode", "sample"), g),
+                   "greedy_success": (("task", "seed", "episode", "greedy_sample"), np.zeros_like(g))}, {})
+
+
+def test_finding_1_reproduced_when_no_run_improves_and_higher_rates_degrade_then_collapse(tmp_path):
+    evals, runs = _study_evals(tmp_path, {"null-s0": 0.0, "degrade-s0": -0.3, "collapse-s0": -0.9}, 0.0)
+    f = finding_1(evals, runs)
+    assert f.verdict == "reproduced", f.statement
+    assert f.low <= f.estimate <= f.high and "0/3 GRPO runs credibly improve" in f.statement
+
+
+def test_finding_1_not_reproduced_when_a_run_improves(tmp_path):
+    evals, runs = _study_evals(tmp_path, {"null-s0": 0.0, "degrade-s0": -0.3, "collapse-s0": -0.9}, 0.0)
+    base = {t: 0.5 for t in SUITES["mastered"]}
+    evals["sft"] = _roundtrip(tmp_path, "sft2", _eval(base, 0))
+    evals["null-s0"] = _roundtrip(tmp_path, "n2", _eval({t: 0.95 for t in SUITES["mastered"]}, 0))
+    f = finding_1(evals, runs)
+    assert f.verdict == "not reproduced" and f.low > 0
+
+
+@pytest.mark.parametrize("gain, verdict", [(0.5, "reproduced"), (0.0, "not reproduced")])
+def test_finding_2_follows_the_paired_interval(tmp_path, gain, verdict):
+    evals, runs = _study_evals(tmp_path, {"null-s0": 0.0}, gain)
+    f = finding_2(evals, runs, _headroom(tmp_path))
+    assert f.verdict == verdict, f.statement
+    assert (f.low > 0) == (verdict == "reproduced")
+
+
+def test_findings_result_is_labelled_and_round_trips(tmp_path):
+    evals, runs = _study_evals(tmp_path, {"null-s0": 0.0, "degrade-s0": -0.3, "collapse-s0": -0.9}, 0.5)
+    found = [finding_1(evals, runs), finding_2(evals, runs, _headroom(tmp_path))]
+    res = _roundtrip(tmp_path, "findings", findings_result(found, StudyConfig()))
+    assert res.kind == "findings" and list(res.coords["finding"]) == ["1", "2"]
+    assert list(res["verdict"]) == [f.verdict for f in found]
+    assert np.allclose(res["estimate"], [f.estimate for f in found])
