@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": gk, "matrices": len(gk_rows), "method": runs["graftkit"][-1]["method"],
         "covers_embed_and_lm_head": required <= names}, "targets": TARGETS}
     ok = required <= names
-    print(f"\ngraftkit weight_ranks ({runs['graftkit'][-1]['workers']} worker threads): {len(gk_rows)} matrices "
+    print(f"\ngraftkit weight_ranks ({runs['graftkit'][-1]['workers']} worker thread(s)): {len(gk_rows)} matrices "
           f"(embed_tokens and lm_head "
           f"{'included' if ok else 'MISSING'}), wall min {gk['min']:.2f} s, median {gk['median']:.2f} s "
           f"[{record['graftkit']['method']}]")
