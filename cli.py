@@ -1177,10 +1177,20 @@ def rank(
 # -------------------------------------------------------------------------------------------- couple
 
 
+def _couple_layer_ids(res) -> list[int]:
+    """Decoder layer indices of a rank result's rows: its layer coordinate, or for activation ranks the
+    decoder block whose output each hidden state is (the embedding output, block −1, is left out)."""
+    if res.kind == "rank-activations":
+        return [int(b) for b in res["block"] if b >= 0]
+    return [int(L) for L in res.coords["layer"]]
+
+
 def _couple_n_layers(res) -> int:
     """The model's decoder depth as a rank result records it (attrs n_layers, else its band rule)."""
     import re
 
+    if res.kind == "rank-activations":
+        return len(_couple_layer_ids(res))
     if res.attrs.get("n_layers"):
         return int(res.attrs["n_layers"])
     m = re.search(r"with n = (\d+)", str(res.attrs.get("band_rule", "")))
@@ -1188,8 +1198,11 @@ def _couple_n_layers(res) -> int:
 
 
 def _couple_layer_values(res, metric: str, path: Path) -> np.ndarray:
-    """value_layer[:, group "all", metric] (or value_layer[:, metric] for a result without groups)."""
+    """value_layer[:, group "all", metric] (or value_layer[:, metric] for a result without groups); for
+    activation ranks, value[:, metric] of the decoder blocks' outputs (see :func:`_couple_layer_ids`)."""
     metrics = [str(m) for m in res.coords.get("metric", [])]
+    if res.kind == "rank-activations" and metric in metrics:
+        return np.asarray(res["value"])[np.asarray(res["block"]) >= 0, metrics.index(metric)]
     if "value_layer" not in res.data or metric not in metrics:
         raise GraftkitError(f"{path}: no per-layer '{metric}' (metrics: {', '.join(metrics) or 'none'})",
                             f"pass --metric one of {', '.join(metrics)}" if metrics else "re-run graftkit rank")
@@ -1244,8 +1257,8 @@ def couple(
     for p in sorted(results.glob(f"rank-{what}-*.h5")):
         res = read_result(p)
         _couple_newest(ranks, key_of(res, p), {"path": p, "res": res},
-                       lambda a, b: (len(a["res"].coords["layer"]), str(a["res"].attrs.get("created")))
-                       > (len(b["res"].coords["layer"]), str(b["res"].attrs.get("created"))))
+                       lambda a, b: (len(_couple_layer_ids(a["res"])), str(a["res"].attrs.get("created")))
+                       > (len(_couple_layer_ids(b["res"])), str(b["res"].attrs.get("created"))))
     for p in sorted(results.glob("eval-*-greedy.h5")):
         res = read_result(p)
         if res.kind != "eval":
@@ -1275,7 +1288,7 @@ def couple(
                                     "evaluate every checkpoint with the same --tasks, --seeds and --episodes")
     n_layers = _couple_n_layers(ranks[both[0]]["res"])
     chosen = parse_layers(layers, n_layers)
-    common = set.intersection(*(set(int(L) for L in ranks[k]["res"].coords["layer"]) for k in both))
+    common = set.intersection(*(set(_couple_layer_ids(ranks[k]["res"])) for k in both))
     layer_ids = sorted(common if chosen is None else common & chosen)
     if not layer_ids:
         raise GraftkitError(f"--layers {layers}: none of these decoder layers is ranked in every rank-{what} result",
@@ -1287,7 +1300,7 @@ def couple(
             raise GraftkitError(f"{ranks[k]['path'].name} ranks a {_couple_n_layers(res)}-layer model, "
                                 f"{ranks[both[0]]['path'].name} a {n_layers}-layer one", "couple checkpoints of one model")
         vals = _couple_layer_values(res, metric, ranks[k]["path"])
-        pos = {int(L): j for j, L in enumerate(res.coords["layer"])}
+        pos = {L: j for j, L in enumerate(_couple_layer_ids(res))}
         R[i] = [vals[pos[L]] for L in layer_ids]
     outcome = {k: np.asarray(evals[k]["res"]["success"]).transpose(1, 0, 2, 3).reshape(
         len(ref_eval["res"].coords["seed"]), -1) for k in both}
