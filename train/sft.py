@@ -89,9 +89,12 @@ class Example:
 
 
 def episode_examples(policy: Policy, env, task: str, seed: int) -> list[Example]:
-    """The oracle's episode with environment seed ``seed``, one example per turn."""
+    """The oracle's episode with environment seed ``seed``, one example per turn (none for an episode
+    the task declares ambiguous: its observation does not determine the answer)."""
     spec = TASKS[task]
     obs = env.reset(seed)
+    if spec.ambiguous(obs):
+        return []
     history: list[str] = []
     out = []
     for action in spec.oracle(obs):

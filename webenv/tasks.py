@@ -136,6 +136,12 @@ class Task:
         """Partial credit in [0, 1) while the episode runs (0 for one-step tasks)."""
         return 0.0
 
+    @staticmethod
+    def ambiguous(first: Observation) -> bool:
+        """True when the observation does not determine the answer (MiniWoB++ itself can generate such
+        episodes); no oracle can be sure to solve them, so demonstrations skip them."""
+        return False
+
     @classmethod
     def progress(cls, first: Observation, obs: Observation, raw_reward: float, done: bool) -> float:
         """Progress after a step: 1 on success, 0 on a failed end, else the task's partial credit."""
@@ -356,6 +362,13 @@ class ClickCheckboxes(Task):
                 text = next((t.text for t in obs.elements[i + 1 :] if t.tag == "t" and t.parent == el.parent), "")
                 out.append((el, text))
         return out
+
+    @classmethod
+    def ambiguous(cls, first: Observation) -> bool:
+        """Two boxes share a label, and only some of that label's boxes are wanted: which, the page hides."""
+        labels = [text for _, text in cls._checkboxes(first)]
+        wanted = cls._targets(first)
+        return any(labels.count(t) > 1 and 0 < wanted.count(t) < labels.count(t) for t in set(labels))
 
     @classmethod
     def oracle(cls, obs: Observation) -> list[str]:
