@@ -220,6 +220,26 @@ def test_oracle_solves_seeds_0_to_49(task):
         assert step.done and step.reward == 1.0 and env.success, (task, seed)
 
 
+def test_ambiguous_episodes_are_exactly_those_the_page_cannot_decide():
+    """click-checkboxes seed 10747552 lists 'Db' once and shows two boxes labelled 'Db' (one wanted): the
+    oracle cannot know which; every episode not declared ambiguous is solved."""
+    env, spec = make_env("click-checkboxes"), TASKS["click-checkboxes"]
+    obs = env.reset(10747552)
+    labels = [t for _, t in spec._checkboxes(obs)]
+    assert labels.count("Db") == 2 and spec._targets(obs).count("Db") == 1 and spec.ambiguous(obs)
+    seen = 0
+    for seed in range(10747000, 10747600):
+        obs = env.reset(seed)
+        if spec.ambiguous(obs):
+            seen += 1
+            continue
+        for action in oracle(obs):
+            env.step(action)
+        assert env.success, seed
+    assert seen >= 1
+    assert not any(TASKS[t].ambiguous(make_env(t).reset(0)) for t in TASKS if t != "click-checkboxes")
+
+
 @pytest.mark.parametrize("task, wrong", [
     ("click-button", lambda obs: next(e for e in obs.elements if e.tag == "button" and f'"{e.text}"' not in obs.utterance)),
     ("click-link", lambda obs: next(e for e in obs.elements if e.tag == "span" and f'"{e.text}"' not in obs.utterance)),
