@@ -844,17 +844,34 @@ def _parse_budgets(items: list[str], tasks: str | None) -> dict[str, int]:
     return budgets
 
 
+def _parse_decoys(items: list[str]) -> dict[str, float]:
+    from .train.sft import DEFAULT_DECOYS
+
+    decoys = dict(DEFAULT_DECOYS)
+    for item in items:
+        task, sep, rate = item.partition("=")
+        try:
+            decoys[task.strip()] = float(rate) if sep else math.nan
+        except ValueError:
+            decoys[task.strip()] = math.nan
+        if not 0 <= decoys[task.strip()] < 1:
+            raise GraftkitError(f"--decoy {item!r}: expected TASK=RATE with 0 ≤ RATE < 1", "e.g. --decoy click-link=0.5")
+    return decoys
+
+
 @train_app.command("sft")
 @_handled
 def train_sft(
     out_dir: Path = typer.Option(..., "--out", help="Output folder of the SFT policy."),
     tasks: Optional[str] = typer.Option(None, help="Suite(s) or tasks to demonstrate (default: both suites)."),
     budget: List[str] = typer.Option([], help="Demonstration pool of a task: TASK=N episodes (repeatable)."),
+    decoy: List[str] = typer.Option([], help="Demonstrator slip rate of a task: TASK=RATE (repeatable; default: "
+                                             "0.6 on the headroom suite, 0 elsewhere)."),
     size: str = typer.Option("micro", help="Tiny policy size: nano, micro, small."),
     init: Optional[Path] = typer.Option(None, help="Fine-tune this HF causal LM folder instead of a tiny policy."),
-    steps: int = typer.Option(1500, help="Optimizer steps."),
+    steps: int = typer.Option(6000, help="Optimizer steps."),
     batch_size: int = typer.Option(32, help="Turns per step."),
-    lr: float = typer.Option(2e-3, help="Peak learning rate."),
+    lr: float = typer.Option(3e-3, help="Peak learning rate."),
     seed: int = typer.Option(0, help="Seed."),
     threads: int = typer.Option(2, help="torch threads."),
     force: bool = typer.Option(False, help="Replace an existing output folder written by graftkit."),
@@ -865,7 +882,7 @@ def train_sft(
     from .weights import check_destination
 
     check_destination(out_dir, [init] if init else [], force)
-    cfg = SFTConfig(out=str(out_dir), budgets=_parse_budgets(budget, tasks), size=size,
+    cfg = SFTConfig(out=str(out_dir), budgets=_parse_budgets(budget, tasks), decoys=_parse_decoys(decoy), size=size,
                     init=str(init) if init else None, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
                     threads=threads)
     t0 = time.perf_counter()

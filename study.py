@@ -236,7 +236,7 @@ def stage_sft(st: Study) -> None:
             shutil.copytree(src, tmp)
             tmp.rename(st.sft)
         else:
-            sft_cfg = SFTConfig(out=str(st.sft), steps=cfg.sft_steps, lr=cfg.sft_lr, threads=cfg.threads)
+            sft_cfg = SFTConfig(out=str(st.sft), steps=cfg.sft_steps, lr=cfg.sft_lr, threads=2)
             run_sft(sft_cfg, on_step=lambda m: st.on_work("sft", m["step"], cfg.sft_steps), force=True)
         if (st.sft / "train_log.jsonl").is_file():
             _write(st.results / "train-sft-sft.h5", training_curves(st.sft, "sft"))

@@ -15,6 +15,7 @@ import datetime as _dt
 import json
 import math
 import random
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,9 +34,19 @@ from ..weights import load_model, save_model
 
 TRAIN_SEED_BASE = 10 * MAX_EPISODES_PER_SEED * MAX_EPISODES_PER_SEED  # far above every evaluation seed
 
-#: Demonstration pools per task in the default recipe: fresh episodes throughout for the mastered suite,
-#: a small reused pool for the headroom suite (see :class:`DemoStream`).
-DEFAULT_BUDGETS: dict[str, int] = {**{t: 1_000_000 for t in SUITES["mastered"]}, **{t: 60 for t in SUITES["headroom"]}}
+#: Demonstration pools per task in the default recipe: fresh episodes throughout for both suites and the
+#: other core tasks, a small reused pool for the long form tasks (see :class:`DemoStream`).
+DEFAULT_BUDGETS: dict[str, int] = {
+    **{t: 1_000_000 for t in (*SUITES["mastered"], *SUITES["headroom"], "click-checkboxes", "use-autocomplete")},
+    **{t: 60 for t in ("click-checkboxes-large", "login-user", "enter-password", "enter-text-2", "enter-text-long",
+                       "fill-form")},
+}
+
+#: The default recipe's demonstrator slips on the headroom suite: in this fraction of its episodes it clicks
+#: a decoy (see :func:`decoy_action`) instead of the target. A policy imitating it puts most of its mass on
+#: the decoy — greedy decoding picks it — while the right action keeps enough mass for sampling to find
+#: it: headroom, as a noisy human demonstrator leaves it, which reward-driven training can then remove.
+DEFAULT_DECOYS: dict[str, float] = {t: 0.6 for t in SUITES["headroom"]}
 
 
 @dataclass(frozen=True)
@@ -46,15 +57,17 @@ class SFTConfig:
     """Output folder (an HF model folder with tokenizer, graftkit.json and train_log.jsonl)."""
     budgets: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_BUDGETS))
     """Demonstration episodes per task (tasks not listed get none)."""
+    decoys: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_DECOYS))
+    """Per task, the fraction of demonstrations whose first click goes to a decoy (0 or absent: none)."""
     size: str = "micro"
     """Tiny policy size when no ``init`` is given: nano, micro or small."""
     init: str | None = None
     """Fine-tune this HF causal LM folder (with its tokenizer) instead of a tiny policy."""
-    steps: int = 1500
+    steps: int = 6000
     """Optimizer steps."""
     batch_size: int = 32
     """Examples (turns) per step."""
-    lr: float = 2e-3
+    lr: float = 3e-3
     """Peak learning rate."""
     warmup: int = 100
     """Linear warmup steps."""
@@ -72,6 +85,10 @@ class SFTConfig:
         if unknown:
             raise GraftkitError(f"unknown task(s) in budgets: {', '.join(unknown)}",
                                 f"choose from {', '.join(sorted(TASKS))}")
+        bad = [f"{t}={r}" for t, r in self.decoys.items() if t not in TASKS or not 0 <= r < 1]
+        if bad:
+            raise GraftkitError(f"decoy rates {', '.join(bad)}: need a known task and a rate in [0, 1)",
+                                "e.g. --decoy click-button=0.6")
         if not any(v > 0 for v in self.budgets.values()):
             raise GraftkitError("no demonstrations: every budget is 0", "give at least one task a budget > 0")
         for name in ("steps", "batch_size", "threads"):
@@ -88,13 +105,38 @@ class Example:
     action_ids: tuple[int, ...]
 
 
-def episode_examples(policy: Policy, env, task: str, seed: int) -> list[Example]:
-    """The oracle's episode with environment seed ``seed``, one example per turn (none for an episode
-    the task declares ambiguous: its observation does not determine the answer)."""
+_CLICK = re.compile(r"click\((\d+)\)")
+
+
+def decoy_action(obs, action: str) -> str | None:
+    """The demonstrator's slip for a click: the first element with the clicked element's tag and another
+    text (so the slip is a wrong answer, not a twin of the target); None when ``action`` is no click or no
+    such element exists."""
+    m = _CLICK.fullmatch(action)
+    if not m:
+        return None
+    target = next((e for e in obs.elements if e.ref == int(m[1])), None)
+    if target is None:
+        return None
+    other = next((e for e in obs.elements
+                  if e.tag == target.tag and e.ref > 0 and e.ref != target.ref and e.text != target.text), None)
+    return None if other is None else f"click({other.ref})"
+
+
+def episode_examples(policy: Policy, env, task: str, seed: int, decoy_rate: float = 0.0) -> list[Example]:
+    """The demonstrator's episode with environment seed ``seed``, one example per turn: the oracle's, or —
+    in a ``decoy_rate`` fraction of episodes, fixed by the seed — its first click sent to a decoy, after
+    which the episode has ended (none for an episode the task declares ambiguous: its observation does
+    not determine the answer)."""
     spec = TASKS[task]
     obs = env.reset(seed)
     if spec.ambiguous(obs):
         return []
+    if decoy_rate and random.Random(seed).random() < decoy_rate:
+        first = spec.oracle(obs)[0]
+        slip = decoy_action(obs, first)
+        if slip is not None:
+            return [Example(task, tuple(policy.prompt_ids(render_text(obs), [])), tuple(policy.action_ids(slip)))]
     history: list[str] = []
     out = []
     for action in spec.oracle(obs):
@@ -134,8 +176,10 @@ class DemoStream:
     instruction in the element list). Oracle episodes cost ~1.3 ms a turn, so they are generated on
     demand. Batches come from windows of 50 batches sorted by length (little padding)."""
 
-    def __init__(self, policy: Policy, budgets: Mapping[str, int], batch_size: int, rng: random.Random):
+    def __init__(self, policy: Policy, budgets: Mapping[str, int], batch_size: int, rng: random.Random,
+                 decoys: Mapping[str, float] | None = None):
         self.policy, self.batch_size, self.rng = policy, batch_size, rng
+        self.decoys = dict(decoys or {})
         self.pools = {t: n for t, n in budgets.items() if n > 0}
         self.tasks = list(self.pools)
         self.weights = [min(self.pools[t], POOL_WEIGHT_CAP) for t in self.tasks]
@@ -147,7 +191,7 @@ class DemoStream:
         key = (task, i)
         if key in self.cache:
             return self.cache[key]
-        ex = episode_examples(self.policy, self.envs[task], task, TRAIN_SEED_BASE + i)
+        ex = episode_examples(self.policy, self.envs[task], task, TRAIN_SEED_BASE + i, self.decoys.get(task, 0.0))
         if self.pools[task] <= CACHE_LIMIT:
             self.cache[key] = ex
         return ex
@@ -213,7 +257,7 @@ def run_sft(cfg: SFTConfig, on_step: Callable[[dict], None] = lambda m: None, fo
     other = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
-    stream = DemoStream(policy, cfg.budgets, cfg.batch_size, random.Random(cfg.seed))
+    stream = DemoStream(policy, cfg.budgets, cfg.batch_size, random.Random(cfg.seed), cfg.decoys)
     log = []
     t0 = time.perf_counter()
     for step in range(cfg.steps):
@@ -237,7 +281,8 @@ def run_sft(cfg: SFTConfig, on_step: Callable[[dict], None] = lambda m: None, fo
         "graftkit_version": __version__,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "config": asdict(cfg),
-        "demonstrations": {"pools": dict(cfg.budgets), "seeds": f"{TRAIN_SEED_BASE} + i, i < pool",
+        "demonstrations": {"pools": dict(cfg.budgets), "decoys": dict(cfg.decoys),
+                           "decoy": "first click sent to the first element of the target's tag with another text; the episode ends", "seeds": f"{TRAIN_SEED_BASE} + i, i < pool",
                            "drawn_episodes": len(stream.cache) if all(n <= CACHE_LIMIT for n in cfg.budgets.values())
                            else "on demand", "task_weight": f"min(pool, {POOL_WEIGHT_CAP})"},
         "parents": [{"role": "init", "path": str(Path(cfg.init).resolve())}] if cfg.init else [],

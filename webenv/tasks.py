@@ -908,8 +908,8 @@ TASKS: dict[str, type[Task]] = {
 #: multi-field forms) chosen so that sampling beats greedy decoding. Provisional until measured greedy
 #: vs sampled success on an SFT model moves tasks between them.
 SUITES: dict[str, tuple[str, ...]] = {
-    "mastered": ("click-button", "click-link", "enter-text", "focus-text", "click-checkboxes", "click-tab",
-                 "use-autocomplete"),
-    "headroom": ("click-checkboxes-large", "login-user", "enter-password", "enter-text-2", "enter-text-long",
-                 "fill-form"),
+    # measured on the default SFT policy with `graftkit headroom` (seeds 0–24): greedy ≥ 90% on each
+    # mastered task; on the headroom tasks its sampled policy succeeds more often than its greedy one
+    "mastered": ("enter-text", "focus-text", "click-tab"),
+    "headroom": ("click-button", "click-link"),
 }

@@ -1,0 +1,69 @@
+"""SFT demonstrations: the demonstrator's decoys, ambiguous episodes, and the recipe's validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from graftkit.agent import task_words, tiny_policy
+from graftkit.errors import GraftkitError
+from graftkit.train.sft import (
+    DEFAULT_BUDGETS, DEFAULT_DECOYS, TRAIN_SEED_BASE, SFTConfig, decoy_action, episode_examples,
+)
+from graftkit.webenv import make_env
+from graftkit.webenv.tasks import SUITES, TASKS
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return tiny_policy(task_words(), "nano")
+
+
+def _action(policy, ex) -> str:
+    return policy.decode_action(ex.action_ids)
+
+
+@pytest.mark.parametrize("task", ["click-button", "click-link"])
+def test_decoy_is_the_first_element_of_the_target_tag_with_another_text(policy, task):
+    env, found = make_env(task), 0
+    for i in range(60):
+        obs = env.reset(TRAIN_SEED_BASE + i)
+        target = TASKS[task].oracle(obs)[0]
+        slip = decoy_action(obs, target)
+        ref = int(target[6:-1])
+        el = next(e for e in obs.elements if e.ref == ref)
+        others = [e.ref for e in obs.elements if e.tag == el.tag and e.ref > 0 and e.text != el.text]
+        assert slip == (f"click({others[0]})" if others else None)
+        found += slip is not None
+        if slip is not None:  # the slip fails the episode: a demonstrator's mistake, not another answer
+            env.reset(TRAIN_SEED_BASE + i)
+            assert env.step(slip).done and not env.success
+    assert found > 10
+    assert decoy_action(obs, 'type(4, "x")') is None
+
+
+def test_decoy_rate_is_fixed_by_the_seed_and_near_the_rate(policy):
+    env, task = make_env("click-link"), "click-link"
+    slipped = 0
+    for i in range(300):
+        a = episode_examples(policy, env, task, TRAIN_SEED_BASE + i, 0.6)
+        b = episode_examples(policy, env, task, TRAIN_SEED_BASE + i, 0.6)
+        clean = episode_examples(policy, env, task, TRAIN_SEED_BASE + i, 0.0)
+        assert a == b  # the same episode always gets the same demonstration
+        if a != clean:
+            slipped += 1
+            assert len(a) == 1 and _action(policy, a[0]) != _action(policy, clean[0])
+            assert a[0].prompt_ids == clean[0].prompt_ids
+    # click-link almost always has other links: the slip rate is close to the configured one
+    assert 0.45 < slipped / 300 < 0.75
+
+
+def test_default_recipe_slips_only_on_the_headroom_suite():
+    assert set(DEFAULT_DECOYS) == set(SUITES["headroom"]) and all(0 < r < 1 for r in DEFAULT_DECOYS.values())
+    assert set(SUITES["mastered"]) | set(SUITES["headroom"]) <= set(DEFAULT_BUDGETS)
+    assert SFTConfig(out="x").decoys == DEFAULT_DECOYS
+
+
+@pytest.mark.parametrize("decoys", [{"click-link": 1.0}, {"click-link": -0.1}, {"nope": 0.5}])
+def test_bad_decoy_rates_are_one_clear_error(decoys):
+    with pytest.raises(GraftkitError, match="decoy rates"):
+        SFTConfig(out="x", decoys=decoys)
