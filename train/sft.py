@@ -42,11 +42,11 @@ DEFAULT_BUDGETS: dict[str, int] = {
                        "fill-form")},
 }
 
-#: The default recipe's demonstrator slips on the headroom suite: in this fraction of its episodes it clicks
+#: The default recipe's demonstrator slips on the headroom suite: in this fraction of its episodes (where one exists) it clicks
 #: a decoy (see :func:`decoy_action`) instead of the target. A policy imitating it puts most of its mass on
 #: the decoy — greedy decoding picks it — while the right action keeps enough mass for sampling to find
 #: it: headroom, as a noisy human demonstrator leaves it, which reward-driven training can then remove.
-DEFAULT_DECOYS: dict[str, float] = {t: 0.6 for t in SUITES["headroom"]}
+DEFAULT_DECOYS: dict[str, float] = {t: 0.8 for t in SUITES["headroom"]}
 
 
 @dataclass(frozen=True)
