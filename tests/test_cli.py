@@ -125,6 +125,18 @@ def test_quick_demo_then_graft_and_rank_as_written(tmp_path):
     kinds = {read_result(p).kind for p in (tmp_path / "runs" / "d" / "results").glob("*.h5")}
     assert {"train-sft", "train-grpo", "headroom", "eval", "delta", "graft-sweep", "graft-dissociation",
             "rank-weights", "rank-delta", "rank-activations", "coupling", "findings"} <= kinds
+    # a run stopped mid-way resumes without redoing finished work: drop the last stages' results, rerun
+    results = tmp_path / "runs" / "d" / "results"
+    dropped = [p for p in results.glob("*.h5") if p.name.startswith(("coupling-", "findings"))]
+    assert len(dropped) == 2
+    for p in dropped:
+        p.unlink()
+    kept = {p: p.stat().st_mtime_ns for p in results.glob("*.h5")}
+    again = run("demo", "--quick", "--json", "--out", tmp_path / "runs" / "d")
+    assert again.returncode == 0, again.stderr
+    assert all(p.is_file() for p in dropped)
+    assert {p: p.stat().st_mtime_ns for p in kept} == kept  # nothing finished was redone
+    assert "skip" not in again.stdout and "done before" in again.stderr
     rl = Path(info["models"]["degrade-s0"])
     # as written in DESIGN.md, after the demo: defaults come from the current run and graftkit.json
     r = run("rank", "--layers", "late", "--json")
