@@ -184,12 +184,18 @@ class InPlaceGraft:
     def _write(self, name: str, c: float) -> None:
         import torch
 
+        from ..weights import code_of, tensor_bits
+
         t = self._param(name)
         with torch.no_grad():
             if c == 0 and name in self._saved:
                 t.copy_(self._saved[name])
             elif c in (0, 1):
-                t.copy_((self.base if c == 0 else self.rl).read(name))
+                src = self.base if c == 0 else self.rl
+                # same dtype: the stored bytes straight into the parameter (a pread, no mapping faults)
+                if not (code_of(t.dtype) == src.metas[name].code and t.is_contiguous()
+                        and src.readinto(name, tensor_bits(t))):
+                    t.copy_(src.read(name))
             else:
                 b, r = self.base.read(name), self.rl.read(name)
                 if t.dim() == 0:

@@ -186,3 +186,17 @@ def test_tied_head_stored_beside_the_embedding_is_written_once(tmp_path):
         s.apply(plan_graft(tax, GraftSpec(("embed",))))
         P.assert_bit_equal(live.lm_head.weight, rl_model.model.embed_tokens.weight, "tied head follows")
     P.assert_bit_equal(live.lm_head.weight, model.model.embed_tokens.weight, "restored")
+
+
+def test_readinto_reads_the_stored_bytes_and_refuses_a_mismatch(pair):
+    import numpy as np
+
+    p, _, _ = pair
+    ck = open_checkpoint(p.rl)
+    for name in ck.names:
+        want = ck.array(name)
+        out = np.empty_like(want)
+        assert ck.readinto(name, out), name
+        assert out.tobytes() == want.tobytes(), name
+    assert not ck.readinto(name, np.empty(want.size + 1, want.dtype))  # size differs: nothing read
+    assert not ck.readinto(name, np.empty((want.size, 2), want.dtype)[:, 0])  # not contiguous

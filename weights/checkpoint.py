@@ -92,6 +92,27 @@ class Checkpoint:
             return self.arrays(name)
         return tensor_bits(self.read(name))
 
+    def readinto(self, name: str, out: np.ndarray) -> bool:
+        """Read tensor ``name``'s bytes from its file straight into ``out`` (a C-contiguous array of the same
+        byte size, e.g. :func:`tensor_bits` of a parameter): one ``pread``, no page faults on a mapping.
+        Returns False, reading nothing, when the tensor is not stored as raw bytes or the sizes differ."""
+        e = self.raw.get(name)
+        if e is None or out.nbytes != e.nbytes or not out.flags.c_contiguous or not out.flags.writeable:
+            return False
+        view = memoryview(out).cast("B")
+        fd = os.open(e.file, os.O_RDONLY)
+        try:
+            done = 0
+            while done < e.nbytes:
+                n = os.preadv(fd, [view[done:]], e.start + done)
+                if n <= 0:
+                    raise GraftkitError(f"{e.file}: tensor {name} ends early (short read)",
+                                        "the file changed or is truncated; re-create it")
+                done += n
+        finally:
+            os.close(fd)
+        return True
+
     @property
     def folder(self) -> Path:
         return self.path if self.path.is_dir() else self.path.parent
