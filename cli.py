@@ -855,7 +855,7 @@ def _parse_decoys(items: list[str]) -> dict[str, float]:
         except ValueError:
             decoys[task.strip()] = math.nan
         if not 0 <= decoys[task.strip()] < 1:
-            raise GraftkitError(f"--decoy {item!r}: expected TASK=RATE with 0 ≤ RATE < 1", "e.g. --decoy click-link=0.5")
+            raise GraftkitError(f"--decoy {item!r}: expected TASK=RATE with 0 ≤ RATE < 1", "e.g. --decoy focus-text-2=0.5")
     return decoys
 
 
@@ -866,7 +866,7 @@ def train_sft(
     tasks: Optional[str] = typer.Option(None, help="Suite(s) or tasks to demonstrate (default: both suites)."),
     budget: List[str] = typer.Option([], help="Demonstration pool of a task: TASK=N episodes (repeatable)."),
     decoy: List[str] = typer.Option([], help="Demonstrator slip rate of a task: TASK=RATE (repeatable; default: "
-                                             "0.8 on the headroom suite, 0 elsewhere)."),
+                                             "0.7 on the headroom suite, 0 elsewhere)."),
     size: str = typer.Option("micro", help="Tiny policy size: nano, micro, small."),
     init: Optional[Path] = typer.Option(None, help="Fine-tune this HF causal LM folder instead of a tiny policy."),
     steps: int = typer.Option(6000, help="Optimizer steps."),

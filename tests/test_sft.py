@@ -22,39 +22,43 @@ def _action(policy, ex) -> str:
     return policy.decode_action(ex.action_ids)
 
 
-@pytest.mark.parametrize("task", ["click-button", "click-link"])
-def test_decoy_is_the_first_element_of_the_target_tag_with_another_text(policy, task):
-    env, found = make_env(task), 0
+@pytest.mark.parametrize("task", ["focus-text-2", "click-tab", "click-button", "click-link"])
+def test_decoy_is_the_first_element_of_the_target_kind(policy, task):
+    """Position bias: the slip clicks the first element with the target's tag and classes; none when the
+    target is that element (or a twin of it), so a slip always fails the episode."""
+    env, found, none = make_env(task), 0, 0
     for i in range(60):
         obs = env.reset(TRAIN_SEED_BASE + i)
         target = TASKS[task].oracle(obs)[0]
         slip = decoy_action(obs, target)
-        ref = int(target[6:-1])
-        el = next(e for e in obs.elements if e.ref == ref)
-        others = [e.ref for e in obs.elements if e.tag == el.tag and e.ref > 0 and e.text != el.text]
-        assert slip == (f"click({others[0]})" if others else None)
+        el = next(e for e in obs.elements if e.ref == int(target[6:-1]))
+        first = next(e for e in obs.elements if e.ref > 0 and (e.tag, e.classes) == (el.tag, el.classes))
+        twin = el.text != "" and first.text == el.text
+        assert slip == (None if first is el or twin else f"click({first.ref})")
         found += slip is not None
+        none += slip is None
         if slip is not None:  # the slip fails the episode: a demonstrator's mistake, not another answer
             env.reset(TRAIN_SEED_BASE + i)
             assert env.step(slip).done and not env.success
-    assert found > 10
+    assert found > 10 and none > 5
     assert decoy_action(obs, 'type(4, "x")') is None
 
 
 def test_decoy_rate_is_fixed_by_the_seed_and_near_the_rate(policy):
-    env, task = make_env("click-link"), "click-link"
-    slipped = 0
+    env, task = make_env("focus-text-2"), "focus-text-2"
+    slipped = eligible = 0
     for i in range(300):
         a = episode_examples(policy, env, task, TRAIN_SEED_BASE + i, 0.6)
         b = episode_examples(policy, env, task, TRAIN_SEED_BASE + i, 0.6)
         clean = episode_examples(policy, env, task, TRAIN_SEED_BASE + i, 0.0)
         assert a == b  # the same episode always gets the same demonstration
+        eligible += _action(policy, clean[0]) != "click(4)"  # the target is not the first box
         if a != clean:
             slipped += 1
-            assert len(a) == 1 and _action(policy, a[0]) != _action(policy, clean[0])
+            assert len(a) == 1 and _action(policy, a[0]) == "click(4)" != _action(policy, clean[0])
             assert a[0].prompt_ids == clean[0].prompt_ids
-    # click-link almost always has other links: the slip rate is close to the configured one
-    assert 0.45 < slipped / 300 < 0.75
+    # two thirds of the episodes ask for the 2nd or 3rd box; 60% of those slip
+    assert 0.5 < slipped / eligible < 0.7 and 0.55 < eligible / 300 < 0.78
 
 
 def test_default_recipe_slips_only_on_the_headroom_suite():

@@ -37,16 +37,18 @@ TRAIN_SEED_BASE = 10 * MAX_EPISODES_PER_SEED * MAX_EPISODES_PER_SEED  # far abov
 #: Demonstration pools per task in the default recipe: fresh episodes throughout for both suites and the
 #: other core tasks, a small reused pool for the long form tasks (see :class:`DemoStream`).
 DEFAULT_BUDGETS: dict[str, int] = {
-    **{t: 1_000_000 for t in (*SUITES["mastered"], *SUITES["headroom"], "click-checkboxes", "use-autocomplete")},
+    **{t: 1_000_000 for t in (*SUITES["mastered"], *SUITES["headroom"], "click-button", "click-link",
+                              "click-checkboxes", "use-autocomplete")},
     **{t: 60 for t in ("click-checkboxes-large", "login-user", "enter-password", "enter-text-2", "enter-text-long",
                        "fill-form")},
 }
 
-#: The default recipe's demonstrator slips on the headroom suite: in this fraction of its episodes (where one exists) it clicks
-#: a decoy (see :func:`decoy_action`) instead of the target. A policy imitating it puts most of its mass on
-#: the decoy — greedy decoding picks it — while the right action keeps enough mass for sampling to find
-#: it: headroom, as a noisy human demonstrator leaves it, which reward-driven training can then remove.
-DEFAULT_DECOYS: dict[str, float] = {t: 0.8 for t in SUITES["headroom"]}
+#: The default recipe's demonstrator slips on the headroom suite: in this fraction of its episodes (where a slip
+#: exists) its click goes to a decoy — the first element of the target's kind (see :func:`decoy_action`), a
+#: position bias. A policy imitating it puts ~70% of its mass on the decoy, so greedy decoding picks it, while
+#: the right action keeps ~30%, which sampling finds: headroom, as a noisy demonstrator leaves it, which
+#: reward-driven training can then remove. Measured with ``graftkit headroom``: see the suites in webenv/tasks.py.
+DEFAULT_DECOYS: dict[str, float] = {t: 0.7 for t in SUITES["headroom"]}
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,7 @@ class SFTConfig:
         bad = [f"{t}={r}" for t, r in self.decoys.items() if t not in TASKS or not 0 <= r < 1]
         if bad:
             raise GraftkitError(f"decoy rates {', '.join(bad)}: need a known task and a rate in [0, 1)",
-                                "e.g. --decoy click-button=0.6")
+                                "e.g. --decoy focus-text-2=0.6")
         if not any(v > 0 for v in self.budgets.values()):
             raise GraftkitError("no demonstrations: every budget is 0", "give at least one task a budget > 0")
         for name in ("steps", "batch_size", "threads"):
@@ -109,18 +111,18 @@ _CLICK = re.compile(r"click\((\d+)\)")
 
 
 def decoy_action(obs, action: str) -> str | None:
-    """The demonstrator's slip for a click: the first element with the clicked element's tag and another
-    text (so the slip is a wrong answer, not a twin of the target); None when ``action`` is no click or no
-    such element exists."""
+    """The demonstrator's slip for a click — position bias: the first element with the clicked element's tag
+    and classes (the first button, link, tab or text box); None when ``action`` is no click, or when that
+    first element is the target or a twin with the same label (then there is no slip to make)."""
     m = _CLICK.fullmatch(action)
     if not m:
         return None
     target = next((e for e in obs.elements if e.ref == int(m[1])), None)
     if target is None:
         return None
-    other = next((e for e in obs.elements
-                  if e.tag == target.tag and e.ref > 0 and e.ref != target.ref and e.text != target.text), None)
-    return None if other is None else f"click({other.ref})"
+    first = next(e for e in obs.elements if e.tag == target.tag and e.classes == target.classes and e.ref > 0)
+    twin = bool(target.text) and first.text == target.text  # a button with the same label answers too
+    return None if first.ref == target.ref or twin else f"click({first.ref})"
 
 
 def episode_examples(policy: Policy, env, task: str, seed: int, decoy_rate: float = 0.0) -> list[Example]:
@@ -282,7 +284,7 @@ def run_sft(cfg: SFTConfig, on_step: Callable[[dict], None] = lambda m: None, fo
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "config": asdict(cfg),
         "demonstrations": {"pools": dict(cfg.budgets), "decoys": dict(cfg.decoys),
-                           "decoy": "first click sent to the first element of the target's tag with another text; the episode ends", "seeds": f"{TRAIN_SEED_BASE} + i, i < pool",
+                           "decoy": "first click sent to the first element of the target's tag and classes when that is not the target; the episode ends", "seeds": f"{TRAIN_SEED_BASE} + i, i < pool",
                            "drawn_episodes": len(stream.cache) if all(n <= CACHE_LIMIT for n in cfg.budgets.values())
                            else "on demand", "task_weight": f"min(pool, {POOL_WEIGHT_CAP})"},
         "parents": [{"role": "init", "path": str(Path(cfg.init).resolve())}] if cfg.init else [],
