@@ -71,3 +71,28 @@ def test_default_recipe_slips_only_on_the_headroom_suite():
 def test_bad_decoy_rates_are_one_clear_error(decoys):
     with pytest.raises(GraftkitError, match="decoy rates"):
         SFTConfig(out="x", decoys=decoys)
+
+
+@pytest.mark.slow
+def test_the_embedded_sft_policy_earns_both_suites(tmp_path, monkeypatch):
+    """The default recipe's policy (assets/sft), measured as the suites were set: greedy ≥ 90% on every
+    mastered task, and on every headroom task sampled success above greedy with the interval above zero."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from graftkit.cli import app
+    from graftkit.study import EMBEDDED_SFT
+
+    monkeypatch.setenv("GRAFTKIT_RUNS", str(tmp_path / "runs"))
+    tasks = ",".join((*SUITES["mastered"], *SUITES["headroom"]))
+    res = CliRunner().invoke(app, ["headroom", "--model", str(EMBEDDED_SFT), "--tasks", tasks, "--json",
+                                   "--save", str(tmp_path / "h.h5")])
+    assert res.exit_code == 0, res.output
+    rows = {r["task"]: r for r in json.loads(res.output)["tasks"]}
+    for t in SUITES["mastered"]:
+        assert rows[t]["greedy"] >= 0.9, rows[t]
+    for t in SUITES["headroom"]:
+        assert rows[t]["bootstrap"][0] > 0 and rows[t]["bayes"][0] > 0 and rows[t]["verdict"] == "headroom", rows[t]
+    cfg = json.loads((EMBEDDED_SFT / "graftkit.json").read_text())["config"]
+    assert cfg["decoys"] == DEFAULT_DECOYS and cfg["budgets"] == DEFAULT_BUDGETS  # it is the default recipe's
