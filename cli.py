@@ -7,23 +7,29 @@ one line on stderr (what, which file or tensor, how to fix) and exit status 2, n
 from __future__ import annotations
 
 import functools
+import inspect as inspect_
 import json
 import math
 import os
 import sys
 import time
 from pathlib import Path
+from dataclasses import fields
 from typing import Callable, List, Optional
 
 import numpy as np
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, DownloadColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from ._version import __version__
+from .config import cli_parameters
 from .errors import GraftkitError
+from .store import current_run, result_labels, runs_root
+from .weights.commands import InspectConfig, run_inspect
 from .study import eval_result, training_curves
 
 app = typer.Typer(
@@ -57,16 +63,63 @@ def _progress(total: int, what: str) -> Progress:
     return p
 
 
-def runs_root() -> Path:
-    return Path(os.environ.get("GRAFTKIT_RUNS", "runs"))
+def command(parent: typer.Typer, cls: type, name: str | None = None, *, defaults: dict | None = None,
+            extra: tuple[inspect_.Parameter, ...] = (), as_json: bool = True) -> Callable:
+    """Register ``render(cfg, **extras)`` as a command whose options are generated from ``cls``'s fields
+    (plus ``extra`` options that are no config field, and ``--json``). Bad input, the config's validation
+    included, is one line on stderr and exit 2."""
+
+    def deco(render: Callable) -> Callable:
+        params = cli_parameters(cls, defaults) + list(extra)
+        if as_json:
+            params.append(flag("as_json", "--json", "Print JSON."))
+        names = {f.name for f in fields(cls)}
+
+        def callback(**kw):
+            cfg = cls(**{k: v for k, v in kw.items() if k in names})
+            return render(cfg, **{k: v for k, v in kw.items() if k not in names})
+
+        callback.__signature__ = inspect_.Signature(params)
+        callback.__doc__, callback.__name__ = render.__doc__, render.__name__
+        parent.command(name)(_handled(callback))
+        return render
+
+    return deco
 
 
-def current_run() -> Path:
-    """The run that commands default to: the one named in runs/.current, else runs/demo."""
-    marker = runs_root() / ".current"
-    if marker.is_file():
-        return Path(marker.read_text().strip())
-    return runs_root() / "demo"
+def flag(name: str, option: str, help: str, default=False, annotation=bool) -> inspect_.Parameter:
+    """A command-line option that is no config field (``--json``, ``--open``, ``--force``)."""
+    return inspect_.Parameter(name, inspect_.Parameter.KEYWORD_ONLY, annotation=annotation,
+                              default=typer.Option(default, option, help=help))
+
+
+class Bars:
+    """An :class:`~graftkit.config.OnProgress` drawn as rich progress bars on stderr, one per ``what``."""
+
+    def __init__(self):
+        self.p = Progress(TextColumn("[bold]{task.description}[/]"), BarColumn(), _Count(), TimeRemainingColumn(),
+                          console=err, transient=True, disable=not err.is_terminal)
+        self.ids: dict[str, int] = {}
+
+    def __enter__(self) -> "Bars":
+        self.p.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.p.__exit__(*exc)
+
+    def __call__(self, what: str, advance: int, total: int, unit: str) -> None:
+        if what not in self.ids:
+            self.ids[what] = self.p.add_task(escape(what), total=total, unit=unit)
+        self.p.advance(self.ids[what], advance)
+
+
+class _Count(ProgressColumn):
+    def render(self, task) -> Text:
+        unit = task.fields.get("unit", "")
+        if unit == "bytes":
+            return Text(f"{_fmt_bytes(task.completed)}/{_fmt_bytes(task.total or 0)}")
+        return Text(f"{task.completed:.0f}/{task.total:.0f} {unit}")
 
 
 def _print_json(obj) -> None:
@@ -112,41 +165,22 @@ def _fmt_bytes(n: float) -> str:
 # ------------------------------------------------------------------------------------------- inspect
 
 
-@app.command()
-@_handled
-def inspect(
-    model: Path = typer.Argument(..., help="HF folder or .safetensors file."),
-    allow_pickle: bool = typer.Option(False, help="Load pickled .bin/.pt weights (weights_only=True)."),
-    unknown: str = typer.Option("error", help="Tensors no taxonomy table claims: error | keep-base."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-):
+@command(app, InspectConfig, "inspect")
+def inspect(cfg: InspectConfig, as_json: bool):
     """What every tensor of a checkpoint is: groups, layers, bytes, tied embeddings."""
-    from .weights import GROUPS, band_rule, open_checkpoint
-    from .weights.taxonomy import DECODER
-
-    ck = open_checkpoint(model, allow_pickle=allow_pickle)
-    tax = ck.taxonomy(unknown)
-    rows = {}
-    for g in [*GROUPS, "unknown"]:
-        names = [n for n, r in tax.roles.items() if r.group == g]
-        if names:
-            rows[g] = {"tensors": len(names), "params": sum(ck.metas[n].numel for n in names),
-                       "bytes": sum(ck.metas[n].nbytes for n in names)}
-    n_dec = tax.n_layers.get(DECODER, 0)
-    info = {"path": str(ck.path), "kind": ck.kind, "family": tax.family, "model_type": ck.model_type,
-            "tied_embeddings": tax.tied, "layers": dict(tax.n_layers), "groups": rows,
-            "band_rule": band_rule(n_dec) if n_dec else None, "unknown": list(tax.unknown)}
+    info = run_inspect(cfg)
     if as_json:
         return _print_json(info)
-    t = Table(title=f"{escape(str(ck.path))} — {tax.family}, {n_dec} decoder layers, "
-                    f"{'tied' if tax.tied else 'untied'} embeddings")
+    n_dec = info["layers"].get("decoder", 0)
+    t = Table(title=f"{escape(info['path'])} — {info['family']}, {n_dec} decoder layers, "
+                    f"{'tied' if info['tied_embeddings'] else 'untied'} embeddings")
     for c in ("group", "tensors", "params", "bytes"):
         t.add_column(c, justify="left" if c == "group" else "right")
-    for g, r in rows.items():
+    for g, r in info["groups"].items():
         t.add_row(g, str(r["tensors"]), f"{r['params']:,}", _fmt_bytes(r["bytes"]))
     out.print(t)
-    if n_dec:
-        out.print(band_rule(n_dec))
+    if info["band_rule"]:
+        out.print(info["band_rule"])
 
 
 # --------------------------------------------------------------------------------------------- delta
@@ -198,7 +232,7 @@ def delta(
     tax = b.taxonomy(unknown)
     for r in rls:
         check_pair(b, r, tax)
-    labels = _unique_labels(rl)
+    labels = result_labels(rl)
     prov = {"base": describe(b), "runs": [describe(r) for r in rls],
             "config": {"tol": tol, "unknown": unknown, "command": "delta"}}
     with _progress(b.nbytes * (1 + len(rls)), "delta") as p:
@@ -224,18 +258,6 @@ def delta(
             "they are excluded from every statistic and counted in n_nonfinite",
             "check that checkpoint (diverged training?); pass --allow-nonfinite to exit 0",
         )
-
-
-def _unique_labels(paths: List[Path]) -> list[str]:
-    labels = []
-    for p in paths:
-        lab = Path(p).name.removesuffix(".safetensors") or str(p)
-        if lab in labels:
-            lab = f"{Path(p).parent.name}-{lab}"
-        while lab in labels:
-            lab += "'"
-        labels.append(lab)
-    return labels
 
 
 def _delta_json(res, labels, b, dest, seconds) -> dict:
@@ -449,7 +471,7 @@ def _graft_experiments(*, rl, groups, base, layers, alpha, reverse, dry_run, all
         exps = X.expand_sweep(kind, chosen, present, layers=layers if kind != "layers" else "all", alphas=alpha_list)
     X.plan_sweep(tax, exps)  # every spec must select something, before any model loads
     sweep_layers = layers if kind not in ("layers", "eval") else "all"
-    labels = dict(zip((k for k, _, _ in runs), _unique_labels([p for _, p, _ in runs])))
+    labels = dict(zip((k for k, _, _ in runs), result_labels([p for _, p, _ in runs])))
     if dry_run:
         payload = {"sweep": kind, "base": str(base_path), "rl": {k: str(p) for k, p, _ in runs},
                    "groups": list(chosen), "count": len(exps), "experiments": [e.as_dict() for e in exps],
@@ -1048,7 +1070,7 @@ def _rank_activations(model, layers, metric, save, backend, tokens, centred, pro
         raise GraftkitError(f"--save names one file but {len(models)} models are ranked", "rank one --model, or drop --save")
     prompts = prompts_from_file(probe_file) if probe_file is not None else probe_prompts(tasks, probes)
     source = {"file": str(probe_file)} if probe_file is not None else {"tasks": tasks, "seed": 0}
-    labels = _unique_labels(models)
+    labels = result_labels(models)
     tag = "" if layers.strip().lower() in ("", "all") else "-" + layers.strip().lower().replace(",", "+")
     payload: dict = {"what": "activations", "layers": layers, "metrics": shown, "backend": backend, "tokens": tokens,
                      "centred": centred, "probes": {"n": len(prompts), **source}, "models": {}}
@@ -1142,7 +1164,7 @@ def rank(
                                 "pass --model PATH, or run `graftkit demo` first")
     if save is not None and len(models) > 1:
         raise GraftkitError(f"--save names one file but {len(models)} models are ranked", "rank one --model, or drop --save")
-    labels = _unique_labels(models)
+    labels = result_labels(models)
     tag = "" if layers.strip().lower() in ("", "all") else "-" + layers.strip().lower().replace(",", "+")
     payload: dict = {"what": what, "layers": layers, "metrics": shown, "models": {}}
     for path, lab in zip(models, labels):
@@ -1323,7 +1345,7 @@ def couple(
         len(ref_eval["res"].coords["seed"]), -1) for k in both}
     success = np.array([outcome[k].mean() for k in both])
     n_success = np.array([outcome[k].size for k in both], dtype=np.int64)
-    labels = _unique_labels([Path(k) for k in both])
+    labels = result_labels([Path(k) for k in both])
     conventions = {
         "metric": metric, "what": what, "rank_value": "value_layer[layer, group='all', metric]: mean over the "
         "layer's matrices" if what == "weights" else f"value_layer of the rank-{what} results",

@@ -139,3 +139,33 @@ def list_results(run_dir: str | os.PathLike) -> list[dict[str, str]]:
         except (OSError, KeyError):
             continue
     return sorted(out, key=lambda r: r["created"])
+
+
+# -------------------------------------------------------------------------------- the run folder
+
+
+def runs_root() -> Path:
+    """Where run folders live: ``$GRAFTKIT_RUNS``, else ``runs/`` of the current directory."""
+    return Path(os.environ.get("GRAFTKIT_RUNS", "runs"))
+
+
+def current_run() -> Path:
+    """The run that commands default to: the one named in ``runs/.current``, else ``runs/demo``."""
+    marker = runs_root() / ".current"
+    if marker.is_file():
+        return Path(marker.read_text().strip())
+    return runs_root() / "demo"
+
+
+def result_labels(paths) -> list[str]:
+    """One distinct label per checkpoint path (its folder or file name; the parent's name where two
+    share a name), used to name its results and to label it in tables and figures."""
+    labels: list[str] = []
+    for p in paths:
+        lab = Path(p).name.removesuffix(".safetensors") or str(p)
+        if lab in labels:
+            lab = f"{Path(p).parent.name}-{lab}"
+        while lab in labels:
+            lab += "'"
+        labels.append(lab)
+    return labels

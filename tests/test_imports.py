@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LEAVES = {"errors", "_version"}  # importable from anywhere
+LEAVES = {"errors", "_version", "config"}  # importable from anywhere
 ALLOWED = {
     "weights": set(),
     "webenv": set(),
@@ -16,7 +16,13 @@ ALLOWED = {
     "train": {"agent", "webenv", "weights"},
     "graft": {"weights", "agent", "stats", "store", "rank"},
     "rank": {"weights", "agent", "stats", "store"},
-    "figures": {"store", "stats"},
+    # figures read results through the typed views defined beside their producers
+    "figures": {"store", "stats", "graft", "rank", "evaluation", "training"},
+    # the run functions of eval/headroom and of training (they write results, which agent/train may not)
+    "evaluation": {"agent", "webenv", "weights", "stats", "store"},
+    "training": {"train", "agent", "webenv", "weights", "store"},
+    # the study's findings rules, read from typed result views
+    "findings": {"stats", "store", "evaluation", "graft", "rank", "webenv"},
 }
 EVERYTHING = {"cli", "demo", "study", "__init__"}  # the edges that know about everything
 

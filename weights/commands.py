@@ -1,0 +1,54 @@
+"""The checkpoint-reading options every command shares, and ``graftkit inspect``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import CommandConfig, check_choice, opt
+from ..errors import GraftkitError
+from .checkpoint import open_checkpoint
+from .taxonomy import DECODER, GROUPS, band_rule
+
+UNKNOWN = ("error", "keep-base")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadOptions(CommandConfig):
+    """How checkpoints are read (fields shared by every command that opens one)."""
+
+    allow_pickle: bool = False
+    """Load pickled .bin/.pt weights (weights_only=True)."""
+    unknown: str = "error"
+    """Tensors no taxonomy table claims: error | keep-base."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice(self.unknown, UNKNOWN, "--unknown")
+
+
+@dataclass(frozen=True, kw_only=True)
+class InspectConfig(ReadOptions):
+    """``graftkit inspect``: what every tensor of a checkpoint is."""
+
+    command = "inspect"
+    model: Path = opt(argument=True)
+    """HF folder or .safetensors file."""
+
+
+def run_inspect(cfg: InspectConfig) -> dict:
+    """Groups, layers, bytes and tied embeddings of ``cfg.model`` (nothing is written)."""
+    if not Path(cfg.model).exists():
+        raise GraftkitError(f"{cfg.model}: no such file or folder", "check the MODEL path")
+    ck = open_checkpoint(cfg.model, allow_pickle=cfg.allow_pickle)
+    tax = ck.taxonomy(cfg.unknown)
+    rows = {}
+    for g in [*GROUPS, "unknown"]:
+        names = [n for n, r in tax.roles.items() if r.group == g]
+        if names:
+            rows[g] = {"tensors": len(names), "params": sum(ck.metas[n].numel for n in names),
+                       "bytes": sum(ck.metas[n].nbytes for n in names)}
+    n_dec = tax.n_layers.get(DECODER, 0)
+    return {"path": str(ck.path), "kind": ck.kind, "family": tax.family, "model_type": ck.model_type,
+            "tied_embeddings": tax.tied, "layers": dict(tax.n_layers), "groups": rows,
+            "band_rule": band_rule(n_dec) if n_dec else None, "unknown": list(tax.unknown)}
