@@ -7,7 +7,9 @@ options from the fields (name, type, default, and help from the field's docstrin
 ``cfg.as_dict()`` as its provenance. This module is a leaf: every package may import it.
 
 Field metadata (:func:`opt`): ``flags`` (the option's names, default ``--field-name``), ``argument``
-(a positional argument), ``cli=False`` (set by callers, never on the command line).
+(a positional argument), ``cli=False`` (set by callers, never on the command line), ``cli_type`` (the
+type the command line parses when it differs from the stored one, e.g. a suite name for a task tuple;
+the config's ``__post_init__`` turns it into the stored type).
 """
 
 from __future__ import annotations
@@ -41,10 +43,10 @@ def no_progress(what: str, advance: int, total: int, unit: str) -> None:
 
 
 def opt(default: Any = MISSING, *, flags: tuple[str, ...] = (), argument: bool = False, cli: bool = True,
-        default_factory: Any = MISSING) -> Any:
+        default_factory: Any = MISSING, cli_type: Any = None) -> Any:
     """A config field with command-line metadata (its help is the field's docstring)."""
     return field(default=default, default_factory=default_factory,
-                 metadata={"flags": tuple(flags), "argument": argument, "cli": cli})
+                 metadata={"flags": tuple(flags), "argument": argument, "cli": cli, "cli_type": cli_type})
 
 
 @functools.lru_cache(maxsize=None)
@@ -160,7 +162,7 @@ def cli_parameters(cls: type, defaults: dict[str, Any] | None = None) -> list[in
         maker = typer.Argument if md.get("argument") else typer.Option
         info = maker(default, *md.get("flags", ()), help=help_, show_default=default not in (None, ...))
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=info,
-                                        annotation=cli_type(hints[f.name])))
+                                        annotation=md.get("cli_type") or cli_type(hints[f.name])))
     return params
 
 

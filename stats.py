@@ -362,6 +362,16 @@ def _expanded_tail(level: float, df: int | None) -> float:
 # One rate
 
 
+def fold_episodes(success, task_index=None) -> np.ndarray:
+    """Outcomes ``[task, seed, episode, ...]`` of the tasks ``task_index`` (default: every task) as one
+    outcome array ``[seed, task·episode·...]``: seeds stay the rows (the clusters that paired statistics
+    resample), each row holds task 0's episodes, then task 1's, and so on."""
+    x = np.asarray(success)
+    if task_index is not None:
+        x = x[list(task_index)]
+    return np.moveaxis(x, 0, 1).reshape(x.shape[1], -1)
+
+
 def wilson_interval(successes: int, n: int, level: float = 0.95) -> RateInterval:
     """Wilson score interval for a binomial rate p̂ = x/n.
 
@@ -405,6 +415,32 @@ def _resampled_sum_pmf(p_neg: np.ndarray, p_pos: np.ndarray, n_eps: int) -> np.n
         nxt[:, :-1] += pmf[:, 1:] * p_neg[:, None]
         pmf = nxt
     return pmf
+
+
+def cluster_bootstrap_factors(d: np.ndarray) -> tuple[float, float, int | None]:
+    """(c, k, df) of the two-stage bootstrap of per-episode values ``d[seed, episode]``: the seed-stage
+    shrink c, the episode-stage scale k and the degrees of freedom of the expanded percentiles (see
+    :func:`paired_bootstrap`, whose docstring derives them)::
+
+        SS_B = E Σ_s (m_s − m̄)²        SS_W = Σ_s Σ_e (d[s, e] − m_s)²
+        k = √(E / (E − 1))  (0 when E = 1)
+        c = √max(0, S/(S − 1) − SS_W / ((E − 1)·SS_B))  (0 when S = 1 or SS_B = 0; √(S/(S − 1)) when E = 1)
+        df = S − 1 when c > 0, else S·(E − 1)  (None when 0)
+    """
+    n_seeds, n_eps = d.shape
+    m = d.mean(axis=1)  # [S]
+    m_bar = float(m.mean())
+    ss_b = n_eps * float(((m - m_bar) ** 2).sum())
+    ss_w = float(((d - m[:, None]) ** 2).sum())
+    k = math.sqrt(n_eps / (n_eps - 1)) if n_eps > 1 else 0.0
+    if n_seeds == 1 or ss_b == 0.0:
+        c = 0.0
+    elif n_eps == 1:
+        c = math.sqrt(n_seeds / (n_seeds - 1))
+    else:
+        c = math.sqrt(max(0.0, n_seeds / (n_seeds - 1) - ss_w / ((n_eps - 1) * ss_b)))
+    df = (n_seeds - 1 if c > 0 else n_seeds * (n_eps - 1)) or None
+    return c, k, df
 
 
 def paired_bootstrap(a, b, level: float = 0.95, n_boot: int = 10_000, seed: int = 0) -> BootstrapInterval:
@@ -462,15 +498,7 @@ def paired_bootstrap(a, b, level: float = 0.95, n_boot: int = 10_000, seed: int 
     width = 2 * n_eps + 1
     table = (cdf + np.arange(n_seeds)[:, None]).ravel()
 
-    ss_b = n_eps * float(((m - m_bar) ** 2).sum())
-    ss_w = float(((d - m[:, None]) ** 2).sum())
-    k = math.sqrt(n_eps / (n_eps - 1)) if n_eps > 1 else 0.0
-    if n_seeds == 1 or ss_b == 0.0:
-        c = 0.0
-    elif n_eps == 1:
-        c = math.sqrt(n_seeds / (n_seeds - 1))
-    else:
-        c = math.sqrt(max(0.0, n_seeds / (n_seeds - 1) - ss_w / ((n_eps - 1) * ss_b)))
+    c, k, df = cluster_bootstrap_factors(d)
 
     rng = np.random.default_rng(seed)
     theta = np.empty(n_boot)
@@ -483,7 +511,6 @@ def paired_bootstrap(a, b, level: float = 0.95, n_boot: int = 10_000, seed: int 
         m_star = (np.minimum(j, width - 1) - n_eps) / n_eps  # [boot, S] within-seed resample means
         m_pick = m[pick]
         theta[start : start + rows] = m_bar + (c * (m_pick - m_bar) + k * (m_star - m_pick)).mean(axis=1)
-    df = (n_seeds - 1 if c > 0 else n_seeds * (n_eps - 1)) or None
     tail = _expanded_tail(level, df)
     low, high = (float(q) for q in np.quantile(theta, [tail, 1 - tail]))
     return BootstrapInterval(

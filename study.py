@@ -17,14 +17,18 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Optional
 
 import numpy as np
 
+from .config import CommandConfig, OnProgress, no_progress, opt
 from .errors import GraftkitError
+from .evaluation import EvalConfig, EvalResult, HeadroomConfig, HeadroomResult, run_eval, run_headroom
+from .evaluation import eval_result  # noqa: F401 - the name tests import from here
 from .webenv.tasks import SUITES
 
 #: The embedded default SFT policy: the tiny policy trained by ``graftkit train sft`` with the default recipe
@@ -38,50 +42,51 @@ EMBEDDED_SFT = Path(__file__).resolve().parent / "assets" / "sft"
 REGIMES: dict[str, float] = {"null": 1e-4, "degrade": 2e-3, "collapse": 5e-3}
 
 
-@dataclass(frozen=True)
-class StudyConfig:
-    """One run of the miniature study."""
+@dataclass(frozen=True, kw_only=True)
+class StudyConfig(CommandConfig):
+    """One run of the miniature study (``graftkit demo``; :meth:`preset` picks the full or quick preset)."""
 
-    out: str = "runs/demo"
-    """Run folder: policies, results/, report.html."""
+    command = "demo"
+    out: str = opt("runs/demo", cli_type=Path)
+    """Run folder (finished stages are skipped)."""
     quick: bool = False
-    """The CI-sized preset (fewer steps, seeds and probes); findings are stated all the same."""
-    sft: str | None = None
-    """Start from this SFT policy folder (copied into the run); default: the embedded one (:data:`EMBEDDED_SFT`)."""
-    train_sft: bool = False
-    """Train the SFT policy with the default recipe instead of copying one."""
-    sft_steps: int = 6000
+    """The CI-sized study: fewer steps, seeds and probes (≈5 minutes)."""
+    train_sft: bool = opt(False, flags=("--train-sft",))
+    """Train the SFT policy with the default recipe instead of starting from the embedded one."""
+    sft: str | None = opt(None, flags=("--sft",), cli_type=Optional[Path])
+    """Start from this SFT policy folder."""
+    sft_steps: int = opt(6000, cli=False)
     """SFT optimizer steps (the default recipe of ``graftkit train sft``)."""
-    sft_lr: float = 3e-3
+    sft_lr: float = opt(3e-3, cli=False)
     """SFT peak learning rate."""
-    grpo_steps: int = 40
+    grpo_steps: int = opt(40, cli=False)
     """GRPO steps of every run."""
-    regimes: Mapping[str, float] = field(default_factory=lambda: dict(REGIMES))
+    regimes: Mapping[str, float] = opt(default_factory=lambda: dict(REGIMES), cli=False)
     """Learning-rate regimes of the mastered-suite grid (name → lr)."""
-    seeds: tuple[int, ...] = (0, 1)
+    seeds: tuple[int, ...] = opt((0, 1), cli=False)
     """Training seeds of the mastered-suite grid."""
-    grpo_temperature: float = 1.5
+    grpo_temperature: float = opt(1.5, cli=False)
     """Sampling temperature of GRPO rollouts: above 1, so that a policy near 100% on the mastered suite still
     samples failures and its groups carry a learning signal (at 1, nearly every group has equal rewards)."""
-    headroom_lr: float = 2e-3
+    headroom_lr: float = opt(2e-3, cli=False)
     """Learning rate of GRPO on the headroom suite (the degrade regime's: the same recipe)."""
-    headroom_seeds: tuple[int, ...] = (0,)
+    headroom_seeds: tuple[int, ...] = opt((0,), cli=False)
     """Training seeds of GRPO on the headroom suite."""
-    eval_seeds: int = 25
+    eval_seeds: int = opt(25, cli=False)
     """Evaluation seeds (every policy plays identical episodes)."""
-    eval_episodes: int = 2
+    eval_episodes: int = opt(2, cli=False)
     """Episodes per evaluation seed and task."""
-    headroom_k: int = 8
+    headroom_k: int = opt(8, cli=False)
     """Samples per episode when measuring headroom."""
-    graft_groups: tuple[str, ...] = ("embed", "attn", "mlp", "norm")
+    graft_groups: tuple[str, ...] = opt(("embed", "attn", "mlp", "norm"), cli=False)
     """Groups of the graft factorial (2^k configurations per swept run)."""
-    graft_seeds: int = 25
+    graft_seeds: int = opt(25, cli=False)
     """Evaluation seeds of each graft configuration."""
-    probes: int = 64
+    probes: int = opt(64, cli=False)
     """Probe prompts for activation ranks."""
-    rank_layers: str = "late"
+    rank_layers: str = opt("late", cli=False)
     """Layer band of the rank–success coupling."""
-    threads: int = 1
+    threads: int = opt(1, cli=False)
     """torch threads (one is steadier than two for the tiny policy on shared cores)."""
 
     @classmethod
@@ -94,9 +99,11 @@ class StudyConfig:
             base = cls(out=out)
         return replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("out", "sft"):  # the command line gives paths; the recorded config keeps strings
+            if isinstance(getattr(self, name), os.PathLike):
+                object.__setattr__(self, name, os.fspath(getattr(self, name)))
 
 
 @dataclass(frozen=True)
@@ -162,39 +169,6 @@ class Study:
         self.on_stage(name, "done", f"{time.perf_counter() - t0:.0f} s")
 
 
-def training_curves(folder: Path, kind: str):
-    """A run's train_log.jsonl as a labelled result: every numeric metric over [step]."""
-    from .store import Result
-
-    log = [json.loads(x) for x in (folder / "train_log.jsonl").read_text().splitlines() if x]
-    keys = [k for k in log[0] if k != "step" and all(isinstance(m.get(k), (int, float)) for m in log)]
-    data = {k: (("step",), np.array([float(m[k]) for m in log])) for k in keys}
-    prov = json.loads((folder / "graftkit.json").read_text())
-    return Result(f"train-{kind}", {"step": np.array([m["step"] for m in log])}, data,
-                  {"model": str(folder.resolve()), "label": folder.name, "config": prov.get("config"),
-                   "producer": prov.get("producer")})
-
-
-def eval_result(outcome, model_desc: dict, extra: dict | None = None, kind: str = "eval", more: dict | None = None):
-    """An evaluation as a labelled result: every episode's outcome over [task, seed, episode, sample]
-    (``more``: further arrays over the same task/seed/episode axes, e.g. greedy outcomes beside sampled)."""
-    from .store import Result
-
-    dims = ("task", "seed", "episode", "sample")
-    coords = {"task": np.array(outcome.tasks, dtype=object), "seed": np.array(outcome.seeds),
-              "episode": np.arange(outcome.episodes), "sample": np.arange(outcome.samples)}
-    for dims_more, values in (more or {}).values():
-        for d, n in zip(dims_more, np.shape(values)):
-            coords.setdefault(d, np.arange(n))
-    data = {k: (dims, getattr(outcome, k)) for k in ("success", "reward", "turns", "invalid")}
-    data["success"] = (dims, outcome.success.astype(np.int8))
-    attrs = {"model": model_desc, "label": Path(model_desc.get("path", "model")).name,
-             "decode": asdict(outcome.decode), "backend": outcome.backend, "obs": outcome.obs,
-             "episode_seed": "env seed = 1000 * seed + episode", "seconds": outcome.seconds,
-             "success": "raw reward == 1 at the end of the episode", **(extra or {})}
-    return Result(kind, coords, {**data, **(more or {})}, attrs)
-
-
 def _write(path: Path, result) -> Path:
     from .store import write_result
 
@@ -207,18 +181,16 @@ def _policy(path: Path):
     return load_policy(path)
 
 
-def _evaluate(st: Study, stage: str, policy, tasks, seeds: int, episodes: int, decode, samples: int = 1):
-    from .agent import evaluate
+def _episodes(st: Study, stage: str):
+    """``st.on_work`` as the ``OnProgress`` of a run function: every 16 episodes of each bar, and its last."""
+    done: dict[str, int] = {}
 
-    total = len(tasks) * seeds * episodes * samples
-    done = [0]
+    def on_progress(what: str, advance: int, total: int, unit: str) -> None:
+        done[what] = done.get(what, 0) + advance
+        if done[what] % 16 == 0 or done[what] == total:
+            st.on_work(stage, done[what], total)
 
-    def tick(_):
-        done[0] += 1
-        if done[0] % 16 == 0 or done[0] == total:
-            st.on_work(stage, done[0], total)
-
-    return evaluate(policy, tasks, list(range(seeds)), episodes, decode, samples=samples, on_episode=tick)
+    return on_progress
 
 
 def stage_sft(st: Study) -> None:
@@ -228,7 +200,7 @@ def stage_sft(st: Study) -> None:
     def run():
         import shutil
 
-        from .train.sft import SFTConfig, run_sft
+        from .training import TrainSFTConfig, run_train_sft, write_curves
 
         if not cfg.train_sft:
             src = Path(cfg.sft) if cfg.sft else EMBEDDED_SFT
@@ -239,11 +211,12 @@ def stage_sft(st: Study) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.copytree(src, tmp)
             tmp.rename(st.sft)
+            if (st.sft / "train_log.jsonl").is_file():
+                write_curves(st.sft, "sft", st.results)
         else:
-            sft_cfg = SFTConfig(out=str(st.sft), steps=cfg.sft_steps, lr=cfg.sft_lr, threads=2)
-            run_sft(sft_cfg, on_step=lambda m: st.on_work("sft", m["step"], cfg.sft_steps), force=True)
-        if (st.sft / "train_log.jsonl").is_file():
-            _write(st.results / "train-sft-sft.h5", training_curves(st.sft, "sft"))
+            sft_cfg = TrainSFTConfig(out=st.sft, steps=cfg.sft_steps, lr=cfg.sft_lr, threads=2)
+            run_train_sft(sft_cfg, force=True, results=st.results,
+                          on_step=lambda m: st.on_work("sft", m["step"], cfg.sft_steps))
 
     st.stage("sft", [st.sft / "graftkit.json"], run, "SFT on oracle demonstrations" if cfg.train_sft else
              f"SFT policy from {cfg.sft or 'the embedded default'}")
@@ -251,29 +224,18 @@ def stage_sft(st: Study) -> None:
 
 def stage_headroom(st: Study) -> Path:
     """Greedy vs sampled success of the SFT policy on every task."""
-    from .agent import Decode
-    from .weights import describe, open_checkpoint
-
     cfg, dest = st.cfg, st.results / "headroom-sft.h5"
-
-    def run():
-        policy = _policy(st.sft)
-        tasks = all_tasks()
-        greedy = _evaluate(st, "headroom", policy, tasks, cfg.eval_seeds, cfg.eval_episodes, Decode(greedy=True))
-        sampled = _evaluate(st, "headroom", policy, tasks, cfg.eval_seeds, cfg.eval_episodes,
-                            Decode(greedy=False, temperature=1.0), samples=cfg.headroom_k)
-        _write(dest, eval_result(sampled, describe(open_checkpoint(st.sft)),
-                                 {"k": cfg.headroom_k, "temperature": 1.0, "top_p": 1.0}, kind="headroom",
-                                 more={"greedy_success": (("task", "seed", "episode", "greedy_sample"),
-                                                          greedy.success.astype(np.int8))}))
-
-    st.stage("headroom", [dest], run, f"greedy vs sampled (k={cfg.headroom_k}) on {len(all_tasks())} tasks")
+    hcfg = HeadroomConfig(model=st.sft, tasks=",".join(all_tasks()), seeds=cfg.eval_seeds, episodes=cfg.eval_episodes,
+                          k=cfg.headroom_k, save=dest)
+    st.stage("headroom", [dest], lambda: run_headroom(hcfg, _episodes(st, "headroom")),
+             f"greedy vs sampled (k={cfg.headroom_k}) on {len(all_tasks())} tasks")
     return dest
 
 
 def stage_grpo(st: Study) -> None:
     """Every GRPO run of the grid; a run killed mid-way resumes from its newest checkpoint."""
-    from .train.grpo import GRPOConfig, latest_checkpoint, run_grpo
+    from .train.grpo import GRPOConfig, latest_checkpoint
+    from .training import run_train_grpo
 
     cfg = st.cfg
     for run in rl_runs(cfg):
@@ -282,9 +244,8 @@ def stage_grpo(st: Study) -> None:
                           checkpoint_every=max(1, cfg.grpo_steps // 4))
 
         def go(gcfg=gcfg, run=run):
-            run_grpo(gcfg, resume=latest_checkpoint(gcfg) is not None, force=True,
-                     on_step=lambda m: st.on_work(f"grpo {run.name}", m["step"], gcfg.steps))
-            _write(st.results / f"train-grpo-{run.name}.h5", training_curves(st.rl(run), "grpo"))
+            run_train_grpo(gcfg, resume=latest_checkpoint(gcfg) is not None, force=True, results=st.results,
+                           on_step=lambda m: st.on_work(f"grpo {run.name}", m["step"], gcfg.steps))
 
         st.stage(f"grpo {run.name}", [st.results / f"train-grpo-{run.name}.h5", st.rl(run) / "graftkit.json"], go,
                  f"{run.suite} suite, lr {run.lr:g}, seed {run.seed}")
@@ -297,37 +258,22 @@ def models(st: Study) -> dict[str, Path]:
 
 def stage_eval(st: Study) -> None:
     """Greedy evaluation of every policy on every task, on identical episodes."""
-    from .agent import Decode
-    from .weights import describe, open_checkpoint
-
     cfg = st.cfg
     for label, path in models(st).items():
-        dest = st.results / f"eval-{label}-greedy.h5"
-
-        def go(label=label, path=path, dest=dest):
-            o = _evaluate(st, f"eval {label}", _policy(path), all_tasks(), cfg.eval_seeds, cfg.eval_episodes,
-                          Decode(greedy=True))
-            _write(dest, eval_result(o, describe(open_checkpoint(path))))
-
-        st.stage(f"eval {label}", [dest], go, f"{cfg.eval_seeds} seeds × {cfg.eval_episodes} episodes, greedy")
+        ecfg = EvalConfig(model=path, tasks=",".join(all_tasks()), seeds=cfg.eval_seeds, episodes=cfg.eval_episodes,
+                          save=st.results / f"eval-{label}-greedy.h5")
+        st.stage(f"eval {label}", [ecfg.save],
+                 lambda ecfg=ecfg, label=label: run_eval(ecfg, _episodes(st, f"eval {label}")),
+                 f"{cfg.eval_seeds} seeds × {cfg.eval_episodes} episodes, greedy")
 
 
 def stage_delta(st: Study) -> Path:
     """Delta anatomy of every RL run against the SFT policy."""
-    from .graft import delta_anatomy
-    from .weights import describe, open_checkpoint
+    from .graft import DeltaConfig, run_delta
 
     dest = st.results / "delta.h5"
-
-    def run():
-        base = open_checkpoint(st.sft)
-        runs = rl_runs(st.cfg)
-        rls = [open_checkpoint(st.rl(r)) for r in runs]
-        res = delta_anatomy(base, rls, [r.name for r in runs], base.taxonomy(),
-                            provenance={"base": describe(base), "runs": [describe(c) for c in rls]})
-        _write(dest, res)
-
-    st.stage("delta anatomy", [dest], run, f"{len(rl_runs(st.cfg))} runs against SFT")
+    dcfg = DeltaConfig(rl=tuple(st.rl(r) for r in rl_runs(st.cfg)), base=st.sft, save=dest)
+    st.stage("delta anatomy", [dest], lambda: run_delta(dcfg), f"{len(rl_runs(st.cfg))} runs against SFT")
     return dest
 
 
@@ -337,10 +283,7 @@ def stage_delta(st: Study) -> Path:
 def suite_outcomes(res, tasks) -> np.ndarray:
     """Greedy outcomes of ``tasks`` from an eval result as [seed, task·episode] (rows are the clusters
     that paired statistics resample)."""
-    names = list(res.coords["task"])
-    idx = [names.index(t) for t in tasks]
-    s = np.asarray(res["success"])[idx][..., 0]  # [task, seed, episode]
-    return s.transpose(1, 0, 2).reshape(s.shape[1], -1)
+    return EvalResult.from_result(res).outcomes(tasks)
 
 
 def _pts(x: float) -> str:
@@ -409,11 +352,9 @@ def finding_2(evals: Mapping[str, object], runs: list[RLRun], headroom_res) -> F
     comps = [compare(sft, suite_outcomes(evals[r.name], tasks)) for r in hr]
     pooled = compare(np.concatenate([sft] * len(hr), 1),
                      np.concatenate([suite_outcomes(evals[r.name], tasks) for r in hr], 1))
-    g = np.asarray(headroom_res["greedy_success"]).astype(float)
-    s = np.asarray(headroom_res["success"]).astype(float)
-    names = list(headroom_res.coords["task"])
-    idx = [names.index(t) for t in tasks]
-    head = float(s[idx].mean() - g[idx].mean())
+    hv = HeadroomResult.from_result(headroom_res)
+    idx = [hv.tasks.index(t) for t in tasks]
+    head = float(hv.success[idx].astype(float).mean() - hv.greedy[idx].astype(float).mean())
     statement = (f"SFT headroom on the headroom suite (sampled − greedy) {_pts(head)} points; GRPO on that suite "
                  f"changes greedy success by {_interval(pooled)} "
                  f"({sum(c.verdict == BETTER for c in comps)}/{len(comps)} runs credibly better).")
@@ -455,109 +396,58 @@ def regime_run(cfg: StudyConfig, regime: str, results: Path | None = None) -> RL
 
 def stage_grafts(st: Study) -> list[Path]:
     """Full-factorial graft sweeps of the degraded and the collapsed run into the SFT policy (mastered
-    suite, identical episodes, one model load each), then their double dissociation."""
-    from .agent import Decode
-    from .graft import attribution as attr
-    from .graft import delta_anatomy
-    from .graft import experiments as X
-    from .store import read_result
-    from .weights import describe, open_checkpoint
+    suite, identical episodes, one model load each), then their double dissociation: ``graftkit graft
+    --sweep factorial`` for each, then with ``--vs`` (which resumes both sweeps from their results)."""
+    from functools import partial
+
+    from .graft.commands import GraftConfig, run_graft_experiments
+    from .graft.experiments import expand_sweep, present_groups
+    from .weights import open_checkpoint
 
     cfg = st.cfg
-    tasks, seeds, episodes = list(SUITES["mastered"]), list(range(cfg.graft_seeds)), 1
-    decode = Decode(greedy=True)
-    base = open_checkpoint(st.sft)
-    tax = base.taxonomy()
-    groups = tuple(g for g in cfg.graft_groups if g in X.present_groups(tax))
-    exps = X.expand_sweep("factorial", groups, X.present_groups(tax))
+    present = present_groups(open_checkpoint(st.sft).taxonomy())
+    groups = tuple(g for g in cfg.graft_groups if g in present)
+    n_configs = len(expand_sweep("factorial", groups, present))
+    sweep = partial(GraftConfig, base=st.sft, sweep="factorial", groups=",".join(groups), tasks="mastered",
+                    seeds=cfg.graft_seeds, episodes=1, results=st.results)
     swept = [r for r in (regime_run(cfg, "degrade", st.results), regime_run(cfg, "collapse", st.results)) if r is not None]
-    files: list[Path] = []
-    outcomes: dict[str, dict] = {}
-    for run in swept:
-        dest = st.results / f"graft-factorial-{run.name}.h5"
-        files.append(dest)
-        rl = open_checkpoint(st.rl(run))
-        setup = {"base": describe(base), "rl": describe(rl), "tasks": tasks, "seeds": seeds, "episodes": episodes,
-                 "decode": asdict(decode), "unknown": "error"}
-
-        def go(run=run, rl=rl, dest=dest, setup=setup):
-            share = delta_anatomy(base, [rl], [run.name], tax)
-            movement = {g: float(v) for g, v in zip(share.coords["group"], share["group_share"][0])}
-            common = dict(movement_share=movement, attrs={**setup, "rl_label": run.name, "command": "demo"})
-            partial_file = dest.with_name(f".partial-{dest.name}")
-            done = X.completed_outcomes(read_result(partial_file), exps, setup) if partial_file.is_file() else {}
-            partial = dict(done)
-            n, total = [len(done)], len(exps)
-
-            def stream(e, s):
-                partial[e.label] = s  # an interrupted sweep resumes from the configurations it finished
-                _write(partial_file, X.sweep_result("factorial", exps, partial, tasks, seeds, episodes, groups,
-                                                    compare_configs=False, **common))
-                n[0] += 1
-                st.on_work(f"graft {run.name}", n[0], total)
-
-            policy = _policy(st.sft)
-            success = X.run_sweep(exps, policy, base, rl, tasks, seeds, episodes, decode, done=done, on_result=stream)
-            _write(dest, X.sweep_result("factorial", exps, success, tasks, seeds, episodes, groups, **common))
-            partial_file.unlink(missing_ok=True)
-
-        st.stage(f"graft {run.name}", [dest], go, f"factorial over {'+'.join(groups)} = {len(exps)} configurations")
+    files = [st.results / f"graft-factorial-{run.name}.h5" for run in swept]
+    for run, dest in zip(swept, files):
+        st.stage(f"graft {run.name}", [dest],
+                 lambda run=run: run_graft_experiments(sweep(rl=st.rl(run)), _episodes(st, f"graft {run.name}")),
+                 f"factorial over {'+'.join(groups)} = {n_configs} configurations")
     if len(swept) == 2:
         dest = st.results / f"graft-dissociation-{swept[0].name}-vs-{swept[1].name}.h5"
-
-        def dissociate():
-            subsets = {}
-            for key, f in zip("AB", files):
-                res = read_result(f)
-                success = {lab: np.asarray(res["success"][i]) for i, lab in enumerate(res.coords["config"])}
-                subsets[key] = X.subset_outcomes(exps, success, "all")
-            d = attr.dissociation(subsets["A"], subsets["B"], groups, kind="shapley")
-            _write(dest, X.dissociation_result(
-                d, {k: {"path": str(st.rl(r)), "label": r.name, "result": str(f)} for k, r, f in zip("AB", swept, files)},
-                attrs={"base": describe(base), "sweep": "factorial"}))
-
-        st.stage("dissociation", [dest], dissociate, f"{swept[0].name} vs {swept[1].name}")
+        st.stage("dissociation", [dest], lambda: run_graft_experiments(sweep(rl=st.rl(swept[0]), vs=st.rl(swept[1]))),
+                 f"{swept[0].name} vs {swept[1].name}")
         files.append(dest)
     return files
 
 
 def stage_ranks(st: Study) -> None:
     """Weight and activation ranks of every policy, delta ranks of every RL run against SFT."""
-    from .rank import delta_ranks, weight_ranks
-    from .rank.activations import activation_ranks, probe_prompts
-    from .weights import open_checkpoint
+    from .rank.commands import RankConfig, run_rank
 
     cfg = st.cfg
-    prompts = probe_prompts("all", cfg.probes, seed=0)
-    base = open_checkpoint(st.sft)
-    tax = base.taxonomy()
     for label, path in models(st).items():
         w, a, d = (st.results / f"rank-{k}-{label}.h5" for k in ("weights", "activations", "delta"))
 
         def go(label=label, path=path, w=w, a=a, d=d):
-            ck = open_checkpoint(path)
-            prov = {"config": {"command": "demo", "label": label}}
             if not w.exists():
-                _write(w, weight_ranks(ck, tax, "all", provenance=prov))
+                run_rank(RankConfig(model=(path,), what="weights", save=w))
             if not a.exists():
-                policy = _policy(path)
-                _write(a, activation_ranks(policy, None, prompts, "all", tokens="last", centred=True,
-                                           give_model=True, provenance=prov))
+                run_rank(RankConfig(model=(path,), what="activations", probes=cfg.probes, save=a))
             if label != "sft" and not d.exists():
-                _write(d, delta_ranks(base, ck, tax, "all", provenance=prov))
+                run_rank(RankConfig(model=(path,), what="delta", vs=st.sft, save=d))
 
         st.stage(f"rank {label}", [w, a] + ([d] if label != "sft" else []), go, "weights, activations"
                  + (", delta" if label != "sft" else ""))
 
 
-def _config_row(res, label: str) -> np.ndarray | None:
-    labels = list(res.coords["config"])
-    return None if label not in labels else np.asarray(res["diff_vs_base"][labels.index(label)])
-
-
 def finding_3(degrade, collapse) -> Finding:
     """Grafting localises the degrade regime to attention + MLP; the collapse regime is not traceable to
-    any single group; the embedding dominates weight movement yet is causally inert.
+    any single group; the embedding dominates weight movement yet is causally inert (``degrade``,
+    ``collapse``: the factorial sweeps as :class:`~graftkit.graft.experiments.SweepResult`, None if not run).
 
     Rules: (a) in the degraded run, the attn+mlp graft alone is credibly worse than base and carries at
     least half of the full RL change; (b) in the collapsed run, no single-group graft carries half of the
@@ -570,32 +460,30 @@ def finding_3(degrade, collapse) -> Finding:
     if degrade is None:
         return Finding(3, claim, "no graft sweep of a degraded run", math.nan, math.nan, math.nan, "not measured")
     parts, checks = [], []
-    full = _config_row(degrade, RL_LABEL)
-    am = _config_row(degrade, label_for(("attn", "mlp")))
-    groups = list(degrade.coords["group"])
+    full = degrade.diff(RL_LABEL)
+    am = degrade.diff(label_for(("attn", "mlp")))
+    groups = degrade.groups
     if am is not None and full is not None:
         share = am[0] / full[0] if full[0] else math.nan
         parts.append(f"degraded run: RL changes success by {_pts(full[0])} [{_pts(full[1])}, {_pts(full[2])}], "
                      f"the attn+mlp graft alone by {_pts(am[0])} [{_pts(am[1])}, {_pts(am[2])}] "
                      f"({100 * share:.0f}% of it)" if np.isfinite(share) else "")
         checks.append(am[2] < 0 and np.isfinite(share) and share >= 0.5)
-    if "shapley" in degrade.data:
-        sh = np.asarray(degrade["shapley"])
+    sh, ms = degrade.array("shapley"), degrade.array("movement_share")
+    if sh is not None:
         parts.append("Shapley " + ", ".join(f"{g} {_pts(sh[i, 0])} [{_pts(sh[i, 1])}, {_pts(sh[i, 2])}]"
                                             for i, g in enumerate(groups)))
     if collapse is not None:
-        cf = _config_row(collapse, RL_LABEL)
-        singles = {g: _config_row(collapse, label_for((g,))) for g in collapse.coords["group"]}
+        cf = collapse.diff(RL_LABEL)
+        singles = {g: collapse.diff(label_for((g,))) for g in collapse.groups}
         best = max((g for g in singles if singles[g] is not None), key=lambda g: abs(singles[g][0]), default=None)
         if cf is not None and best is not None:
             frac = singles[best][0] / cf[0] if cf[0] else math.nan
             parts.append(f"collapsed run: RL changes success by {_pts(cf[0])} [{_pts(cf[1])}, {_pts(cf[2])}]; the "
                          f"strongest single-group graft ({best}) carries {100 * frac:.0f}% of it")
             checks.append(np.isfinite(frac) and abs(frac) < 0.5)
-    if "movement_share" in degrade.data and "embed" in groups and "shapley" in degrade.data:
-        ms = np.asarray(degrade["movement_share"])
+    if ms is not None and "embed" in groups and sh is not None:
         e = groups.index("embed")
-        sh = np.asarray(degrade["shapley"])
         parts.append(f"embed: {100 * ms[e]:.0f}% of the weight movement, Shapley effect {_pts(sh[e, 0])} "
                      f"[{_pts(sh[e, 1])}, {_pts(sh[e, 2])}]")
         checks.append(int(np.argmax(ms)) == e and sh[e, 1] <= 0 <= sh[e, 2])
@@ -611,12 +499,13 @@ def finding_3(degrade, collapse) -> Finding:
 def stage_findings(st: Study) -> list[Finding]:
     """The four findings, each as this run found it, written to results/findings.h5 (always recomputed:
     it is cheap and reads only finished results)."""
+    from .graft.experiments import SweepResult
     from .store import read_result
 
     cfg, runs = st.cfg, rl_runs(st.cfg)
     evals = {label: read_result(st.results / f"eval-{label}-greedy.h5") for label in models(st)}
     headroom_res = read_result(st.results / "headroom-sft.h5")
-    sweeps = {regime: (read_result(p) if (p := st.results / f"graft-factorial-{r.name}.h5").exists() else None)
+    sweeps = {regime: (SweepResult.read(p) if (p := st.results / f"graft-factorial-{r.name}.h5").exists() else None)
               for regime in ("degrade", "collapse") if (r := regime_run(cfg, regime, st.results)) is not None}
     found = [finding_1(evals, runs), finding_2(evals, runs, headroom_res),
              finding_3(sweeps.get("degrade"), sweeps.get("collapse")), finding_4(st)]
@@ -634,12 +523,19 @@ def stage_report(st: Study) -> Path:
     return dest
 
 
-def run_study(cfg: StudyConfig, on_stage=lambda name, status, detail: None,
-              on_work=lambda stage, done, total: None) -> dict:
-    """Every stage in order (finished ones are skipped); returns the findings and the output paths."""
+def run_study(cfg: StudyConfig, on_progress: OnProgress = no_progress,
+              on_stage: Callable[[str, str, str], None] = lambda name, status, detail: None) -> dict:
+    """Every stage in order (finished ones are skipped); returns the findings and the output paths.
+    ``on_stage(name, status, detail)``: a stage starts, is done, or is skipped (done before)."""
     import torch
 
     torch.set_num_threads(cfg.threads)
+    done: dict[str, int] = {}
+
+    def on_work(stage: str, n: int, total: int) -> None:
+        on_progress(stage, n - done.get(stage, 0), total, "")
+        done[stage] = n
+
     st = Study(cfg, on_stage, on_work)
     st.results.mkdir(parents=True, exist_ok=True)
     (st.root / "study.json").write_text(json.dumps(cfg.as_dict(), indent=2) + "\n")
@@ -668,42 +564,13 @@ COUPLING_METRIC = "erank"
 def stage_coupling(st: Study) -> Path:
     """Late-layer activation rank vs success across every policy of the run (SFT included), and the
     both-directions test of the RL runs against SFT."""
-    from .rank.coupling import both_directions, coupling, coupling_result
-    from .stats import compare
-    from .store import read_result
+    from .rank.commands import CoupleConfig, run_couple
 
     dest = st.results / f"coupling-activations-{COUPLING_METRIC}.h5"
-
-    def run():
-        labels = list(models(st))
-        tasks = all_tasks()
-        outcome = {k: suite_outcomes(read_result(st.results / f"eval-{k}-greedy.h5"), tasks) for k in labels}
-        rows = []
-        for k in labels:
-            res = read_result(st.results / f"rank-activations-{k}.h5")
-            block = np.asarray(res["block"])
-            m = list(res.coords["metric"]).index(COUPLING_METRIC)
-            keep = block >= 0
-            rows.append(np.asarray(res["value"])[keep, m])
-            layer_ids = [int(b) for b in block[keep]]
-        R = np.stack(rows)
-        success = np.array([outcome[k].mean() for k in labels])
-        n_success = np.array([outcome[k].size for k in labels], dtype=np.int64)
-        n_layers = len(layer_ids)
-        conventions = {"metric": COUPLING_METRIC, "what": "activations",
-                       "rank_value": "rank-activations value[layer, metric]: hidden states after each decoder block, "
-                                     "last token, centred, fp64 covariance (see the rank results' attrs)",
-                       "layer_indexing": "decoder block index, 0-based (hidden-state index − 1)",
-                       "success": "greedy success over every task, seed and episode",
-                       "runs": "the SFT policy and every RL run of the study"}
-        corr = coupling(R, success, n_success, runs=labels, layers=layer_ids, n_layers=n_layers, conventions=conventions)
-        # the SFT policy is the reference itself: excluded from both directions (and counted as such)
-        verdicts = ["reference (SFT)" if k == "sft" else compare(outcome["sft"], outcome[k]).verdict for k in labels]
-        both = both_directions(R, success, R[labels.index("sft")], success[labels.index("sft")], verdicts,
-                               runs=labels, layers=layer_ids, n_layers=n_layers, conventions=conventions)
-        _write(dest, coupling_result(corr, both))
-
-    st.stage("coupling", [dest], run, f"activation {COUPLING_METRIC} vs success across {len(models(st))} policies")
+    couple = CoupleConfig(run=st.root, what="activations", metric=COUPLING_METRIC, save=dest,
+                          models=tuple(models(st).values()), reference=st.sft)
+    st.stage("coupling", [dest], lambda: run_couple(couple),
+             f"activation {COUPLING_METRIC} vs success across {len(models(st))} policies")
     return dest
 
 
@@ -712,31 +579,25 @@ def finding_4(st: Study) -> Finding:
 
     Rule: reproduced when the late band's Spearman interval lies above zero and the both-directions
     verdict of the late band is 'tracks in both directions'; partly when only one of the two holds."""
-    from .rank.coupling import TRACKS_BOTH
-    from .store import read_result
+    from .rank.coupling import TRACKS_BOTH, CouplingResult
 
     claim = "Late-layer effective rank tracks capability in both directions (at 4B; at 8B the two come apart)."
     path = st.results / f"coupling-activations-{COUPLING_METRIC}.h5"
     if not path.exists():
         return Finding(4, claim, "no coupling result", math.nan, math.nan, math.nan, "not measured")
-    res = read_result(path)
-    bands = list(res.coords["band"])
-    if "late" not in bands:
+    res = CouplingResult.read(path)
+    if "late" not in res.bands:
         return Finding(4, claim, "the model has no late layer band", math.nan, math.nan, math.nan, "not measured")
-    b = bands.index("late")
-    rho = np.asarray(res["corr_band"])[b, list(res.coords["stat"]).index("spearman")]
-    parts = [f"late-band activation {COUPLING_METRIC} vs greedy success across {len(res.coords['run'])} policies: "
+    b = res.bands.index("late")
+    rho = res.corr("band")[b, res.stats.index("spearman")]
+    parts = [f"late-band activation {COUPLING_METRIC} vs greedy success across {len(res.runs)} policies: "
              f"Spearman ρ {rho[0]:+.2f} [{rho[1]:+.2f}, {rho[2]:+.2f}]"]
-    verdict_band = None
-    for name in ("verdict_band", "both_verdict_band"):
-        if name in res.data:
-            verdict_band = str(np.asarray(res[name])[list(res.coords["band"]).index("late")])
-    for agree, total in (("agree_band", "total_band"), ("both_agree_band", "both_total_band")):
-        if agree in res.data:
-            a, t = np.asarray(res[agree])[b], np.asarray(res[total])[b]
-            parts.append(f"sign of Δrank agrees with Δsuccess in {int(a[0])}/{int(t[0])} improved and "
-                         f"{int(a[1])}/{int(t[1])} degraded runs ({verdict_band})")
-            break
+    verdicts = res.both("verdict", "band")
+    verdict_band = None if verdicts is None else str(verdicts[b])
+    if res.has_both:
+        a, t = res.both("agree", "band")[b], res.both("total", "band")[b]
+        parts.append(f"sign of Δrank agrees with Δsuccess in {int(a[0])}/{int(t[0])} improved and "
+                     f"{int(a[1])}/{int(t[1])} degraded runs ({verdict_band})")
     checks = [bool(rho[1] > 0), verdict_band == TRACKS_BOTH]
     verdict = "reproduced" if all(checks) else "partly reproduced" if any(checks) else "not reproduced"
     return Finding(4, claim, "; ".join(parts) + ".", float(rho[0]), float(rho[1]), float(rho[2]), verdict)

@@ -52,6 +52,13 @@ def resolve_tasks(spec: str | Sequence[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def seed_list(n: int) -> list[int]:
+    """Evaluation seeds 0..n-1 (``--seeds n``, n ≥ 1)."""
+    if n < 1:
+        raise GraftkitError(f"--seeds {n} must be ≥ 1", "pass e.g. --seeds 25")
+    return list(range(n))
+
+
 def first_prompts(tasks: str | Sequence[str], n: int, seed: int = 0) -> list[str]:
     """``n`` first-turn prompts from the web tasks, rendered as the policy reads them: prompt k is episode
     ``seed + k // T`` of task ``k mod T`` (T tasks: a suite name or a task list)."""

@@ -20,9 +20,16 @@ TRL="trl==1.16.0"
 # TRL 1.16.0 declares transformers>=4.56.2 (and accelerate>=1.10.1, datasets>=4.7.0); pin the
 # transformers release graftkit's own venv runs, so both sides load the model with the same code.
 TRANSFORMERS="${TRL_TRANSFORMERS:-transformers==5.24.0}"
-GRAFTKIT_DEPS="safetensors>=0.4 tokenizers>=0.20 numpy>=1.26 h5py>=3.10 typer>=0.12 rich>=13 pyyaml>=6 pillow>=10.1"
+# graftkit's own requirements, read from pyproject.toml (torch and transformers are pinned above), so a
+# requirement added to the project (plotly, for the report) reaches this venv too.
+GRAFTKIT_DEPS="$("$PYTHON" - "$REPO/pyproject.toml" <<'PY'
+import re, sys, tomllib
+deps = tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]
+print(" ".join(d for d in deps if re.split(r"[<>=!~ \[]", d)[0] not in ("torch", "transformers")))
+PY
+)"
 STAMP="$VENV/.installed"
-WANT="$TORCH $TRL $TRANSFORMERS accelerate datasets graftkit-editable($REPO)"
+WANT="$TORCH $TRL $TRANSFORMERS accelerate datasets $GRAFTKIT_DEPS graftkit-editable($REPO)"
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" && -x "$VENV/bin/python" ]] \
     && "$VENV/bin/python" -c 'import trl, graftkit' 2>/dev/null; then
@@ -42,6 +49,6 @@ TORCH_VERSION="$("$VENV/bin/python" -c 'import torch; print(torch.__version__.sp
 "$VENV/bin/pip" install -q --no-deps -e "$REPO"
 
 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_DISABLED=true \
-    "$VENV/bin/python" -c 'from trl import GRPOConfig, GRPOTrainer; import graftkit.agent, graftkit.webenv'
+    "$VENV/bin/python" -c 'from trl import GRPOConfig, GRPOTrainer; import graftkit, graftkit.agent, graftkit.webenv'
 echo "$WANT" > "$STAMP"
 echo "TRL installed: $VENV ($("$VENV/bin/python" -c 'import importlib.metadata as m; print(", ".join(f"{p} {m.version(p)}" for p in ("trl", "transformers", "accelerate", "datasets", "torch")))'))"

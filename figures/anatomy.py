@@ -3,7 +3,8 @@
 Input: results of kind ``delta`` (graft/anatomy.py ``delta_anatomy``): ``layer_group_share[run, layer,
 group]`` (fraction of the run's total squared movement ‖Δ‖²_F), ``layer_group_rel_delta`` (‖Δ‖_F/‖W‖_F
 pooled over the cell's tensors), ``group_share[run, group]``; ``tensor_group`` / ``tensor_layer`` say
-which groups have tensors inside the decoder layers (only those get a heatmap column).
+which groups have tensors inside the decoder layers (only those get a heatmap column). Every builder
+reads its result through :class:`~graftkit.graft.anatomy.DeltaResult`.
 """
 
 from __future__ import annotations
@@ -13,33 +14,34 @@ from typing import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
+from ..graft.anatomy import DeltaResult
 from ..store import Result
 from ._common import base_layout, colour, esc, esc_all, integer_axis
 
-#: Heatmap metrics: (array, colour-bar title, factor, hover format, title).
+#: Heatmap metrics: (colour-bar title, factor, hover format, title) of the layer × group cells.
 HEATMAPS = {
-    "share": ("layer_group_share", "share of squared movement (%)", 100.0, ".4f", "Share of squared weight movement"),
-    "rel_delta": ("layer_group_rel_delta", "‖Δ‖_F / ‖W‖_F", 1.0, ".4g", "Relative change ‖Δ‖_F / ‖W‖_F"),
+    "share": ("share of squared movement (%)", 100.0, ".4f", "Share of squared weight movement"),
+    "rel_delta": ("‖Δ‖_F / ‖W‖_F", 1.0, ".4g", "Relative change ‖Δ‖_F / ‖W‖_F"),
 }
 
 
 def layered_groups(res: Result) -> list[int]:
     """Indices (into the ``group`` coordinate) of groups with at least one tensor inside a decoder layer."""
-    groups = [str(g) for g in res.coords["group"]]
-    if "tensor_group" not in res.data or "tensor_layer" not in res.data:
-        return list(range(len(groups)))
-    tg = np.asarray(res["tensor_group"]).astype(str)
-    tl = np.asarray(res["tensor_layer"])
-    return [j for j, g in enumerate(groups) if np.any((tg == g) & (tl >= 0))]
+    d = DeltaResult.from_result(res)
+    if not (d.has("tensor_group") and d.has("tensor_layer")):
+        return list(range(len(d.groups)))
+    tg, tl = np.asarray(d.tensor_group), d.tensor_layer
+    return [j for j, g in enumerate(d.groups) if np.any((tg == g) & (tl >= 0))]
 
 
 def anatomy_heatmap(label: str, res: Result, run: int, metric: str = "share") -> go.Figure:
     """One run's layer × group heatmap of ``metric`` ("share" or "rel_delta")."""
-    name, bar, scale, spec, main = HEATMAPS[metric]
+    bar, scale, spec, main = HEATMAPS[metric]
+    d = DeltaResult.from_result(res)
     cols = layered_groups(res)
-    z = np.asarray(res[name], dtype=np.float64)[run][:, cols] * scale  # [layer, group]
-    groups = esc_all(np.asarray(res.coords["group"])[cols])
-    layers = np.asarray(res.coords["layer"])
+    z = d.cells(metric, run)[:, cols] * scale  # [layer, group]
+    groups = esc_all(np.asarray(d.groups)[cols])
+    layers = d.layers
     unit = "%" if scale == 100.0 else ""
     fig = go.Figure(go.Heatmap(
         z=z, x=groups, y=layers, colorscale="Viridis", colorbar={"title": {"text": bar, "side": "right"}},
@@ -56,13 +58,12 @@ def group_shares(runs: Sequence[tuple[str, Result, int]]) -> go.Figure:
     """Share of each run's squared movement per parameter group (all layers and outside them)."""
     fig = go.Figure()
     for i, (label, res, r) in enumerate(runs):
-        groups = [str(g) for g in res.coords["group"]]
-        share = np.asarray(res["group_share"], dtype=np.float64)[r]
-        extra = []
-        for j in range(len(groups)):
-            rel = res["group_rel_delta"][r, j] if "group_rel_delta" in res.data else np.nan
-            fro = res["group_fro_delta"][r, j] if "group_fro_delta" in res.data else np.nan
-            extra.append([f"{float(rel):.4g}", f"{float(fro):.4g}"])
+        d = DeltaResult.from_result(res)
+        groups = d.groups
+        share = d.group("share", r).astype(np.float64)
+        rel, fro = (d.group(m, r) if d.has(f"group_{m}") else np.full(len(groups), np.nan)
+                    for m in ("rel_delta", "fro_delta"))
+        extra = [[f"{float(rel[j]):.4g}", f"{float(fro[j]):.4g}"] for j in range(len(groups))]
         fig.add_trace(go.Bar(
             x=esc_all(groups), y=100 * share, name=esc(label), marker_color=colour(i), customdata=extra,
             hovertemplate="%{fullData.name} · %{x}<br>share %{y:.4f}%<br>‖Δ‖_F/‖W‖_F %{customdata[0]}"
@@ -76,15 +77,16 @@ def group_shares(runs: Sequence[tuple[str, Result, int]]) -> go.Figure:
 
 def top_tensors(label: str, res: Result, run: int, n: int = 15) -> go.Figure | None:
     """The ``n`` tensors with the largest share of one run's squared movement (None without ``share``)."""
-    if "share" not in res.data:
+    d = DeltaResult.from_result(res)
+    if not d.has("share"):
         return None
-    share = np.asarray(res["share"], dtype=np.float64)[run]
-    names = [str(t) for t in res.coords["tensor"]]
+    share = d.tensor("share", run).astype(np.float64)
+    names = d.tensors
     order = [i for i in np.argsort(-np.nan_to_num(share, nan=-1.0), kind="stable")[:n] if share[i] > 0]
     if not order:
         return None
-    rel = np.asarray(res["rel_delta"], dtype=np.float64)[run] if "rel_delta" in res.data else np.full(len(names), np.nan)
-    group = [str(g) for g in res["tensor_group"]] if "tensor_group" in res.data else [""] * len(names)
+    rel = d.tensor("rel_delta", run).astype(np.float64) if d.has("rel_delta") else np.full(len(names), np.nan)
+    group = d.tensor_group if d.has("tensor_group") else [""] * len(names)
     fig = go.Figure(go.Bar(
         y=esc_all(names[i] for i in order), x=100 * share[order], orientation="h", marker_color=colour(0),
         customdata=[[esc(group[i]), f"{rel[i]:.4g}"] for i in order], name=esc(label),

@@ -1,7 +1,8 @@
 """Training curves: the per-step metrics that `graftkit train sft|grpo` logs, one figure per family.
 
 Input: results of kind ``train-sft`` / ``train-grpo`` (one array per metric over ``step``, written by
-the CLI from ``train_log.jsonl``). A family is drawn when at least one run logged one of its metrics.
+training.py from ``train_log.jsonl``), read through :class:`~graftkit.training.TrainingCurves`. A family
+is drawn when at least one run logged one of its metrics.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from ..store import Result
+from ..training import TrainingCurves
 from ._common import base_layout, colour, esc
 
 
@@ -49,16 +51,17 @@ _DASH = ("solid", "dash", "dot", "dashdot")
 
 def families_present(runs: Sequence[tuple[str, Result]]) -> list[CurveFamily]:
     """The families with at least one metric logged by at least one run."""
-    return [f for f in FAMILIES if any(m in r.data for _, r in runs for m in f.metrics)]
+    return [f for f in FAMILIES if any(TrainingCurves.from_result(r).has(m) for _, r in runs for m in f.metrics)]
 
 
 def training_curve(runs: Sequence[tuple[str, Result]], family: CurveFamily) -> go.Figure:
     """One line per (run, metric of the family) against the optimiser step."""
     fig = go.Figure()
     for i, (label, res) in enumerate(runs):
-        for j, metric in enumerate(m for m in family.metrics if m in res.data):
-            y = np.asarray(res[metric], dtype=np.float64) * family.scale
-            step = np.asarray(res.coords[res.dims(metric)[0]])
+        c = TrainingCurves.from_result(res)
+        for j, metric in enumerate(m for m in family.metrics if c.has(m)):
+            y = c.values(metric) * family.scale
+            step = c.steps
             name = esc(label) + (f" · {metric}" if len(family.metrics) > 1 else "")
             unit = "%" if family.scale == 100.0 else ""
             window = smoothing_window(len(y))
@@ -76,7 +79,7 @@ def training_curve(runs: Sequence[tuple[str, Result]], family: CurveFamily) -> g
                                   "<extra></extra>",
                 ))
     sub = f"{len(runs)} run(s), one colour per run" + (
-        "; faint: every step, solid: centred moving mean" if any(smoothing_window(len(r.coords["step"]))
+        "; faint: every step, solid: centred moving mean" if any(smoothing_window(len(TrainingCurves.from_result(r).steps))
                                                               for _, r in runs) else "")
     return base_layout(fig, family.title, sub, "optimiser step", family.y_title, legend_title="run")
 

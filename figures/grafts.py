@@ -8,7 +8,8 @@ estimate/low/high; ``diff_vs_base[config, bound]``, ``diff_vs_rl[config, bound]`
 ``movement_share[group]``) and ``graft-dissociation`` (``effect[run, group, bound]``,
 ``difference[group, bound]``, ``verdict[group]``). Differences are success-rate fractions (shown in
 percentage points) unless the array's attrs give ``unit`` "points"/"pp". Every optional array that is
-missing only removes its figure.
+missing only removes its figure. Results are read through :class:`~graftkit.graft.experiments.SweepResult`
+and :class:`~graftkit.graft.experiments.DissociationResult`.
 """
 
 from __future__ import annotations
@@ -16,18 +17,15 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
+from ..graft.experiments import DissociationResult, SweepResult
 from ..store import Result
 from ._common import base_layout, bounds, colour, esc, esc_all, interval_error, verdict_colour, zero_line
 
 
-def _scale(res: Result, name: str) -> float:
+def _scale(v: SweepResult | DissociationResult, name: str) -> float:
     """Factor to percentage points: 1 when the array says it is already in points, else 100."""
-    unit = str(res.var_attrs.get(name, {}).get("unit", "")).lower()
+    unit = str(v.result.var_attrs.get(name, {}).get("unit", "")).lower()
     return 1.0 if unit in ("points", "pp", "percentage points", "%") else 100.0
-
-
-def _str(res: Result, name: str, n: int, default: str = "") -> list[str]:
-    return [str(v) for v in np.asarray(res[name])] if name in res.data else [default] * n
 
 
 def _iv(e: float, lo: float, hi: float) -> str:
@@ -36,18 +34,20 @@ def _iv(e: float, lo: float, hi: float) -> str:
 
 def graft_effects(label: str, res: Result) -> go.Figure:
     """Per grafted configuration: success change vs the base (filled, coloured by verdict) and vs RL."""
-    configs = [str(c) for c in res.coords["config"]]
+    v = SweepResult.from_result(res)
+    configs = v.configs
     n = len(configs)
-    groups, layers = _str(res, "config_groups", n), _str(res, "config_layers", n)
-    alpha = np.asarray(res["config_alpha"], dtype=np.float64) if "config_alpha" in res.data else np.full(n, np.nan)
-    verdicts = (_str(res, "verdict_vs_base", n, "no verdict stored"), _str(res, "verdict_vs_rl", n, ""))
+    groups, layers = v.strings("config_groups"), v.strings("config_layers")
+    alpha = v.array("config_alpha")
+    alpha = np.full(n, np.nan) if alpha is None else alpha.astype(np.float64)
+    verdicts = (v.strings("verdict_vs_base", "no verdict stored"), v.strings("verdict_vs_rl", ""))
     verdict = verdicts[0]
     fig = go.Figure()
     for k, (name, what) in enumerate((("diff_vs_base", "vs base (SFT)"), ("diff_vs_rl", "vs RL"))):
-        if name not in res.data:
+        if v.array(name) is None:
             continue
-        s = _scale(res, name)
-        e, lo, hi = bounds(res[name], res.coords["bound"])
+        s = _scale(v, name)
+        e, lo, hi = bounds(v.array(name), v.bound_names)
         custom = [[esc(groups[i]), esc(layers[i]), f"{alpha[i]:g}", esc(verdicts[k][i]),
                    _iv(s * e[i], s * lo[i], s * hi[i])] for i in range(n)]
         fig.add_trace(go.Scatter(
@@ -72,17 +72,18 @@ def graft_effects(label: str, res: Result) -> go.Figure:
 
 def attribution(label: str, res: Result) -> go.Figure | None:
     """Shapley values and main effects per parameter group, with 95% intervals (None if neither is stored)."""
+    v = SweepResult.from_result(res)
     names = [(n, t) for n, t in (("shapley", "Shapley value"), ("main_effect", "main effect"),
-                                  ("group_effect", _group_effect_name(res))) if n in res.data]
-    if "shapley" in res.data and _group_effect_name(res) == "group effect (shapley)":
+                                  ("group_effect", _group_effect_name(v))) if v.array(n) is not None]
+    if v.array("shapley") is not None and v.effect_kind == "shapley":
         names = [x for x in names if x[0] != "group_effect"]  # the same numbers as the Shapley values
     if not names:
         return None
     fig = go.Figure()
     for k, (name, what) in enumerate(names):
-        s = _scale(res, name)
-        groups = res.coords[res.dims(name)[0]]
-        e, lo, hi = bounds(res[name], res.coords["bound"])
+        s = _scale(v, name)
+        groups = v.axis(name)
+        e, lo, hi = bounds(v.array(name), v.bound_names)
         fig.add_trace(go.Bar(
             x=esc_all(groups), y=s * e, name=what, marker_color=colour(k), error_y=interval_error(e, lo, hi, s),
             customdata=[[_iv(s * e[i], s * lo[i], s * hi[i])] for i in range(len(e))],
@@ -98,15 +99,15 @@ def attribution(label: str, res: Result) -> go.Figure | None:
 
 def interaction_heatmap(label: str, res: Result) -> go.Figure | None:
     """Pairwise interactions between grafted groups (None if not stored)."""
-    if "interaction" not in res.data:
+    v = SweepResult.from_result(res)
+    if v.array("interaction") is None:
         return None
-    s = _scale(res, "interaction")
-    d1, d2, _ = res.dims("interaction")
-    e, lo, hi = bounds(res["interaction"], res.coords["bound"])
+    s = _scale(v, "interaction")
+    e, lo, hi = bounds(v.array("interaction"), v.bound_names)
     custom = [[_iv(s * e[i, j], s * lo[i, j], s * hi[i, j]) for j in range(e.shape[1])] for i in range(e.shape[0])]
     lim = float(np.nanmax(np.abs(s * e))) if np.isfinite(e).any() else 1.0
     fig = go.Figure(go.Heatmap(
-        z=s * e, x=esc_all(res.coords[d2]), y=esc_all(res.coords[d1]), customdata=custom, colorscale="RdBu",
+        z=s * e, x=esc_all(v.axis("interaction", 1)), y=esc_all(v.axis("interaction")), customdata=custom, colorscale="RdBu",
         zmid=0, zmin=-lim or -1, zmax=lim or 1, colorbar={"title": {"text": "interaction (points)", "side": "right"}},
         hovertemplate="%{y} × %{x}<br>interaction %{customdata} points (95% interval)<extra></extra>",
     ))
@@ -116,9 +117,8 @@ def interaction_heatmap(label: str, res: Result) -> go.Figure | None:
                        "blue positive, red negative", "group", "group", height=420)
 
 
-def _group_effect_name(res: Result) -> str:
-    kind = res.var_attrs.get("group_effect", {}).get("kind")
-    return f"group effect ({kind})" if kind else "group effect"
+def _group_effect_name(v: SweepResult) -> str:
+    return f"group effect ({v.effect_kind})" if v.effect_kind else "group effect"
 
 
 def effect_per_group(res: Result) -> tuple[str, list[str], np.ndarray, np.ndarray, np.ndarray] | None:
@@ -127,21 +127,22 @@ def effect_per_group(res: Result) -> tuple[str, list[str], np.ndarray, np.ndarra
 
     Shapley values, main effects and group effects are the sweep's attribution arrays; the single-group
     fallback reads the configurations when only those were stored."""
+    v = SweepResult.from_result(res)
     for name, what in (("shapley", "Shapley value"), ("main_effect", "main effect"),
-                       ("group_effect", _group_effect_name(res))):
-        if name in res.data:
-            s = _scale(res, name)
-            e, lo, hi = bounds(res[name], res.coords["bound"])
-            return what, [str(g) for g in res.coords[res.dims(name)[0]]], s * e, s * lo, s * hi
-    if "diff_vs_base" not in res.data or "config_groups" not in res.data:
+                       ("group_effect", _group_effect_name(v))):
+        if v.array(name) is not None:
+            s = _scale(v, name)
+            e, lo, hi = bounds(v.array(name), v.bound_names)
+            return what, v.axis(name), s * e, s * lo, s * hi
+    if v.array("diff_vs_base") is None or v.array("config_groups") is None:
         return None
-    n = len(res.coords["config"])
-    layers = _str(res, "config_layers", n, "all")
-    alpha = np.asarray(res["config_alpha"], dtype=np.float64) if "config_alpha" in res.data else np.ones(n)
-    s = _scale(res, "diff_vs_base")
-    e, lo, hi = bounds(res["diff_vs_base"], res.coords["bound"])
+    layers = v.strings("config_layers", "all")
+    alpha = v.array("config_alpha")
+    alpha = np.ones(len(v.configs)) if alpha is None else alpha.astype(np.float64)
+    s = _scale(v, "diff_vs_base")
+    e, lo, hi = bounds(v.array("diff_vs_base"), v.bound_names)
     found: dict[str, int] = {}
-    for i, g in enumerate(_str(res, "config_groups", n)):
+    for i, g in enumerate(v.strings("config_groups")):
         parts = [p.strip() for p in g.split(",") if p.strip()]
         if len(parts) == 1 and layers[i] in ("all", "") and alpha[i] == 1.0:
             found.setdefault(parts[0], i)
@@ -153,18 +154,17 @@ def effect_per_group(res: Result) -> tuple[str, list[str], np.ndarray, np.ndarra
 
 def movement_vs_effect(label: str, res: Result) -> go.Figure | None:
     """Each group's share of squared weight movement against its causal effect on success."""
-    if "movement_share" not in res.data:
+    share = SweepResult.from_result(res).movement_share
+    if share is None:
         return None
     eff = effect_per_group(res)
     if eff is None:
         return None
     source, groups, e, lo, hi = eff
-    mgroups = [str(g) for g in res.coords[res.dims("movement_share")[0]]]
-    share = np.asarray(res["movement_share"], dtype=np.float64)
-    keep = [i for i, g in enumerate(groups) if g in mgroups]
+    keep = [i for i, g in enumerate(groups) if g in share]
     if not keep:
         return None
-    x = 100 * np.array([share[mgroups.index(groups[i])] for i in keep])
+    x = 100 * np.array([share[groups[i]] for i in keep])
     fig = go.Figure(go.Scatter(
         x=x, y=e[keep], mode="markers+text", text=esc_all(groups[i] for i in keep), textposition="top center",
         name=source, marker={"size": 12, "color": colour(0)}, error_y=interval_error(e[keep], lo[keep], hi[keep]),
@@ -180,15 +180,6 @@ def movement_vs_effect(label: str, res: Result) -> go.Figure | None:
                        "effect on success (percentage points)", legend_title="effect")
 
 
-def _run_name(res: Result, run: str) -> str:
-    """A dissociation run's name from attrs["runs"][run] (a label, a path, or a dict holding either)."""
-    runs = res.attrs.get("runs")
-    v = runs.get(run) if isinstance(runs, dict) else None
-    if isinstance(v, dict):
-        v = v.get("label") or v.get("path")
-    return str(v) if v else ""
-
-
 def _dissociation_colour(verdict: str, runs: list[str]) -> str:
     """A only / B only in that run's colour; anything else grey."""
     for k, r in enumerate(runs):
@@ -199,22 +190,23 @@ def _dissociation_colour(verdict: str, runs: list[str]) -> str:
 
 def dissociation(label: str, res: Result) -> go.Figure:
     """Per group, the effect in run A and in run B and their difference, with 95% intervals."""
-    groups = esc_all(res.coords["group"])
-    runs = [str(r) for r in res.coords["run"]]
+    v = DissociationResult.from_result(res)
+    groups = esc_all(v.groups)
+    runs = v.runs
     fig = go.Figure()
-    s = _scale(res, "effect")
-    names = {r: _run_name(res, r) for r in runs}
+    s = _scale(v, "effect")
+    names = {r: v.run_name(r) for r in runs}
     for k, r in enumerate(runs):
-        e, lo, hi = bounds(res["effect"][k], res.coords["bound"])
+        e, lo, hi = bounds(v.effect[k], v.bound_names)
         name = f"effect in run {r}" + (f" ({names[r]})" if names[r] else "")
         fig.add_trace(go.Bar(
             x=groups, y=s * e, name=esc(name), marker_color=colour(k), error_y=interval_error(e, lo, hi, s),
             customdata=[[_iv(s * e[i], s * lo[i], s * hi[i])] for i in range(len(e))],
             hovertemplate="%{x} · %{fullData.name}<br>%{customdata[0]} points (95% interval)<extra></extra>",
         ))
-    if "difference" in res.data:
-        e, lo, hi = bounds(res["difference"], res.coords["bound"])
-        verdict = _str(res, "verdict", len(groups), "no verdict stored")
+    if v.difference is not None:
+        e, lo, hi = bounds(v.difference, v.bound_names)
+        verdict = v.verdicts or ["no verdict stored"] * len(groups)
         fig.add_trace(go.Scatter(
             x=groups, y=s * e, mode="markers", name="difference " + " − ".join(esc_all(runs)),
             marker={"size": 12, "symbol": "diamond", "color": [_dissociation_colour(v, runs) for v in verdict],
@@ -226,7 +218,7 @@ def dissociation(label: str, res: Result) -> go.Figure:
         ))
     zero_line(fig)
     fig.update_layout(barmode="group")
-    effect = res.attrs.get("effect")
+    effect = v.effect_kind
     return base_layout(fig, f"Double dissociation — {esc(label)}",
                        "each group's effect on success in two RL runs" + (f" ({esc(effect)} effect)" if effect else "")
                        + " and their difference, 95% intervals; diamond colour: the run the group's change belongs to",

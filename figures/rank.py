@@ -14,6 +14,8 @@ from typing import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
+from ..rank.coupling import CouplingResult
+from ..rank.results import RankResult
 from ..store import Result
 from ._common import base_layout, bounds, colour, esc, esc_all, integer_axis, interval_error, title, zero_line
 
@@ -26,17 +28,9 @@ TARGETS = {
 
 def layer_values(res: Result) -> tuple[np.ndarray, list[str], np.ndarray]:
     """(layers, metrics, values[layer, metric]) of a rank result: the "all" group for weights/delta."""
-    metrics = [str(m) for m in res.coords["metric"]]
-    if "value_layer" in res.data:
-        dims = res.dims("value_layer")
-        groups = [str(g) for g in res.coords["group"]]
-        v = np.asarray(res["value_layer"], dtype=np.float64)
-        v = np.moveaxis(v, [dims.index("layer"), dims.index("group"), dims.index("metric")], [0, 1, 2])
-        v = v[:, groups.index("all") if "all" in groups else 0, :]
-        return np.asarray(res.coords["layer"]), metrics, v
-    dims = res.dims("value")
-    v = np.moveaxis(np.asarray(res["value"], dtype=np.float64), [dims.index("layer"), dims.index("metric")], [0, 1])
-    return np.asarray(res.coords["layer"]), metrics, v
+    view = RankResult.from_result(res)
+    layers, values = view.table()
+    return layers, view.metrics, values
 
 
 #: Value-axis unit of each metric (rank/spectra.py and rank/weights.py names); others read "value".
@@ -120,67 +114,51 @@ def _layer_axis(res: Result) -> str:
 
 def coupling_by_layer(label: str, res: Result) -> go.Figure:
     """Per layer, the correlation across checkpoints between rank and success, with bootstrap intervals."""
-    layers = np.asarray(res.coords["layer"])
-    stats_ = [str(s) for s in res.coords["stat"]]
+    view = CouplingResult.from_result(res)
+    layers, n_runs = np.asarray(view.layers), view.n_runs("layer")
     fig = go.Figure()
-    for k, st in enumerate(stats_):
-        e, lo, hi = bounds(np.asarray(res["corr_layer"])[:, k], res.coords["bound"])
+    for k, st in enumerate(view.stats):
+        e, lo, hi = bounds(view.corr("layer")[:, k], view.bound_labels)
         custom = [[f"{lo[i]:+.3f}", f"{hi[i]:+.3f}"] for i in range(len(e))]
-        if "n_layer" in res.data:
-            custom = [c + [str(int(n))] for c, n in zip(custom, res["n_layer"])]
+        if n_runs is not None:
+            custom = [c + [str(int(n))] for c, n in zip(custom, n_runs)]
         fig.add_trace(go.Scatter(
             x=layers, y=e, mode="lines+markers", name=esc(_STAT_NAMES.get(st, st)), line={"color": colour(k)},
             error_y={**interval_error(e, lo, hi), "color": colour(k)}, customdata=custom,
             hovertemplate="%{fullData.name}<br>layer %{x}<br>%{y:+.4f} [%{customdata[0]}, %{customdata[1]}]"
-                          + ("<br>%{customdata[2]} runs" if "n_layer" in res.data else "") + "<extra></extra>",
+                          + ("<br>%{customdata[2]} runs" if n_runs is not None else "") + "<extra></extra>",
         ))
     zero_line(fig)
     integer_axis(fig, layers)
     fig.update_yaxes(range=[-1.05, 1.05])
-    level = res.attrs.get("level", 0.95)
     return base_layout(fig, f"Rank–success coupling by layer — {esc(label)}",
-                       f"{_what(res)}; correlation across checkpoints, whiskers: {100 * float(level):g}% pairs "
+                       f"{_what(res)}; correlation across checkpoints, whiskers: {100 * view.level:g}% pairs "
                        "bootstrap", _layer_axis(res), "correlation of rank with success", legend_title="statistic")
-
-
-def _late_band(res: Result) -> tuple[np.ndarray, str] | None:
-    """Each run's rank in the late band: ``rank_band[run, "late"]``, else the mean over the last third."""
-    if "rank_band" in res.data and "late" in [str(b) for b in res.coords.get("band", [])]:
-        j = [str(b) for b in res.coords["band"]].index("late")
-        return np.asarray(res["rank_band"], dtype=np.float64)[:, j], "late band (as stored)"
-    if "rank" not in res.data:
-        return None
-    layers = np.asarray(res.coords["layer"])
-    n = int(res.attrs.get("n_layers", len(layers)) or len(layers))
-    late = [i for i, L in enumerate(layers) if (3 * int(L)) // max(n, 1) == 2]
-    if not late:
-        return None
-    with np.errstate(invalid="ignore"):
-        return np.nanmean(np.asarray(res["rank"], dtype=np.float64)[:, late], axis=1), "late band (⌊3i/n⌋ = 2)"
 
 
 def coupling_scatter(label: str, res: Result) -> go.Figure | None:
     """Each checkpoint's late-band rank against its success rate (None without rank and success)."""
-    late = _late_band(res)
-    if late is None or "success" not in res.data:
+    view = CouplingResult.from_result(res)
+    late = view.late_rank()
+    if late is None or view.success is None:
         return None
     x, how = late
-    y = 100 * np.asarray(res["success"], dtype=np.float64)
-    runs = esc_all(res.coords["run"])
+    y = 100 * view.success
+    runs = esc_all(view.runs)
     kw = {}
-    if "success_interval" in res.data:
-        e, lo, hi = bounds(res["success_interval"], res.coords["bound"])
+    if view.success_interval is not None:
+        e, lo, hi = bounds(view.success_interval, view.bound_labels)
         kw["error_y"] = interval_error(e, lo, hi, 100.0)
     fig = go.Figure(go.Scatter(
         x=x, y=y, mode="markers+text", text=runs, textposition="top center", textfont={"size": 10},
         marker={"size": 11, "color": colour(0)}, name="checkpoint", **kw,
         hovertemplate="%{text}<br>late-band rank %{x:.6g}<br>success %{y:.2f}%<extra></extra>",
     ))
-    if "corr_band" in res.data and "late" in [str(b) for b in res.coords["band"]]:
-        j = [str(b) for b in res.coords["band"]].index("late")
+    if view.has("corr_band") and "late" in view.bands:
+        j = view.bands.index("late")
         parts = []
-        for k, st in enumerate(str(s) for s in res.coords["stat"]):
-            e, lo, hi = bounds(np.asarray(res["corr_band"])[j, k], res.coords["bound"])
+        for k, st in enumerate(view.stats):
+            e, lo, hi = bounds(view.corr("band")[j, k], view.bound_labels)
             parts.append(f"{esc(_STAT_NAMES.get(st, st))} {float(e):+.3f} [{float(lo):+.3f}, {float(hi):+.3f}]")
         sub = f"{how}; " + "; ".join(parts)
     else:
@@ -191,17 +169,19 @@ def coupling_scatter(label: str, res: Result) -> go.Figure | None:
 
 def both_directions(label: str, res: Result) -> go.Figure | None:
     """Per layer, the fraction of improved / degraded runs whose Δrank has the sign of their Δsuccess."""
-    if "frac_layer" not in res.data:
+    view = CouplingResult.from_result(res)
+    if view.both("frac", "layer") is None:
         return None
-    layers = np.asarray(res.coords["layer"])
-    dirs = [str(d) for d in res.coords[res.dims("frac_layer")[1]]]
-    frac = np.asarray(res["frac_layer"], dtype=np.float64)
-    verdict = [str(v) for v in res["verdict_layer"]] if "verdict_layer" in res.data else [""] * len(layers)
+    layers = np.asarray(view.layers)
+    frac = np.asarray(view.both("frac", "layer"), dtype=np.float64)
+    found = view.both("verdict", "layer")
+    verdict = [str(v) for v in found] if found is not None else [""] * len(layers)
     fig = go.Figure()
-    for k, d in enumerate(dirs):
-        e, lo, hi = bounds(frac[:, k], res.coords["bound"])
-        agree = res["agree_layer"][:, k] if "agree_layer" in res.data else np.full(len(layers), -1)
-        total = res["total_layer"][:, k] if "total_layer" in res.data else np.full(len(layers), -1)
+    for k, d in enumerate(view.directions):
+        e, lo, hi = bounds(frac[:, k], view.bound_labels)
+        agree, total = (view.both(w, "layer") for w in ("agree", "total"))
+        agree = agree[:, k] if agree is not None else np.full(len(layers), -1)
+        total = total[:, k] if total is not None else np.full(len(layers), -1)
         fig.add_trace(go.Scatter(
             x=layers, y=100 * e, mode="lines+markers", name=esc(f"{d} runs"), line={"color": colour(k)},
             error_y={**interval_error(e, lo, hi, 100.0), "color": colour(k)},

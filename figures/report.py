@@ -28,6 +28,7 @@ import plotly.io as pio
 
 from .._version import __version__
 from ..errors import GraftkitError
+from ..graft.anatomy import DeltaResult
 from ..stats import Comparison
 from ..store import Result, list_results, read_result
 from . import anatomy, curves, grafts, rank, success
@@ -264,15 +265,15 @@ def _anatomy(loaded: Sequence[Loaded]) -> Section:
     bars = []
     for item in items:
         def build(item=item):
-            runs = [str(r) for r in item.result.coords["run"]]
-            for r, run in enumerate(runs):
+            d = DeltaResult.from_result(item.result, item.path)
+            for r, run in enumerate(d.runs):
                 label = run if len(items) == 1 else f"{run} · {item.path.stem}"
                 bars.append((label, item.result, r))
-                if "layer_group_share" in item.result.data and len(item.result.coords["layer"]):
+                if d.has("layer_group_share") and len(d.layers):
                     sec.panels.append(Panel(anatomy.anatomy_heatmap(label, item.result, r, "share"),
                                             f"Share of {label}'s total squared weight movement in each decoder layer "
                                             "× parameter group (cells of one run sum to the in-layer share)."))
-                if "layer_group_rel_delta" in item.result.data and len(item.result.coords["layer"]):
+                if d.has("layer_group_rel_delta") and len(d.layers):
                     sec.panels.append(Panel(anatomy.anatomy_heatmap(label, item.result, r, "rel_delta"),
                                             f"Relative change ‖Δ‖_F/‖W‖_F of {label} per decoder layer × parameter "
                                             "group, pooled over the cell's tensors."))

@@ -9,13 +9,13 @@ episodes (a = the reference, b = the model), headroom ``stats.headroom`` (a = gr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import plotly.graph_objects as go
 
-from ..stats import Comparison, HeadroomTable, RateInterval, compare, headroom, wilson_interval
+from ..evaluation import EvalResult, HeadroomResult
+from ..stats import Comparison, HeadroomTable, RateInterval, compare, wilson_interval
 from ..store import Result
 from ._common import base_layout, colour, esc, esc_all, fmt, interval_error, pct, verdict_colour, zero_line
 
@@ -23,24 +23,17 @@ from ._common import base_layout, colour, esc, esc_all, fmt, interval_error, pct
 ALL_TASKS = "all tasks"
 
 
-def _outcomes(res: Result, name: str = "success") -> tuple[list[str], np.ndarray]:
-    """Tasks and outcomes ``[task, seed, episode·sample]`` of one eval/headroom array."""
-    x = np.asarray(res[name])
-    tasks = [str(t) for t in res.coords[res.dims(name)[0]]]
-    return tasks, x.reshape(x.shape[0], x.shape[1], -1)
-
-
-def _pooled(x: np.ndarray) -> np.ndarray:
-    """Outcomes ``[task, seed, e]`` pooled over tasks as ``[seed, task·e]`` (seeds stay the paired unit)."""
-    return np.moveaxis(x, 0, 1).reshape(x.shape[1], -1)
-
-
-def task_rates(res: Result, name: str = "success", level: float = 0.95) -> dict[str, RateInterval]:
-    """Per task and pooled (:data:`ALL_TASKS`): successes / episodes with a Wilson interval."""
-    tasks, x = _outcomes(res, name)
+def _rates(tasks: Sequence[str], x: np.ndarray, level: float) -> dict[str, RateInterval]:
+    """Per task of ``x[task, ...]`` and pooled (:data:`ALL_TASKS`): successes / episodes, Wilson interval."""
     out = {t: wilson_interval(int(x[i].sum()), int(x[i].size), level) for i, t in enumerate(tasks)}
     out[ALL_TASKS] = wilson_interval(int(x.sum()), int(x.size), level)
     return out
+
+
+def task_rates(res: Result, level: float = 0.95) -> dict[str, RateInterval]:
+    """Per task and pooled (:data:`ALL_TASKS`): successes / episodes with a Wilson interval."""
+    view = EvalResult.from_result(res)
+    return _rates(view.tasks, view.success, level)
 
 
 def paired_vs(reference: Result, model: Result, level: float = 0.95) -> dict[str, Comparison]:
@@ -48,20 +41,15 @@ def paired_vs(reference: Result, model: Result, level: float = 0.95) -> dict[str
 
     Empty when the two were not evaluated on the same seeds, episodes and samples per episode (then no
     pairing exists and nothing is claimed)."""
-    for dim in ("seed", "episode", "sample"):
-        a, b = reference.coords.get(dim), model.coords.get(dim)
-        if a is None or b is None or len(a) != len(b) or not np.array_equal(np.asarray(a), np.asarray(b)):
-            return {}
-    ta, xa = _outcomes(reference)
-    tb, xb = _outcomes(model)
-    shared = [t for t in tb if t in ta]
+    a, b = EvalResult.from_result(reference), EvalResult.from_result(model)
+    if not np.array_equal(a.seeds, b.seeds) or a.success.shape[2:] != b.success.shape[2:]:
+        return {}
+    shared = [t for t in b.tasks if t in a.tasks]
     if not shared:
         return {}
-    a = np.stack([xa[ta.index(t)] for t in shared])
-    b = np.stack([xb[tb.index(t)] for t in shared])
-    out = {t: compare(a[i], b[i], level=level) for i, t in enumerate(shared)}
+    out = {t: compare(a.outcomes([t]), b.outcomes([t]), level=level) for t in shared}
     if len(shared) > 1:
-        out[ALL_TASKS] = compare(_pooled(a), _pooled(b), level=level)
+        out[ALL_TASKS] = compare(a.outcomes(shared), b.outcomes(shared), level=level)
     return out
 
 
@@ -69,20 +57,7 @@ def headroom_of(res: Result, level: float = 0.95) -> HeadroomTable | None:
     """``stats.headroom`` of a headroom result: each greedy episode repeated against its k samples.
 
     None when the greedy and sampled arrays cannot be paired (greedy samples neither 1 nor k)."""
-    if "greedy_success" not in res.data:
-        return None
-    tasks, _ = _outcomes(res)
-    s = np.asarray(res["success"])  # [task, seed, episode, k]
-    g = np.asarray(res["greedy_success"])  # [task, seed, episode, g]
-    k = s.shape[-1]
-    if g.shape[:3] != s.shape[:3] or g.shape[-1] not in (1, k):
-        return None
-    if g.shape[-1] == 1:
-        g = np.repeat(g, k, axis=-1)
-    n_seeds = s.shape[1]
-    greedy = {t: g[i].reshape(n_seeds, -1) for i, t in enumerate(tasks)}
-    sampled = {t: s[i].reshape(n_seeds, -1) for i, t in enumerate(tasks)}
-    return headroom(greedy, sampled, level=level)
+    return HeadroomResult.from_result(res).table(level)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -147,11 +122,13 @@ def paired_differences(reference: str, rows: Sequence[tuple[str, dict[str, Compa
 
 def headroom_rates(label: str, res: Result) -> go.Figure:
     """Greedy and sampled success per task for one model, each with a 95% Wilson interval."""
-    sampled = task_rates(res, "success")
-    greedy = task_rates(res, "greedy_success")
+    view = HeadroomResult.from_result(res)
+    if view.greedy is None:
+        raise KeyError("greedy_success")
+    sampled, greedy = _rates(view.tasks, view.success, 0.95), _rates(view.tasks, view.greedy, 0.95)
     cats = [t for t in sampled]
     fig = go.Figure([_rate_bar("greedy", 0, cats, greedy), _rate_bar("sampled", 1, cats, sampled)])
-    k = len(res.coords.get("sample", [])) or "k"
+    k = view.k
     fig.update_layout(barmode="group", yaxis_range=[0, 105])
     return base_layout(fig, f"Greedy vs sampled success — {esc(label)}",
                        f"sampled: {k} samples per episode; whiskers: 95% Wilson interval", "task",

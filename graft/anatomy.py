@@ -10,6 +10,8 @@ For base W and RL W' with Δ = W' − W (both upcast to float32 before subtracti
 - ``frac_within_tol`` fraction with |Δ| ≤ tol (tol is recorded with the result)
 - ``cosine``         ⟨Δ_a, Δ_b⟩ / (‖Δ_a‖ ‖Δ_b‖) between two runs' deltas (same base)
 
+``graftkit delta`` is :class:`DeltaConfig` + :func:`run_delta`; readers go through :class:`DeltaResult`.
+
 Aggregates over a set of tensors (a group, a layer, a layer × group cell) are computed from sums, never
 by averaging ratios: ‖Δ‖_F = √Σ‖Δ_t‖², rel = √(Σ‖Δ_t‖² / Σ‖W_t‖²), fractions weighted by entry count,
 cosine = Σ⟨Δ_a,Δ_b⟩ / √(Σ‖Δ_a‖² Σ‖Δ_b‖²). Entries where Δ is NaN or ±Inf are counted in
@@ -19,12 +21,17 @@ cosine = Σ⟨Δ_a,Δ_b⟩ / √(Σ‖Δ_a‖² Σ‖Δ_b‖²). Entries where �
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
+from ..config import OnProgress, no_progress, opt
+from ..errors import GraftkitError
 from ..store import Result
 from ..weights import Checkpoint, Taxonomy, check_pair
+from ..weights.commands import ReadOptions
 from ..weights.taxonomy import DECODER
 
 #: Per tensor and run: the sums every aggregate is built from.
@@ -260,3 +267,156 @@ def delta_anatomy(
         **(provenance or {}),
     }
     return Result("delta", coords, data, attrs)
+
+
+# --------------------------------------------------------------------------------------------------
+# the command: graftkit delta
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeltaConfig(ReadOptions):
+    """``graftkit delta``: where the RL fine-tune(s) moved the weights, against their SFT base."""
+
+    command = "delta"
+    rl: tuple[Path, ...] = opt(flags=("--from",))
+    """RL checkpoint(s): HF folder, .safetensors, or LoRA adapter."""
+    base: Path | None = None
+    """The SFT base (default: the parent recorded in graftkit.json)."""
+    tol: float = 1e-5
+    """Count entries with |Δ| ≤ tol as (nearly) unchanged."""
+    save: Path | None = opt(None, flags=("--save",))
+    """HDF5 result file (default: RUN/results/delta-*.h5)."""
+    allow_nonfinite: bool = False
+    """Exit 0 even if a delta has NaN/Inf entries."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.rl:
+            raise GraftkitError("no RL checkpoint given", "pass --from RL (repeatable)")
+
+
+#: The per-tensor metrics of every scope (tensor, group, total), in the order readers list them.
+METRICS = ("fro_delta", "rel_delta", "share", "max_abs_delta", "frac_unchanged", "frac_within_tol", "n_nonfinite")
+
+
+@dataclass(frozen=True)
+class DeltaResult:
+    """A ``delta`` result (:func:`delta_anatomy`) read by name: per run, metrics over tensors, groups, the
+    whole model and (decoder layer × group) cells, and the cosine between runs' deltas.
+    ``path`` is the file it was read from or written to."""
+
+    result: Result
+    path: Path | None = None
+
+    @classmethod
+    def from_result(cls, res: Result, path: str | Path | None = None) -> "DeltaResult":
+        if res.kind != "delta":
+            raise GraftkitError(f"{path or 'result'}: a {res.kind} result, not a delta anatomy",
+                                "pass a result written by `graftkit delta`")
+        return cls(res, None if path is None else Path(path))
+
+    def to_result(self) -> Result:
+        return self.result
+
+    @property
+    def runs(self) -> list[str]:
+        return [str(r) for r in self.result.coords["run"]]
+
+    @property
+    def tensors(self) -> list[str]:
+        return [str(t) for t in self.result.coords["tensor"]]
+
+    @property
+    def groups(self) -> list[str]:
+        return [str(g) for g in self.result.coords["group"]]
+
+    @property
+    def layers(self) -> np.ndarray:
+        return np.asarray(self.result.coords["layer"])
+
+    @property
+    def tol(self) -> float:
+        return self.result.attrs["tol"]
+
+    @property
+    def base_path(self) -> str:
+        """The base checkpoint as it was given (else as recorded: resolved)."""
+        return str(self.result.attrs.get("base_path") or self.result.attrs["base"]["path"])
+
+    def has(self, array: str) -> bool:
+        return array in self.result.data
+
+    def tensor(self, metric: str, run: int) -> np.ndarray:
+        """``metric`` of every tensor of run ``run`` [tensor]."""
+        return np.asarray(self.result[metric][run])
+
+    def group(self, metric: str, run: int) -> np.ndarray:
+        """``metric`` of every parameter group of run ``run`` [group]."""
+        return np.asarray(self.result[f"group_{metric}"][run])
+
+    def total(self, metric: str, run: int) -> float:
+        """``metric`` over every tensor of run ``run``."""
+        return float(self.result[f"total_{metric}"][run, 0])
+
+    def cells(self, metric: str, run: int) -> np.ndarray:
+        """``metric`` of run ``run`` per decoder layer × group cell [layer, group]."""
+        return np.asarray(self.result[f"layer_group_{metric}"][run], dtype=np.float64)
+
+    def group_shares(self, run: int) -> dict[str, float]:
+        """group → share of run ``run``'s squared movement."""
+        return {g: float(v) for g, v in zip(self.groups, self.group("share", run))}
+
+    @property
+    def tensor_group(self) -> list[str]:
+        return [str(g) for g in self.result["tensor_group"]]
+
+    @property
+    def tensor_layer(self) -> np.ndarray:
+        return np.asarray(self.result["tensor_layer"])
+
+    def cosine_total(self) -> np.ndarray:
+        """Cosine between runs' deltas over every tensor [run, run2]."""
+        return np.asarray(self.result["total_cosine"][..., 0])
+
+    def cosine_groups(self) -> dict[str, np.ndarray]:
+        """group → cosine between runs' deltas over the group's tensors [run, run2]."""
+        return {g: np.asarray(self.result["group_cosine"][..., j]) for j, g in enumerate(self.groups)}
+
+    def nonfinite(self) -> dict[str, dict[str, int]]:
+        """run → {tensor: NaN/Inf delta entries}, for the runs that have any."""
+        bad = {lab: {n: int(v) for n, v in zip(self.tensors, self.result["n_nonfinite"][i]) if v}
+               for i, lab in enumerate(self.runs)}
+        return {k: v for k, v in bad.items() if v}
+
+    def check_finite(self) -> None:
+        """Raise when a run's delta has NaN/Inf entries (they are excluded from every statistic)."""
+        bad = self.nonfinite()
+        if bad:
+            run, counts = next(iter(bad.items()))
+            tensors = ", ".join(f"{n} ({c})" for n, c in list(counts.items())[:3])
+            raise GraftkitError(
+                f"RL run {run} has NaN/Inf delta entries in {len(counts)} tensor(s): {tensors}; "
+                "they are excluded from every statistic and counted in n_nonfinite",
+                "check that checkpoint (diverged training?); pass --allow-nonfinite to exit 0",
+            )
+
+
+def run_delta(cfg: DeltaConfig, on_progress: OnProgress = no_progress) -> DeltaResult:
+    """Delta anatomy of every ``cfg.rl`` against the base; written to ``cfg.save`` (default
+    ``RUN/results/delta-<labels>.h5``). The result records ``cfg.as_dict()`` as its config."""
+    from ..store import current_run, result_labels, write_result
+    from ..weights import describe, open_checkpoint, open_rl, resolve_base
+
+    for p in cfg.rl:
+        if not Path(p).exists():  # else resolving its recorded base would mislead
+            raise GraftkitError(f"{p}: no such file or folder", "check the --from path")
+    b = open_checkpoint(resolve_base(cfg.rl[0], cfg.base), allow_pickle=cfg.allow_pickle)
+    rls = [open_rl(p, b, allow_pickle=cfg.allow_pickle) for p in cfg.rl]
+    tax = b.taxonomy(cfg.unknown)
+    labels = result_labels(cfg.rl)
+    total = b.nbytes * (1 + len(rls))
+    prov = {"base": describe(b), "base_path": str(b.path), "runs": [describe(r) for r in rls], "config": cfg.as_dict()}
+    res = delta_anatomy(b, rls, labels, tax, cfg.tol, provenance=prov,
+                        on_tensor=lambda name, nbytes: on_progress("delta", nbytes, total, "bytes"))
+    dest = cfg.save or current_run() / "results" / f"delta-{'+'.join(labels)}.h5"
+    return DeltaResult(res, write_result(dest, res))

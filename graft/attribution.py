@@ -38,7 +38,7 @@ from typing import Hashable, Mapping, Sequence
 import numpy as np
 
 from ..errors import GraftkitError
-from ..stats import _expanded_tail
+from ..stats import _expanded_tail, cluster_bootstrap_factors
 
 BOUNDS = ("estimate", "low", "high")
 
@@ -189,19 +189,9 @@ def contrast_intervals(
     out = {}
     for j, name in enumerate(contrasts):
         d = np.tensordot(W[j], x, axes=1)  # [S, E]
-        m = d.mean(axis=1)
-        m_bar = float(m.mean())
-        ss_b = n_eps * float(((m - m_bar) ** 2).sum())
-        ss_w = float(((d - m[:, None]) ** 2).sum())
-        k = math.sqrt(n_eps / (n_eps - 1)) if n_eps > 1 else 0.0
-        if n_seeds == 1 or ss_b == 0.0:
-            c = 0.0
-        elif n_eps == 1:
-            c = math.sqrt(n_seeds / (n_seeds - 1))
-        else:
-            c = math.sqrt(max(0.0, n_seeds / (n_seeds - 1) - ss_w / ((n_eps - 1) * ss_b)))
+        m_bar = float(d.mean(axis=1).mean())
+        c, k, df = cluster_bootstrap_factors(d)
         theta = m_bar + c * (Aw[j] - m_bar) + k * (Bw[j] - Aw[j])
-        df = (n_seeds - 1 if c > 0 else n_seeds * (n_eps - 1)) or None
         tail = _expanded_tail(level, df)
         low, high = np.quantile(theta, [tail, 1 - tail])
         est = float(W[j] @ m_cfg.mean(axis=1))

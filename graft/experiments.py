@@ -3,7 +3,7 @@
 Plan, then execute. :func:`expand_sweep` turns a sweep kind and the chosen groups into a list of frozen,
 serialisable :class:`GraftExperiment` s (``--dry-run`` prints them); :func:`plan_sweep` turns each into a
 :class:`~graftkit.graft.plan.GraftPlan` over the checkpoint's tensors, so a spec that selects nothing
-fails before any evaluation; :func:`run_sweep` loads nothing: it grafts each spec in place into the
+fails before any evaluation; :func:`run_graft_sweep` loads nothing: it grafts each spec in place into the
 policy's already loaded (base) model (:class:`~graftkit.graft.inplace.InPlaceGraft`), evaluates it on the
 same tasks × seeds × episodes as every other spec, streams each outcome, and restores the model.
 
@@ -21,19 +21,22 @@ references, both always included:
 A spec equal to a reference is not repeated. Labels: ``attn+mlp`` (groups joined in taxonomy order),
 ``attn@late`` (a layer selection other than all), ``mlp×0.5`` (α ≠ 1), ``∅ (base)``, ``all (rl)``.
 :func:`sweep_result` assembles the labelled result (kind ``graft-sweep``) with the paired comparisons and
-the attribution of :mod:`graftkit.graft.attribution`.
+the attribution of :mod:`graftkit.graft.attribution`; :class:`SweepResult` and :class:`DissociationResult`
+are the typed views every reader goes through. An interrupted sweep resumes (:func:`resume_outcomes`):
+partial results go to ``.partial-<name>`` beside the result, never to the result itself.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from ..errors import GraftkitError
-from ..store import Result
+from ..store import Result, read_result
 from ..weights import BANDS, GROUPS, Checkpoint, Taxonomy
 from ..weights.taxonomy import DECODER
 from . import attribution as A
@@ -202,7 +205,7 @@ def plan_sweep(tax: Taxonomy, experiments: Sequence[GraftExperiment]) -> dict[st
 # -------------------------------------------------------------------------------------- execute
 
 
-def run_sweep(
+def run_graft_sweep(
     experiments: Sequence[GraftExperiment],
     policy,
     base: Checkpoint,
@@ -387,6 +390,188 @@ def completed_outcomes(result: Result, experiments: Sequence[GraftExperiment], s
     return {str(label): result["success"][i] for i, label in enumerate(result.coords["config"])}
 
 
+def partial_path(dest: str | Path) -> Path:
+    """Where a sweep writes its partial result while it runs: ``.partial-<name>`` beside ``dest`` (the result
+    itself is written once, complete, so a finished result is never mistaken for a partial one)."""
+    dest = Path(dest)
+    return dest.with_name(f".partial-{dest.name}")
+
+
+def resume_outcomes(dest: str | Path, experiments: Sequence[GraftExperiment], setup: Mapping) -> dict[str, np.ndarray]:
+    """The outcomes an earlier run of the same sweep (same experiments and ``setup``) left for ``dest``: its
+    partial result if it was interrupted, else its finished result; else nothing."""
+    for path in (partial_path(dest), Path(dest)):
+        if path.is_file():
+            try:
+                done = completed_outcomes(read_result(path), experiments, setup)
+            except GraftkitError:
+                done = {}
+            if done:
+                return done
+    return {}
+
+
+# ----------------------------------------------------------------------------------- typed views
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """A ``graft-sweep`` result (:func:`sweep_result`) read by name: per configuration its outcomes
+    ``success[config, task, seed, episode]``, its paired differences ``diff_vs_base`` / ``diff_vs_rl``
+    ``[config, bound]`` and verdicts; per group the optional attribution arrays (:data:`ATTRIBUTION`,
+    ``interaction[group, group2, bound]``) and ``movement_share``. ``path``: the file it was read from."""
+
+    result: Result
+    path: Path | None = None
+
+    ATTRIBUTION = ("group_effect", "main_effect", "shapley")
+
+    @classmethod
+    def from_result(cls, res: Result, path: str | Path | None = None) -> "SweepResult":
+        if res.kind != "graft-sweep":
+            raise GraftkitError(f"{path or 'result'}: a {res.kind!r} result, expected 'graft-sweep'")
+        return cls(res, None if path is None else Path(path))
+
+    @classmethod
+    def read(cls, path: str | Path) -> "SweepResult":
+        return cls.from_result(read_result(path), path)
+
+    def to_result(self) -> Result:
+        return self.result
+
+    @property
+    def attrs(self) -> Mapping[str, Any]:
+        return self.result.attrs
+
+    @property
+    def sweep(self) -> str:
+        return str(self.attrs.get("sweep", ""))
+
+    @property
+    def configs(self) -> list[str]:
+        return [str(c) for c in self.result.coords["config"]]
+
+    @property
+    def groups(self) -> list[str]:
+        return [str(g) for g in self.result.coords["group"]]
+
+    @property
+    def bound_names(self) -> np.ndarray:
+        return self.result.coords["bound"]
+
+    def array(self, name: str) -> np.ndarray | None:
+        """An array by name, or None when the result does not store it (the optional ones)."""
+        return np.asarray(self.result[name]) if name in self.result.data else None
+
+    def strings(self, name: str, default: str = "") -> list[str]:
+        """A per-configuration string array (config_groups, config_layers, verdict_vs_base, ...) as strings."""
+        v = self.array(name)
+        return [str(x) for x in v] if v is not None else [default] * len(self.configs)
+
+    def axis(self, name: str, i: int = 0) -> list[str]:
+        """The labels along axis ``i`` of array ``name`` (its groups, for the attribution arrays)."""
+        return [str(x) for x in self.result.coords[self.result.dims(name)[i]]]
+
+    def var_attrs(self, name: str) -> Mapping[str, Any]:
+        return self.result.var_attrs.get(name, {})
+
+    @property
+    def effect_kind(self) -> str | None:
+        """The kind of ``group_effect`` (single, loo, shapley), None without one."""
+        return self.var_attrs("group_effect").get("kind")
+
+    def outcomes(self, label: str) -> np.ndarray:
+        """Success ``[task, seed, episode]`` (int8) of configuration ``label``."""
+        return np.asarray(self.result["success"][self.configs.index(label)])
+
+    def all_outcomes(self) -> dict[str, np.ndarray]:
+        return {label: self.outcomes(label) for label in self.configs}
+
+    def success(self, label: str) -> float:
+        """Success rate of configuration ``label`` over every task, seed and episode."""
+        return float(self.outcomes(label).mean())
+
+    def diff(self, label: str, ref: str = "base") -> np.ndarray | None:
+        """(estimate, low, high) of success(label) − success(ref), ref base or rl; None if no such config."""
+        configs = self.configs
+        return None if label not in configs else np.asarray(self.result[f"diff_vs_{ref}"][configs.index(label)])
+
+    def verdict(self, label: str, ref: str = "base") -> str:
+        return str(self.result[f"verdict_vs_{ref}"][self.configs.index(label)])
+
+    @property
+    def movement_share(self) -> dict[str, float] | None:
+        """Each group's share of the run's squared weight movement, None when not stored."""
+        v = self.array("movement_share")
+        return None if v is None else {g: float(x) for g, x in zip(self.axis("movement_share"), v)}
+
+
+@dataclass(frozen=True)
+class DissociationResult:
+    """A ``graft-dissociation`` result (:func:`dissociation_result`): per run A, B and group the effect
+    ``effect[run, group, bound]``, the paired difference ``difference[group, bound]`` and ``verdict[group]``."""
+
+    result: Result
+    path: Path | None = None
+
+    @classmethod
+    def from_result(cls, res: Result, path: str | Path | None = None) -> "DissociationResult":
+        if res.kind != "graft-dissociation":
+            raise GraftkitError(f"{path or 'result'}: a {res.kind!r} result, expected 'graft-dissociation'")
+        return cls(res, None if path is None else Path(path))
+
+    @classmethod
+    def read(cls, path: str | Path) -> "DissociationResult":
+        return cls.from_result(read_result(path), path)
+
+    def to_result(self) -> Result:
+        return self.result
+
+    @property
+    def attrs(self) -> Mapping[str, Any]:
+        return self.result.attrs
+
+    @property
+    def groups(self) -> list[str]:
+        return [str(g) for g in self.result.coords["group"]]
+
+    @property
+    def runs(self) -> list[str]:
+        return [str(r) for r in self.result.coords["run"]]
+
+    @property
+    def bound_names(self) -> np.ndarray:
+        return self.result.coords["bound"]
+
+    @property
+    def effect(self) -> np.ndarray:
+        return np.asarray(self.result["effect"])
+
+    @property
+    def difference(self) -> np.ndarray | None:
+        return np.asarray(self.result["difference"]) if "difference" in self.result.data else None
+
+    @property
+    def verdicts(self) -> list[str] | None:
+        return [str(v) for v in self.result["verdict"]] if "verdict" in self.result.data else None
+
+    @property
+    def effect_kind(self) -> str | None:
+        return self.attrs.get("effect")
+
+    @property
+    def double_dissociation(self) -> bool:
+        return bool(self.attrs.get("double_dissociation"))
+
+    def run_name(self, run: str) -> str:
+        """A run's name from attrs["runs"][run] (a label, a path, or a dict holding either)."""
+        runs = self.attrs.get("runs")
+        v = runs.get(run) if isinstance(runs, dict) else None
+        if isinstance(v, dict):
+            v = v.get("label") or v.get("path")
+        return str(v) if v else ""
+
+
 def dissociation_result(d: A.Dissociation, runs: Mapping[str, Mapping], attrs: Mapping | None = None) -> Result:
     """The labelled ``graft-dissociation`` result of :func:`graftkit.graft.attribution.dissociation`."""
     coords = {"group": np.array(d.groups, dtype=object), "run": np.array(["A", "B"], dtype=object),
@@ -403,5 +588,6 @@ def dissociation_result(d: A.Dissociation, runs: Mapping[str, Mapping], attrs: M
 __all__ = [
     "GROUPS", "GROUP_EFFECT", "BASE_LABEL", "DEFAULT_ALPHAS", "MAX_FACTORIAL", "RL_LABEL", "SWEEPS", "GraftExperiment", "completed_outcomes",
     "dissociation_result", "expand_sweep", "label_for", "layered_groups", "one_experiment", "plan_sweep",
-    "present_groups", "references", "run_sweep", "subset_outcomes", "sweep_result",
+    "present_groups", "references", "run_graft_sweep", "subset_outcomes", "sweep_result", "SweepResult",
+    "DissociationResult", "partial_path", "resume_outcomes",
 ]

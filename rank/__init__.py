@@ -1,19 +1,36 @@
-"""Rank: exact spectral measures of weights, deltas and activations (pure functions in ``spectra``)."""
+"""Rank: exact spectral measures of weights, deltas and activations (pure functions in ``spectra``), the
+``rank`` and ``couple`` commands, and the typed views of their results.
 
-from .spectra import (
-    CONVENTIONS, Intruders, Spectrum, delta_energy_in_topk, erank, erank_sq, intruder_dimensions, measures,
-    numerical_rank, participation_ratio, principal_angles, rankme, singular_values, spectral_drift, spectrum,
-    stable_rank, top1_energy, top1_energy_of,
-)
-from .weights import METRICS, PAIR_METRICS, delta_ranks, select_tensors, weight_ranks
-from .coupling import BOTH_DIRECTIONS_RULE, both_directions, coupling, coupling_result
-from .activations import Moments, activation_ranks, activation_spectrum, probe_prompts, prompts_from_file
+Names load on first use (PEP 562), so a reader of results (the report, ``RankResult``) does not import
+torch and the spectral code.
+"""
 
-__all__ = [
-    "CONVENTIONS", "Intruders", "Spectrum", "delta_energy_in_topk", "erank", "erank_sq", "intruder_dimensions",
-    "measures", "numerical_rank", "participation_ratio", "principal_angles", "rankme", "singular_values",
-    "spectral_drift", "spectrum", "stable_rank", "top1_energy", "top1_energy_of",
-    "METRICS", "PAIR_METRICS", "delta_ranks", "select_tensors", "weight_ranks",
-    "BOTH_DIRECTIONS_RULE", "both_directions", "coupling", "coupling_result",
-    "Moments", "activation_ranks", "activation_spectrum", "probe_prompts", "prompts_from_file",
-]
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "spectra": ("CONVENTIONS", "Intruders", "Spectrum", "delta_energy_in_topk", "erank", "erank_sq",
+                "intruder_dimensions", "measures", "numerical_rank", "participation_ratio", "principal_angles",
+                "rankme", "singular_values", "spectral_drift", "spectrum", "stable_rank", "top1_energy",
+                "top1_energy_of"),
+    "weights": ("METRICS", "PAIR_METRICS", "delta_ranks", "select_tensors", "weight_ranks"),
+    "coupling": ("BOTH_DIRECTIONS_RULE", "CouplingResult", "both_directions", "coupling", "coupling_result"),
+    "activations": ("Moments", "activation_ranks", "activation_spectrum", "probe_prompts", "prompts_from_file"),
+    "results": ("RankResult",),
+    "commands": ("CoupleConfig", "RankConfig", "run_couple", "run_rank"),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -57,10 +57,8 @@ from ..store import Result
 from ..weights import band_rule, parse_layers
 from .spectra import CONVENTIONS, METHODS, RANKME_EPS, Spectrum, erank, erank_sq, numerical_rank, \
     participation_ratio, rankme, stable_rank, top1_energy_of
-from .weights import METRICS
+from .results import BACKENDS, METRICS, TOKENS
 
-TOKENS = ("last", "all")
-BACKENDS = ("hooks", "lens")
 _EPS64 = float(np.finfo(np.float64).eps)
 
 COVARIANCE_CONVENTION = {

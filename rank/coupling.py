@@ -27,6 +27,7 @@ References
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -362,3 +363,132 @@ def verdicts_from_intervals(low: Any, high: Any) -> list[str]:
     if lo.shape != hi.shape or lo.ndim != 1:
         raise GraftkitError(f"low {list(lo.shape)} and high {list(hi.shape)}", "pass one interval per run")
     return [BETTER if a > 0 else WORSE if c < 0 else "no credible change" for a, c in zip(lo, hi)]
+
+
+# ---------------------------------------------------------------------------------------------------
+# the typed view every reader goes through
+
+
+@dataclass(frozen=True)
+class CouplingResult:
+    """A ``"coupling"`` result (:func:`coupling_result`) read by name: correlations per layer and band,
+    each run's rank and success, and the both-directions arrays when the result holds them (their names
+    take a ``both_`` prefix where they clash with the correlation's)."""
+
+    result: Result
+
+    @classmethod
+    def from_result(cls, res: Result) -> "CouplingResult":
+        return cls(res)
+
+    @classmethod
+    def read(cls, path) -> "CouplingResult":
+        from ..store import read_result
+
+        return cls(read_result(path))
+
+    def to_result(self) -> Result:
+        return self.result
+
+    @property
+    def attrs(self) -> Mapping[str, Any]:
+        return self.result.attrs
+
+    @property
+    def runs(self) -> list[str]:
+        return [str(r) for r in self.result.coords["run"]]
+
+    @property
+    def layers(self) -> list[int]:
+        return [int(L) for L in self.result.coords["layer"]]
+
+    @property
+    def bands(self) -> list[str]:
+        return [str(b) for b in self.result.coords.get("band", [])]
+
+    @property
+    def stats(self) -> list[str]:
+        return [str(s) for s in self.result.coords["stat"]]
+
+    @property
+    def bound_labels(self) -> np.ndarray:
+        return self.result.coords["bound"]
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.attrs.get("n_layers", len(self.layers)) or len(self.layers))
+
+    @property
+    def level(self) -> float:
+        return float(self.attrs.get("level", 0.95))
+
+    def has(self, name: str) -> bool:
+        return name in self.result.data
+
+    def corr(self, kind: str) -> np.ndarray:
+        """``corr_<kind>[row, stat, bound]``, kind "layer" or "band"."""
+        return np.asarray(self.result[f"corr_{kind}"])
+
+    def n_runs(self, kind: str) -> np.ndarray | None:
+        """Runs behind each row's correlation (``n_<kind>``), None if not recorded."""
+        return np.asarray(self.result[f"n_{kind}"]) if self.has(f"n_{kind}") else None
+
+    def reasons(self, kind: str) -> list[str]:
+        return [str(r) for r in self.result[f"reason_{kind}"]]
+
+    @property
+    def has_both(self) -> bool:
+        return self.both("agree", "layer") is not None
+
+    def both(self, what: str, kind: str) -> np.ndarray | None:
+        """A both-directions array ``<what>_<kind>`` (agree, total, frac, verdict), None if absent."""
+        for name in (f"{what}_{kind}", f"both_{what}_{kind}"):
+            if self.has(name):
+                return np.asarray(self.result[name])
+        return None
+
+    @property
+    def directions(self) -> list[str]:
+        return [str(d) for d in self.result.coords.get("direction", DIRECTIONS)]
+
+    @property
+    def success(self) -> np.ndarray | None:
+        return np.asarray(self.result["success"], dtype=np.float64) if self.has("success") else None
+
+    @property
+    def success_interval(self) -> np.ndarray | None:
+        return np.asarray(self.result["success_interval"]) if self.has("success_interval") else None
+
+    def late_rank(self) -> tuple[np.ndarray, str] | None:
+        """Each run's rank in the late band: ``rank_band[run, "late"]``, else the mean over the last third."""
+        if self.has("rank_band") and "late" in self.bands:
+            return np.asarray(self.result["rank_band"], dtype=np.float64)[:, self.bands.index("late")], \
+                "late band (as stored)"
+        if not self.has("rank"):
+            return None
+        late = [i for i, L in enumerate(self.layers) if (3 * L) // max(self.n_layers, 1) == 2]
+        if not late:
+            return None
+        with np.errstate(invalid="ignore"):
+            return np.nanmean(np.asarray(self.result["rank"], dtype=np.float64)[:, late], axis=1), \
+                "late band (⌊3i/n⌋ = 2)"
+
+    def rows(self, kind: str) -> list[dict]:
+        """One row per layer or band: Spearman and Pearson with their interval, runs used, the reason when
+        undefined, the band of a layer, and the both-directions counts and verdict when present."""
+        names = self.layers if kind == "layer" else self.bands
+        corr, n, reasons = self.corr(kind), self.result[f"n_{kind}"], self.reasons(kind)
+        out = []
+        for j, name in enumerate(names):
+            row = {kind: name, **{s: dict(zip(BOUNDS, corr[j, k])) for k, s in enumerate(STATS)},
+                   "n": int(n[j]), "reason": reasons[j] or None}
+            if kind == "layer":
+                row["band"] = band_of(int(name), self.n_layers)
+            if self.has_both:
+                agree, total, frac = (self.both(w, kind) for w in ("agree", "total", "frac"))
+                for d, direction in enumerate(DIRECTIONS):
+                    row[direction] = {"agree": int(agree[j, d]), "total": int(total[j, d]),
+                                      "frac": frac[j, d, 0], "low": frac[j, d, 1], "high": frac[j, d, 2]}
+                row["verdict"] = str(self.both("verdict", kind)[j])
+            out.append(row)
+        return out

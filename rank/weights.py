@@ -33,8 +33,10 @@ Conventions (also recorded in every result's attrs):
 
 from __future__ import annotations
 
+import os
 import time
-from typing import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -42,13 +44,9 @@ from ..errors import GraftkitError
 from ..store import Result
 from ..weights import Checkpoint, Taxonomy, band_rule, check_pair, describe, parse_layers
 from ..weights.taxonomy import DECODER
+from .results import METRICS, PAIR_METRICS
 from .spectra import CONVENTIONS, RANKME_EPS, delta_energy_in_topk, intruder_dimensions, measures, spectral_drift
 
-#: Single-matrix measures, in ``value``'s metric order.
-METRICS: tuple[str, ...] = ("erank", "erank_sq", "stable_rank", "participation_ratio", "rankme",
-                            "numerical_rank", "top1_energy", "sigma_1", "frobenius_sq")
-#: Pair measures added by :func:`delta_ranks`.
-PAIR_METRICS: tuple[str, ...] = ("spectral_drift", "delta_energy_top8", "intruders")
 DELTA_TOPK, INTRUDER_K, INTRUDER_EPS = 8, 10, 0.5
 
 PAIR_CONVENTIONS = {

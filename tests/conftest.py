@@ -7,8 +7,11 @@ and the tokenizer is a WordLevel model over a fixed word list.
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the fixtures' modules: planted, _pairs, models
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -79,7 +79,7 @@ def tree(folder: Path) -> list[str]:
 
 
 def test_graft_and_delta_as_written_on_a_run(cli):
-    from graftkit.demo import planted_pair
+    from planted import planted_pair
 
     sft, rl = planted_pair(cli.cwd / "runs" / "demo")  # the current run by default
 
@@ -381,7 +381,7 @@ def test_version(cli):
 def test_exact_graft_and_delta_never_import_torch(tmp_path):
     """Byte-exact grafts and delta anatomy run on headers, kernel copies and numpy: importing torch
     (a second or more) is not needed, and this keeps it so."""
-    from graftkit.demo import planted_pair
+    from planted import planted_pair
 
     sft, rl = planted_pair(tmp_path / "pair")
     code = f"""

@@ -237,7 +237,7 @@ def test_run_sweep_plays_what_separately_loaded_models_play(policies, tmp_path):
     """Each in-place graft plays exactly the episodes (actions, outcomes) of the same graft exported and
     loaded on its own; the base model is itself again afterwards."""
     from graftkit.agent import Decode, evaluate, load_policy
-    from graftkit.graft import export_graft, plan_graft, run_sweep
+    from graftkit.graft import export_graft, plan_graft, run_graft_sweep as run_sweep
     from graftkit.weights import open_checkpoint
 
     base, rl = open_checkpoint(policies["sft"]), open_checkpoint(policies["rl"])

@@ -232,7 +232,7 @@ def test_cli_end_to_end(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GRAFTKIT_RUNS", str(tmp_path / "runs"))
     runner = CliRunner()
-    from graftkit.demo import planted_pair
+    from planted import planted_pair
 
     planted_pair(tmp_path / "runs" / "demo")  # a tiny SFT and RL pair in the current run
     res = runner.invoke(app, ["rank", "--what", "activations", "--probes", "12", "--tokens", "all", "--json",

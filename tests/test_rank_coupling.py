@@ -360,7 +360,7 @@ def _check_tiled_gram(monkeypatch, spectra, torch):
 def test_weight_ranks_threads_give_identical_values_and_restore_torch_threads(tmp_path):
     import torch
 
-    from graftkit.demo import planted_pair
+    from planted import planted_pair
     from graftkit.rank import weight_ranks
     from graftkit.weights import open_checkpoint
 

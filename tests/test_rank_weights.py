@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from graftkit.cli import app
-from graftkit.demo import planted_pair
+from planted import planted_pair
 from graftkit.rank import METRICS, PAIR_METRICS, delta_ranks, measures, weight_ranks
 from graftkit.store import read_result, write_result
 from graftkit.weights import open_checkpoint
@@ -110,7 +110,7 @@ def test_bad_metric_in_api(pair):
 
 def test_bf16_tensor(tmp_path):
     from graftkit.weights import save_model
-    from graftkit.demo import tiny_model
+    from planted import tiny_model
 
     m = tiny_model(hidden=32, layers=3).to(torch.bfloat16)
     folder = save_model(tmp_path / "bf", m, None, provenance={"producer": "test"}, force=True)
@@ -126,7 +126,7 @@ def test_cli(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GRAFTKIT_RUNS", str(tmp_path / "runs"))
     runner = CliRunner()
-    from graftkit.demo import planted_pair
+    from planted import planted_pair
 
     planted_pair(tmp_path / "runs" / "demo")
     res = runner.invoke(app, ["rank", "--layers", "late"])

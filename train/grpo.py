@@ -43,7 +43,7 @@ import inspect
 import json
 import math
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -54,110 +54,15 @@ from ..agent import Decode, Episode, Policy, next_token_logits, rollout
 from ..errors import GraftkitError
 from ..webenv import make_env
 from ..webenv.render import render_text
-from ..webenv.tasks import SUITES, TASKS
+from ..webenv.tasks import TASKS
 from ..weights import load_model, read_tensors, save_model
 from .advantages import focal_weight, group_advantages, verigate_advantages, veto_mask
+from .configs import GRPOConfig
 from .losses import LOSSES
 
 GRPO_SEED_BASE = 2 * 10 ** 7  # environment seeds of GRPO prompts: disjoint from SFT demos and evaluation
 STATE = "training_state.safetensors"
 LOG = "train_log.jsonl"
-
-
-@dataclass(frozen=True)
-class GRPOConfig:
-    """One GRPO run: the knobs of the control grid and the variant switches."""
-
-    init: str
-    """The policy to start from (the SFT checkpoint): an HF causal LM folder with its tokenizer."""
-    out: str
-    """Output folder of the final policy; checkpoints go to ``<out>.checkpoints/``."""
-    tasks: tuple[str, ...] = SUITES["mastered"]
-    """Tasks whose instances are sampled as prompts (cycled in order)."""
-    steps: int = 40
-    """Optimisation steps."""
-    prompts_per_step: int = 4
-    """Task instances (groups) per step."""
-    group_size: int = 8
-    """G: episodes sampled per task instance (same environment seed within a group)."""
-    lr: float = 1e-4
-    """Learning rate (AdamW), constant after warmup."""
-    warmup: int = 0
-    """Linear warmup steps."""
-    beta: float = 0.0
-    """KL weight to the frozen initial policy (k3 estimator); 0 loads no reference model."""
-    loss: str = "dapo"
-    """Loss type: grpo, dr_grpo, dapo, cispo, gspo (see train.losses)."""
-    epsilon: float = 0.2
-    """ε_low of the ratio clip (cispo: unused)."""
-    epsilon_high: float | None = None
-    """ε_high of the ratio clip (None: = epsilon; cispo: the IS-weight cap ε_max, e.g. 5)."""
-    scale_rewards: str = "group"
-    """Advantage scaling: group (÷ group std), batch (÷ batch std), none (mean-centred only)."""
-    temperature: float = 1.0
-    """Sampling temperature (log-probs for the loss use the same temperature)."""
-    top_p: float = 1.0
-    """Nucleus sampling mass."""
-    max_new_tokens: int = 32
-    """Longest action in tokens."""
-    num_iterations: int = 1
-    """Optimiser updates per generated batch (μ)."""
-    grad_clip: float = 1.0
-    """Gradient-norm clip (0 disables)."""
-    seed: int = 0
-    """Training seed: prompt order, sampling, everything random."""
-    threads: int = 1
-    """torch threads (results are bit-reproducible for a fixed count)."""
-    stages: int = 0
-    """Mu-GRPO: number of generation→optimisation stages (0: one generation per step)."""
-    veto_epsilon: float | None = None
-    """Mu-GRPO negative-advantage veto ε_v (None: off)."""
-    focal_gamma: float = 0.0
-    """Focal difficulty scaling exponent γ of (1 − p̂)^γ (0: off)."""
-    verigate: bool = False
-    """VeriGate: process-reward fallback when a group's outcome rewards are all equal."""
-    reward: str = "success"
-    """success (1 if the episode succeeds, else 0) or raw (MiniWoB++'s raw reward, −1..1)."""
-    checkpoint_every: int = 0
-    """Write a resumable checkpoint every N steps (0: only the final model)."""
-    max_turns: int | None = None
-    """End episodes after this many turns (None: the task's own limit; 1: single-turn GRPO)."""
-
-    def __post_init__(self) -> None:
-        if not self.lr > 0:
-            raise GraftkitError(f"--lr {self.lr} must be > 0", "pass e.g. --lr 1e-4")
-        if self.group_size < 2:
-            raise GraftkitError(f"--group-size {self.group_size} must be ≥ 2 (advantages compare a group)",
-                                "pass e.g. --group-size 8")
-        for name in ("steps", "prompts_per_step", "num_iterations", "max_new_tokens", "threads"):
-            if getattr(self, name) < 1:
-                raise GraftkitError(f"--{name.replace('_', '-')} must be ≥ 1")
-        if self.loss not in LOSSES:
-            raise GraftkitError(f"unknown --loss {self.loss!r}", f"use one of {', '.join(LOSSES)}")
-        if self.scale_rewards not in ("group", "batch", "none"):
-            raise GraftkitError(f"unknown --scale-rewards {self.scale_rewards!r}", "use group, batch or none")
-        if self.reward not in ("success", "raw"):
-            raise GraftkitError(f"unknown --reward {self.reward!r}", "use success or raw")
-        bad = [t for t in self.tasks if t not in TASKS]
-        if bad or not self.tasks:
-            raise GraftkitError(f"unknown task(s) {', '.join(bad) or '(none given)'}",
-                                f"choose from {', '.join(sorted(TASKS))}")
-        if self.beta < 0 or self.focal_gamma < 0 or self.warmup < 0 or self.checkpoint_every < 0:
-            raise GraftkitError("--beta, --focal-gamma, --warmup and --checkpoint-every must be ≥ 0")
-        if self.stages < 0 or (self.stages and self.steps % self.stages):
-            raise GraftkitError(f"--stages {self.stages} must divide --steps {self.steps}",
-                                "pick a number of stages that divides the steps")
-        if not self.temperature > 0:
-            raise GraftkitError(f"--temperature {self.temperature} must be > 0")
-        if self.max_turns is not None and self.max_turns < 1:
-            raise GraftkitError(f"--max-turns {self.max_turns} must be ≥ 1")
-
-    @property
-    def eps_high(self) -> float:
-        return self.epsilon if self.epsilon_high is None else self.epsilon_high
-
-    def as_dict(self) -> dict:
-        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
 
 
 # ------------------------------------------------------------------------------------------ batches

@@ -28,7 +28,8 @@ import yaml
 
 from ..errors import GraftkitError
 from ..webenv.tasks import SUITES
-from .grpo import GRPOConfig, latest_checkpoint, run_grpo
+from .configs import GRPOConfig, SweepConfig  # noqa: F401 (SweepConfig: the command's config)
+from .grpo import latest_checkpoint, run_grpo
 
 _FIELDS = set(GRPOConfig.__dataclass_fields__) - {"out"}
 

@@ -13,6 +13,13 @@ from .taxonomy import DECODER, GROUPS, band_rule
 UNKNOWN = ("error", "keep-base")
 
 
+def must_exist(path: Path, flag: str = "--from") -> Path:
+    """A checkpoint path that exists (else resolving its recorded base would mislead), named by its ``flag``."""
+    if not Path(path).exists():
+        raise GraftkitError(f"{path}: no such file or folder", f"check the {flag} path")
+    return path
+
+
 @dataclass(frozen=True, kw_only=True)
 class ReadOptions(CommandConfig):
     """How checkpoints are read (fields shared by every command that opens one)."""

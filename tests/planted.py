@@ -1,9 +1,8 @@
-"""The embedded default pair: a tiny SFT model and an "RL" model with a planted, known delta.
+"""A tiny SFT model and an "RL" model with a planted, known delta (a test fixture).
 
-Until the trainer produces real SFT and GRPO checkpoints, ``graftkit demo`` shows the weight tools on a
-pair whose answer is known: the RL model is the SFT model plus a delta planted in the late layers'
-attention and MLP, and a larger one in the token embedding (the study's picture: the embedding dominates
-the movement).
+The RL model is the SFT model plus a delta planted in the late layers' attention and MLP matrices and a
+larger one in the token embedding (the study's picture: the embedding dominates the movement). The
+tensors are chosen by their taxonomy group and layer, as graftkit itself classifies them.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from .weights import describe, open_checkpoint, save_model
+from graftkit.weights import describe, open_checkpoint, save_model
 
 VOCAB = ["[PAD]", "[UNK]", "[BOS]", "[EOS]", "click", "type", "(", ")", ",", '"'] + [str(i) for i in range(40)] + [
     "button", "link", "tab", "checkbox", "text", "submit", "ok", "cancel", "enter", "select",
@@ -48,15 +47,17 @@ def planted_pair(out: Path, seed: int = 0, force: bool = True) -> tuple[Path, Pa
     sft = save_model(out / "sft", model, tok, provenance={"producer": "graftkit demo (tiny SFT, random init)"},
                      force=force)
     n = model.config.num_hidden_layers
+    base = open_checkpoint(sft)
+    roles = base.taxonomy().roles
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            late = any(f"layers.{i}." in name for i in range(2 * n // 3, n))
-            if late and (".self_attn." in name or ".mlp." in name) and p.dim() == 2:
+            role = roles[name]
+            if role.group in ("attn", "mlp") and role.stack == "decoder" and role.layer >= 2 * n // 3 and p.dim() == 2:
                 p.add_(0.02 * torch.randn(p.shape, generator=g))
-            elif "embed_tokens" in name:
+            elif role.group == "embed":
                 p.add_(0.2 * torch.randn(p.shape, generator=g))
-    sft_desc = describe(open_checkpoint(sft))
+    sft_desc = describe(base)
     rl = save_model(
         out / "rl", model, tok, inputs=[sft], force=force,
         provenance={"producer": "graftkit demo (planted delta: late attn+mlp, embed)",

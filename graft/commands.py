@@ -1,0 +1,338 @@
+"""``graftkit graft``: export one graft (or plan it with ``--dry-run``), or evaluate grafts in memory.
+
+Export: θ = θ_base + α·M⊙Δ for the chosen groups and layers, written as an HF folder (:func:`run_graft`).
+``--eval`` (one graft), ``--sweep`` (a family of grafts) and ``--vs`` (the same sweep for a second RL run,
+then the double-dissociation test) load the base policy once, graft each configuration into it in place,
+evaluate it on identical episodes and compare it with base and RL (:func:`run_graft_experiments`). A sweep
+writes a partial result after every configuration and resumes from it (or from its finished result)
+without playing a finished configuration again.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+from ..config import OnProgress, no_progress, opt
+from ..errors import GraftkitError
+from ..store import current_run, result_labels, write_result
+from ..weights.commands import ReadOptions, must_exist
+from . import attribution as attr
+from . import experiments as X
+from .plan import GraftSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class GraftConfig(ReadOptions):
+    """``graftkit graft``: splice RL's delta for some groups and layers into the base, or evaluate grafts."""
+
+    command = "graft"
+    rl: Path = opt(flags=("--from",))
+    """RL checkpoint: HF folder, .safetensors, or LoRA adapter."""
+    groups: Optional[str] = None
+    """Groups to move: comma list of embed,attn,mlp,norm,lm_head,vision,projector | all | none (a sweep: the
+    groups it varies, default every group present)."""
+    base: Optional[Path] = None
+    """The SFT base (default: the parent recorded in graftkit.json)."""
+    layers: str = "all"
+    """Decoder layers: all | early | mid | late | 0-3,10."""
+    alpha: float = 1.0
+    """Scale of the grafted delta (1 = exact copy of RL's tensors)."""
+    reverse: bool = False
+    """Revert the selection in the RL model to base (ablation)."""
+    out_dir: Optional[Path] = opt(None, flags=("--out",))
+    """Output folder (default: RUN/grafts/<name>)."""
+    force: bool = False
+    """Replace an existing output folder written by graftkit."""
+    dry_run: bool = False
+    """List what would move, per group and layer; write nothing."""
+    max_shard_size: str = "5GB"
+    """HF max shard size of the output."""
+    eval_: bool = opt(False, flags=("--eval",))
+    """Graft in memory and evaluate against base and RL on identical episodes (no export)."""
+    sweep: Optional[str] = None
+    """Evaluate a sweep of in-memory grafts: single | loo | factorial | layers | alpha."""
+    alphas: str = "0,0.25,0.5,0.75,1"
+    """α values of --sweep alpha."""
+    vs: Optional[Path] = opt(None, flags=("--vs",))
+    """A second RL run of the same base: run the sweep for it too and test a double dissociation."""
+    tasks: str = "mastered"
+    """With --eval/--sweep: suite (mastered, headroom, all) or comma list of tasks."""
+    seeds: int = 25
+    """With --eval/--sweep: evaluation seeds 0..N-1."""
+    episodes: int = 4
+    """With --eval/--sweep: episodes per seed and task."""
+    sample: bool = False
+    """With --eval/--sweep: sample actions instead of greedy decoding."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    max_new_tokens: int = 32
+    """With --eval/--sweep: longest action in tokens (longer turns are cut and count invalid)."""
+    batch_size: int = 64
+    """Episodes advanced together."""
+    save: Optional[Path] = opt(None, flags=("--save",))
+    """With --eval/--sweep: HDF5 result (default: RUN/results/graft-<sweep>-<rl>.h5)."""
+    results: Optional[Path] = opt(None, cli=False)
+    """Folder of the sweep and dissociation results (default: RUN/results)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.experiments:
+            if self.groups is None:
+                raise GraftkitError("--groups is required to export a graft",
+                                    "pass e.g. --groups attn,mlp (or --sweep single)")
+            self.spec()
+            from ..weights import parse_size
+
+            parse_size(self.max_shard_size)
+            return
+        if self.sweep is not None and self.sweep not in X.SWEEPS:
+            raise GraftkitError(f"unknown --sweep {self.sweep!r}", f"use one of {', '.join(X.SWEEPS)}")
+        if self.vs is not None and self.kind not in X.GROUP_EFFECT:
+            raise GraftkitError(f"--vs needs --sweep single, loo or factorial (got {self.kind})",
+                                "pass e.g. --sweep single --vs RL2")
+        if self.kind == "eval":
+            if self.groups is None:
+                raise GraftkitError("--eval needs --groups", "pass e.g. --groups attn,mlp")
+            self.spec()
+            return
+        if self.reverse:
+            raise GraftkitError("--reverse applies to one graft, not a sweep", "drop --reverse or --sweep")
+        if self.groups not in (None, "all"):
+            GraftSpec.parse(self.groups)
+        self.alpha_values()
+
+    @property
+    def experiments(self) -> bool:
+        """Evaluate grafts in memory (--eval, --sweep, --vs) rather than export one."""
+        return self.eval_ or self.sweep is not None or self.vs is not None
+
+    @property
+    def kind(self) -> str:
+        """The sweep, or ``eval`` for one graft."""
+        return self.sweep or "eval"
+
+    def spec(self) -> GraftSpec:
+        return GraftSpec.parse(self.groups, self.layers, self.alpha, self.reverse)
+
+    def alpha_values(self) -> list[float]:
+        try:
+            return [float(a) for a in self.alphas.split(",") if a.strip()]
+        except ValueError:
+            raise GraftkitError(f"--alphas {self.alphas!r}: expected a comma list of numbers",
+                                "e.g. --alphas 0,0.5,1") from None
+
+
+def default_graft_out(cfg: GraftConfig) -> Path:
+    """RUN/grafts/<rl>-<groups>-<layers>[-a<α>][-reverse]."""
+    tag = f"{Path(cfg.rl).name}-{cfg.groups.replace(',', '+') or 'none'}-{cfg.layers.replace(',', '_')}"
+    if cfg.alpha != 1:
+        tag += f"-a{cfg.alpha:g}"
+    if cfg.reverse:
+        tag += "-reverse"
+    return current_run() / "grafts" / tag
+
+
+# ------------------------------------------------------------------------------------------ export
+
+
+def run_graft(cfg: GraftConfig, on_progress: OnProgress = no_progress):
+    """``graftkit graft``: the export (or its ``--dry-run`` plan) as a summary dict, or with --eval /
+    --sweep / --vs the :class:`GraftExperiments` of :func:`run_graft_experiments` (its plan with --dry-run)."""
+    if cfg.experiments:
+        return run_graft_experiments(cfg, on_progress)
+    from ..weights import check_pair, open_checkpoint, open_rl, resolve_base
+    from .export import export_graft
+    from .plan import plan_graft
+
+    t0 = time.perf_counter()
+    spec = cfg.spec()
+    base_path = resolve_base(must_exist(cfg.rl), cfg.base)
+    b = open_checkpoint(base_path, allow_pickle=cfg.allow_pickle)
+    r = open_rl(cfg.rl, b, allow_pickle=cfg.allow_pickle)
+    tax = b.taxonomy(cfg.unknown)
+    check_pair(b, r, tax)
+    plan = plan_graft(tax, spec)
+    moved = {}
+    for n in plan.selected:
+        role = tax.roles[n]
+        key = (role.group, role.layer if role.stack == "decoder" else None)
+        row = moved.setdefault(key, {"tensors": 0, "bytes": 0, "names": []})
+        row["tensors"] += 1
+        row["bytes"] += b.metas[n].nbytes
+        row["names"].append(n)
+    summary = {
+        "base": str(base_path), "rl": str(cfg.rl), "spec": spec.as_dict(), "notes": list(plan.notes),
+        "selected": [{"group": g, "layer": L, **v} for (g, L), v in
+                     sorted(moved.items(), key=lambda x: (x[0][0], x[0][1] if x[0][1] is not None else -1))],
+        "selected_bytes": sum(v["bytes"] for v in moved.values()),
+        "total_bytes": b.nbytes, "neutral_coefficient": 1.0 if spec.reverse else 0.0,  # an unselected tensor's
+    }
+    if cfg.dry_run:
+        return {**summary, "dry_run": True}
+    written = export_graft(
+        b, r, plan, cfg.out_dir or default_graft_out(cfg), force=cfg.force, max_shard_size=cfg.max_shard_size,
+        command={"unknown": cfg.unknown, "max_shard_size": cfg.max_shard_size},
+        on_tensor=lambda s: on_progress("graft", s.out.nbytes, b.nbytes, "bytes"),
+    )
+    return {**summary, "out": str(written), "seconds": time.perf_counter() - t0}
+
+
+# ------------------------------------------------------------------------------------- experiments
+
+
+@dataclass(frozen=True)
+class GraftExperiments:
+    """What ``graft --eval`` / ``--sweep`` wrote: the sweep of each RL run (A; B with ``--vs``), read
+    through its view, and with ``--vs`` the double dissociation."""
+
+    base: Path
+    rl: dict[str, Path]
+    labels: dict[str, str]
+    sweeps: dict[str, X.SweepResult]
+    dissociation: X.DissociationResult | None
+    files: dict[str, str]
+    resumed: dict[str, list[str]]
+    seconds: float
+
+    def as_json(self) -> dict:
+        a = self.sweeps["A"].attrs
+        return {"sweep": a["sweep"], "base": str(self.base),
+                "runs": {k: sweep_json(v, self.rl[k]) for k, v in self.sweeps.items()},
+                "dissociation": None if self.dissociation is None else dissociation_json(self.dissociation),
+                "files": self.files, "resumed": self.resumed, "tasks": a["tasks"], "seeds": len(a["seeds"]),
+                "episodes": a["episodes"], "decode": a["decode"], "seconds": self.seconds}
+
+
+def sweep_json(v: X.SweepResult, rl_path) -> dict:
+    """One run's sweep as JSON: every configuration's success and comparisons, the attribution per group."""
+    groups_, layers, alpha = v.strings("config_groups"), v.strings("config_layers"), v.array("config_alpha")
+    configs = [{"config": c, "groups": groups_[i], "layers": layers[i], "alpha": float(alpha[i]),
+                "success": v.success(c), "diff_vs_base": v.diff(c).tolist(), "verdict_vs_base": v.verdict(c),
+                "diff_vs_rl": v.diff(c, "rl").tolist(), "verdict_vs_rl": v.verdict(c, "rl")}
+               for i, c in enumerate(v.configs)]
+    groups, share = v.groups, v.movement_share
+    stored = {name: v.array(name) for name in v.ATTRIBUTION if v.array(name) is not None}
+    attribution = {g: {**{name: a[j].tolist() for name, a in stored.items()},
+                       **({} if share is None else {"movement_share": share[g]})} for j, g in enumerate(groups)}
+    payload = {"rl": str(rl_path), "configs": configs, "attribution": attribution, "group_effect": v.effect_kind}
+    inter = v.array("interaction")
+    if inter is not None:
+        payload["interactions"] = [{"groups": [groups[a], groups[c]], "interaction": inter[a, c].tolist()}
+                                   for a in range(len(groups)) for c in range(a + 1, len(groups))]
+    return payload
+
+
+def dissociation_json(d: X.DissociationResult) -> dict:
+    effect, diff, verdicts = d.effect, d.difference, d.verdicts
+    return {"effect": d.effect_kind, "double_dissociation": d.double_dissociation, "rule": attr.DISSOCIATION_RULE,
+            "groups": {g: {"A": effect[0, i].tolist(), "B": effect[1, i].tolist(), "difference": diff[i].tolist(),
+                           "verdict": verdicts[i]} for i, g in enumerate(d.groups)}}
+
+
+def _experiments(cfg: GraftConfig, tax) -> tuple[list[X.GraftExperiment], tuple[str, ...]]:
+    """The configurations to evaluate and the groups they vary."""
+    present = X.present_groups(tax)
+    if cfg.kind == "eval":
+        spec = cfg.spec()
+        chosen = tuple(g for g in spec.groups if g in present) if set(spec.groups) != set(X.GROUPS) else present
+        return X.one_experiment(spec, present), chosen
+    default = X.layered_groups(tax) if cfg.kind == "layers" else present
+    chosen = default if cfg.groups in (None, "all") else GraftSpec.parse(cfg.groups).groups
+    layers = cfg.layers if cfg.kind != "layers" else "all"
+    return X.expand_sweep(cfg.kind, chosen, present, layers=layers, alphas=cfg.alpha_values()), chosen
+
+
+def _sweep_dest(cfg: GraftConfig, key: str, label: str) -> Path:
+    if cfg.save and key == "A":
+        return cfg.save
+    if cfg.save and key == "B":
+        return cfg.save.with_name(f"{cfg.save.stem}-vs{cfg.save.suffix}")
+    return (cfg.results or current_run() / "results") / f"graft-{cfg.kind}-{label}.h5"
+
+
+def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progress):
+    """Expand the configurations, graft each into the loaded base in place, evaluate, compare and attribute
+    (one bar per configuration, in episodes); with ``--vs`` the same for the second run (sharing the base's
+    outcomes) and the double-dissociation test. Returns :class:`GraftExperiments` (the plan with --dry-run)."""
+    from ..agent import Decode, load_policy, resolve_tasks, seed_list
+    from ..weights import check_pair, describe, open_checkpoint, open_rl, resolve_base
+
+    t0 = time.perf_counter()
+    base_path = resolve_base(must_exist(cfg.rl), cfg.base)
+    b = open_checkpoint(base_path, allow_pickle=cfg.allow_pickle)
+    tax = b.taxonomy(cfg.unknown)
+    runs = {"A": (cfg.rl, open_rl(cfg.rl, b, allow_pickle=cfg.allow_pickle))}
+    if cfg.vs is not None:
+        runs["B"] = (cfg.vs, open_rl(must_exist(cfg.vs, "--vs"), b, allow_pickle=cfg.allow_pickle))
+    for _, r in runs.values():
+        check_pair(b, r, tax)
+    exps, chosen = _experiments(cfg, tax)
+    X.plan_sweep(tax, exps)  # every spec must select something, before any model loads
+    labels = dict(zip(runs, result_labels([p for p, _ in runs.values()])))
+    if cfg.dry_run:
+        return {"sweep": cfg.kind, "base": str(base_path), "rl": {k: str(p) for k, (p, _) in runs.items()},
+                "groups": list(chosen), "count": len(exps), "experiments": [e.as_dict() for e in exps],
+                "dry_run": True}
+    tasks, seeds = resolve_tasks(cfg.tasks), seed_list(cfg.seeds)
+    decode = Decode(greedy=not cfg.sample, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
+    policy = load_policy(Path(base_path), allow_pickle=cfg.allow_pickle, obs="text")
+    setup = {"base": describe(b), "tasks": tasks, "seeds": seeds, "episodes": cfg.episodes,
+             "decode": asdict(decode), "unknown": cfg.unknown}
+    outcomes, sweeps, files, resumed = {}, {}, {}, {}
+    for key, (path, r) in runs.items():
+        dest = _sweep_dest(cfg, key, labels[key])
+        run_setup = {**setup, "rl": describe(r)}
+        done = X.resume_outcomes(dest, exps, run_setup)
+        resumed[key] = sorted(done)
+        if key == "B" and X.BASE_LABEL in outcomes["A"]:
+            done.setdefault(X.BASE_LABEL, outcomes["A"][X.BASE_LABEL])  # one base for both runs
+        res = _sweep_one(cfg, exps, chosen, policy, b, r, tax, labels[key], dest, done, run_setup, decode,
+                         on_progress)
+        outcomes[key] = res.all_outcomes()
+        files[key], sweeps[key] = str(res.path), res
+    dis = None
+    if cfg.vs is not None:
+        layers = cfg.layers if cfg.kind not in ("layers", "eval") else "all"
+        subsets = {k: X.subset_outcomes(exps, outcomes[k], layers) for k in outcomes}
+        d = attr.dissociation(subsets["A"], subsets["B"], chosen, kind=X.GROUP_EFFECT[cfg.kind])
+        res = X.dissociation_result(d, {k: {"path": str(p), "label": labels[k], "result": files[k]}
+                                        for k, (p, _) in runs.items()},
+                                    attrs={"base": setup["base"], "sweep": cfg.kind, "config": cfg.as_dict()})
+        dest = (cfg.results or current_run() / "results") / f"graft-dissociation-{labels['A']}-vs-{labels['B']}.h5"
+        files["dissociation"] = str(write_result(dest, res))
+        dis = X.DissociationResult.from_result(res, dest)
+    return GraftExperiments(Path(base_path), {k: p for k, (p, _) in runs.items()}, labels, sweeps, dis, files,
+                            resumed, time.perf_counter() - t0)
+
+
+def _sweep_one(cfg: GraftConfig, exps, chosen, policy, b, r, tax, label: str, dest: Path, done: dict,
+               setup: dict, decode, on_progress: OnProgress) -> X.SweepResult:
+    """One run's sweep: evaluate what ``done`` lacks, a partial result after every configuration (an
+    interrupted sweep resumes from it), then the finished result at ``dest``."""
+    from .anatomy import delta_anatomy
+
+    share = delta_anatomy(b, [r], [label], tax)
+    movement = {g: float(v) for g, v in zip(share.coords["group"], share["group_share"][0])}
+    grid = (setup["tasks"], setup["seeds"], cfg.episodes, chosen)
+    common = dict(layers=cfg.layers if cfg.kind not in ("layers", "eval") else "all", movement_share=movement,
+                  attrs={**setup, "rl_label": label, "config": cfg.as_dict()})
+    partial = dict(done)
+
+    def stream(e, s):
+        partial[e.label] = s
+        write_result(X.partial_path(dest), X.sweep_result(cfg.kind, exps, partial, *grid, compare_configs=False,
+                                                          **common))
+
+    per, current = len(setup["tasks"]) * len(setup["seeds"]) * cfg.episodes, {}
+    success = X.run_graft_sweep(
+        exps, policy, b, r, setup["tasks"], setup["seeds"], cfg.episodes, decode, done=done,
+        on_start=lambda e: current.update(what=f"{label}: {e.label}"),
+        on_episode=lambda ep: on_progress(current["what"], 1, per, "episodes"), on_result=stream,
+        unknown=cfg.unknown, batch_size=cfg.batch_size)
+    res = X.sweep_result(cfg.kind, exps, success, *grid, **common)
+    written = write_result(dest, res)
+    X.partial_path(dest).unlink(missing_ok=True)
+    return X.SweepResult.from_result(res, written)

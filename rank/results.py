@@ -1,0 +1,142 @@
+"""The typed view of a rank result (weights, delta or activations), the one way readers see one.
+
+Light on purpose (numpy and the store only): the report reads rank results through it without loading
+torch or the spectral code.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import GraftkitError
+from ..store import Result, read_result
+
+RANK_KINDS: tuple[str, ...] = ("rank-weights", "rank-delta", "rank-activations")
+#: Single-matrix measures, in ``value``'s metric order.
+METRICS: tuple[str, ...] = ("erank", "erank_sq", "stable_rank", "participation_ratio", "rankme",
+                            "numerical_rank", "top1_energy", "sigma_1", "frobenius_sq")
+#: Pair measures added by delta ranks.
+PAIR_METRICS: tuple[str, ...] = ("spectral_drift", "delta_energy_top8", "intruders")
+#: Activation ranks: which tokens of a probe prompt, and which way hidden states are read.
+TOKENS = ("last", "all")
+BACKENDS = ("hooks", "lens")
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """A rank result read by name, whichever layout it has.
+
+    ``rank-weights`` / ``rank-delta`` (:mod:`.weights`): ``value[tensor, metric]`` and per decoder layer
+    ``value_layer[layer, group, metric]`` (group ``"all"``: every matrix of the layer).
+    ``rank-activations`` (:mod:`.activations`): ``value[layer, metric]`` over hidden-state indices and
+    ``block[layer]``, the decoder block whose output each hidden state is (−1: the embedding output).
+    ``path`` is the file it was read from (named in errors)."""
+
+    result: Result
+    path: Path | None = None
+
+    @classmethod
+    def from_result(cls, res: Result, path: str | Path | None = None) -> "RankResult":
+        return cls(res, None if path is None else Path(path))
+
+    @classmethod
+    def read(cls, path: str | Path) -> "RankResult":
+        return cls.from_result(read_result(path), path)
+
+    def to_result(self) -> Result:
+        return self.result
+
+    @property
+    def kind(self) -> str:
+        return self.result.kind
+
+    @property
+    def attrs(self) -> Mapping[str, Any]:
+        return self.result.attrs
+
+    @property
+    def metrics(self) -> list[str]:
+        return [str(m) for m in self.result.coords.get("metric", [])]
+
+    @property
+    def model_path(self) -> str | None:
+        """The ranked checkpoint's path as recorded (``attrs["model"]["path"]``), normalised."""
+        model = self.attrs.get("model")
+        return os.path.normpath(str(model["path"])) if isinstance(model, dict) and model.get("path") else None
+
+    @property
+    def layer_ids(self) -> list[int]:
+        """Decoder layer indices of the rows: the layer coordinate, or for activation ranks the decoder block
+        whose output each hidden state is (the embedding output, block −1, is left out)."""
+        if self.kind == "rank-activations":
+            return [int(b) for b in self.result["block"] if b >= 0]
+        return [int(L) for L in self.result.coords["layer"]]
+
+    @property
+    def n_layers(self) -> int:
+        """The model's decoder depth as the result records it (attrs n_layers, else its band rule)."""
+        if self.kind == "rank-activations":
+            return len(self.layer_ids)
+        if self.attrs.get("n_layers"):
+            return int(self.attrs["n_layers"])
+        m = re.search(r"with n = (\d+)", str(self.attrs.get("band_rule", "")))
+        return int(m[1]) if m else int(max(self.result.coords["layer"], default=-1)) + 1
+
+    def layer_values(self, metric: str) -> np.ndarray:
+        """``metric`` at :attr:`layer_ids`: value_layer[:, group "all", metric] (value_layer[:, metric] for a
+        result without groups); for activation ranks value[:, metric] of the decoder blocks' outputs."""
+        res, metrics = self.result, self.metrics
+        if self.kind == "rank-activations" and metric in metrics:
+            return np.asarray(res["value"])[np.asarray(res["block"]) >= 0, metrics.index(metric)]
+        if "value_layer" not in res.data or metric not in metrics:
+            raise GraftkitError(f"{self.path}: no per-layer '{metric}' (metrics: {', '.join(metrics) or 'none'})",
+                                f"pass --metric one of {', '.join(metrics)}" if metrics else "re-run graftkit rank")
+        dims, v = res.dims("value_layer"), res["value_layer"]
+        k = metrics.index(metric)
+        if dims == ("layer", "group", "metric"):
+            return v[:, [str(g) for g in res.coords["group"]].index("all"), k]
+        if dims == ("layer", "metric"):
+            return v[:, k]
+        raise GraftkitError(f"{self.path}: value_layer has dims {list(dims)}",
+                            "expected [layer, group, metric] or [layer, metric]")
+
+    def table(self) -> tuple[np.ndarray, np.ndarray]:
+        """(the layer coordinate, values[layer, metric] in float64): group "all" (else the first group) of
+        value_layer for weights and delta; value over hidden-state indices (0 = embeddings) for activations."""
+        res = self.result
+        if "value_layer" in res.data:
+            dims = res.dims("value_layer")
+            groups = [str(g) for g in res.coords["group"]]
+            v = np.asarray(res["value_layer"], dtype=np.float64)
+            v = np.moveaxis(v, [dims.index("layer"), dims.index("group"), dims.index("metric")], [0, 1, 2])
+            return np.asarray(res.coords["layer"]), v[:, groups.index("all") if "all" in groups else 0, :]
+        dims = res.dims("value")
+        v = np.asarray(res["value"], dtype=np.float64)
+        return np.asarray(res.coords["layer"]), np.moveaxis(v, [dims.index("layer"), dims.index("metric")], [0, 1])
+
+    def layer_rows(self, shown: Sequence[str]) -> list[dict]:
+        """One row per layer of the shown metrics (weights/delta: group "all" and each group's means;
+        activations: the hidden state's block and token count)."""
+        res = self.result
+        mi = [self.metrics.index(m) for m in shown]
+        if self.kind == "rank-activations":
+            return [{"layer": int(L), "block": int(res["block"][i]) if res["block"][i] >= 0 else None,
+                     "n_tokens": int(res["n_tokens"][i]), **{m: float(res["value"][i, k]) for m, k in zip(shown, mi)}}
+                    for i, L in enumerate(res.coords["layer"])]
+        groups = list(res.coords["group"])
+        return [{"layer": int(L), **{m: float(res["value_layer"][i, -1, k]) for m, k in zip(shown, mi)},
+                 "groups": {g: {m: float(res["value_layer"][i, j, k]) for m, k in zip(shown, mi)}
+                            for j, g in enumerate(groups[:-1]) if res["count_layer"][i, j]}}
+                for i, L in enumerate(res.coords["layer"])]
+
+    def outside_rows(self, shown: Sequence[str]) -> list[dict]:
+        """The shown metrics of every tensor outside the decoder stack (weights/delta)."""
+        res = self.result
+        mi = [self.metrics.index(m) for m in shown]
+        return [{"tensor": str(n), "group": str(res["tensor_group"][t]),
+                 **{m: float(res["value"][t, k]) for m, k in zip(shown, mi)}}
+                for t, n in enumerate(res.coords["tensor"]) if res["tensor_layer"][t] < 0]

@@ -1,0 +1,107 @@
+"""Commands as configs: every command's options are generated from its config's fields, and configs are
+frozen and validated on creation."""
+
+import dataclasses
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+import typer.main
+
+from graftkit.cli import app
+from graftkit.config import CommandConfig, field_docs
+from graftkit.errors import GraftkitError
+
+#: Options that are no config field: how to render or where to write, never what to compute.
+EXTRAS = {"help", "as_json", "force", "resume", "open_it", "top"}
+#: Commands without a config.
+PLAIN = {"version"}
+
+
+def _commands(group, prefix: str = ""):
+    for name, cmd in group.commands.items():
+        path = f"{prefix}{name}"
+        if hasattr(cmd, "commands"):  # a group (typer vendors its own click)
+            yield from _commands(cmd, path + " ")
+        else:
+            yield path, cmd
+
+
+def _configs() -> dict[str, type]:
+    found, todo = {}, [CommandConfig]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if cls.command:
+            found[cls.command] = cls
+    return found
+
+
+COMMANDS = dict(_commands(typer.main.get_command(app)))
+
+
+@pytest.mark.parametrize("name", sorted(set(COMMANDS) - PLAIN))
+def test_options_are_generated_from_the_config_fields(name):
+    configs = _configs()
+    assert name in configs, f"`graftkit {name}` has no CommandConfig whose command is {name!r}"
+    cls, cmd = configs[name], COMMANDS[name]
+    docs, own = field_docs(cls), {f.name: f for f in fields(cls)}
+    params = {p.name: p for p in cmd.params}
+    for pname, p in params.items():
+        if pname in EXTRAS:
+            continue
+        assert pname in own, f"`graftkit {name}`: option {pname} is no field of {cls.__name__}"
+        help_ = getattr(p, "help", None)
+        if help_ is not None:  # typer keeps an argument's help outside click
+            assert help_ == docs[pname], f"`graftkit {name}` {pname}: help differs from the field docstring"
+    for f in own.values():
+        if f.metadata.get("cli", True):
+            assert f.name in params, f"`graftkit {name}`: field {f.name} has no option"
+            assert docs.get(f.name), f"{cls.__name__}.{f.name} has no docstring"
+
+
+@pytest.mark.parametrize("cls", sorted(_configs().values(), key=lambda c: c.command), ids=lambda c: c.command)
+def test_configs_are_frozen_and_record_their_command(cls):
+    assert cls.__dataclass_params__.frozen
+    assert all(field_docs(cls).get(f.name) for f in fields(cls)), f"{cls.__name__}: a field without a docstring"
+    required = {f.name: "x" for f in fields(cls) if f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING}
+    try:
+        cfg = cls(**required)
+    except GraftkitError:
+        return  # "x" is no valid value for a required field: validated, which is the point
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(cfg, fields(cls)[0].name, None)
+    assert cfg.as_dict()["command"] == cls.command
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: _cls("delta")(rl=("a",), unknown="maybe"), "--unknown"),
+    (lambda: _cls("delta")(rl=()), "no RL checkpoint"),
+    (lambda: _cls("train grpo")(init="a", out="b", group_size=1), "--group-size 1 must be ≥ 2"),
+    (lambda: _cls("train grpo")(init="a", out="b", tasks="nope"), "unknown task or suite"),
+    (lambda: _cls("train sft")(out="a", budget=("click-button",)), "expected TASK=N"),
+    (lambda: _cls("train sft")(out="a", decoy=("click-button=2",)), "0 ≤ RATE < 1"),
+    (lambda: _cls("train sft")(out="a", steps=0), "--steps must be ≥ 1"),
+])
+def test_bad_settings_are_refused_on_creation(make, message):
+    with pytest.raises(GraftkitError, match=message):
+        make()
+
+
+def _cls(name: str) -> type:
+    return _configs()[name]
+
+
+def test_command_line_forms_become_the_stored_types():
+    from graftkit.train.sft import SFTConfig
+    from graftkit.webenv.tasks import SUITES
+
+    grpo = _cls("train grpo")(init=Path("sft"), out=Path("rl"), tasks="mastered,headroom")
+    assert grpo.init == "sft" and grpo.out == "rl"
+    assert grpo.tasks == (*SUITES["mastered"], *SUITES["headroom"])
+    assert _cls("train grpo")(init="a", out="b").tasks == tuple(SUITES["mastered"])
+    # no TASK=N given: the default recipe, exactly as SFTConfig records it
+    assert dataclasses.asdict(_cls("train sft")(out=Path("o")).sft()) == dataclasses.asdict(SFTConfig(out="o"))
+    study = _cls("demo")(out=Path("runs/x"), sft=Path("s"))
+    assert study.out == "runs/x" and study.sft == "s"
