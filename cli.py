@@ -15,21 +15,21 @@ import sys
 import time
 from pathlib import Path
 from dataclasses import fields
-from typing import Callable, List, Optional
+from typing import Callable
 
 import numpy as np
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, DownloadColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
 from ._version import __version__
 from .config import cli_parameters
 from .errors import GraftkitError
-from .store import current_run, result_labels, runs_root
-from .weights.commands import InspectConfig, run_inspect
+from .store import runs_root
+from .weights.commands import InspectConfig, must_exist, run_inspect
 from .graft.anatomy import METRICS as DELTA_METRICS, DeltaConfig, DeltaResult, run_delta
 from .training import TrainSFTConfig, run_sweep_grid, run_train_grpo, run_train_sft
 from .train.configs import GRPOConfig, SweepConfig
@@ -59,15 +59,6 @@ def _handled(fn: Callable) -> Callable:
             raise typer.Exit(e.exit_code) from None
 
     return wrapper
-
-
-def _progress(total: int, what: str) -> Progress:
-    p = Progress(
-        TextColumn(f"[bold]{escape(what)}[/]"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
-        console=err, transient=True, disable=not err.is_terminal,
-    )
-    p.add_task(what, total=total)
-    return p
 
 
 def command(parent: typer.Typer, cls: type, name: str | None = None, *, defaults: dict | None = None,
@@ -144,13 +135,6 @@ def _finite(o):
     if isinstance(o, float) and not math.isfinite(o):
         return None
     return o
-
-
-def _must_exist(path: Path, flag: str = "--from") -> Path:
-    """A checkpoint path that exists (else resolving its recorded base would mislead)."""
-    if not Path(path).exists():
-        raise GraftkitError(f"{path}: no such file or folder", f"check the {flag} path")
-    return path
 
 
 def _json_default(o):
@@ -581,7 +565,7 @@ def demo(cfg: StudyConfig, as_json: bool):
     """The whole study in miniature: SFT → headroom → GRPO grid → evaluation → anatomy → grafts → rank →
     coupling → findings → report."""
     if cfg.sft is not None:
-        _must_exist(cfg.sft, "--sft")
+        must_exist(cfg.sft, "--sft")
     cfg = StudyConfig.preset(cfg.out, cfg.quick, sft=cfg.sft, train_sft=cfg.train_sft or None)
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     runs_root().mkdir(parents=True, exist_ok=True)

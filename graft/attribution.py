@@ -38,7 +38,7 @@ from typing import Hashable, Mapping, Sequence
 import numpy as np
 
 from ..errors import GraftkitError
-from ..stats import _expanded_tail, cluster_bootstrap_factors
+from ..stats import _expanded_tail, cluster_bootstrap_factors, fold_episodes
 
 BOUNDS = ("estimate", "low", "high")
 
@@ -72,7 +72,7 @@ def fold_tasks(success: np.ndarray) -> np.ndarray:
         x = x[..., 0]
     if x.ndim != 3:
         raise GraftkitError(f"expected success [task, seed, episode]; got shape {x.shape}")
-    return np.moveaxis(x, 1, 0).reshape(x.shape[1], -1)
+    return fold_episodes(x)
 
 
 # ------------------------------------------------------------------------------------- contrasts

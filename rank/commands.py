@@ -20,6 +20,7 @@ import numpy as np
 
 from ..config import CommandConfig, check_choice, no_progress, opt
 from ..errors import GraftkitError
+from ..stats import fold_episodes
 from ..store import Result, current_run, read_result, result_labels, write_result
 from .coupling import CouplingResult
 from .results import BACKENDS, METRICS, PAIR_METRICS, TOKENS, RankResult
@@ -375,8 +376,7 @@ def run_couple(cfg: CoupleConfig, on_progress=no_progress) -> dict:
     ranks, evals = _discover(results, cfg.what)
     both = _coupled(cfg, ranks, evals, results)
     R, layer_ids, n_layers = _rank_matrix(cfg, ranks, both)
-    n_seeds = len(evals[both[0]]["res"].coords["seed"])
-    outcome = {k: np.asarray(evals[k]["res"]["success"]).transpose(1, 0, 2, 3).reshape(n_seeds, -1) for k in both}
+    outcome = {k: fold_episodes(evals[k]["res"]["success"]) for k in both}
     success = np.array([outcome[k].mean() for k in both])
     n_success = np.array([outcome[k].size for k in both], dtype=np.int64)
     labels = result_labels([Path(k) for k in both])

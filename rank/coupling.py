@@ -395,6 +395,11 @@ class CouplingResult:
         return self.result.attrs
 
     @property
+    def metric(self) -> str:
+        """The rank metric coupled to success."""
+        return str(self.attrs["metric"])
+
+    @property
     def runs(self) -> list[str]:
         return [str(r) for r in self.result.coords["run"]]
 

@@ -6,9 +6,11 @@ torch or the spectral code.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 

@@ -8,10 +8,9 @@ import pytest
 
 from graftkit.agent.rollout import Decode
 from graftkit.agent.evaluate import EvalOutcome
-from graftkit.study import (
-    RLRun, Study, StudyConfig, all_tasks, eval_result, finding_1, finding_2, findings_result, rl_runs,
-    suite_outcomes,
-)
+from graftkit.evaluation import eval_result
+from graftkit.findings import RLRun, finding_1, finding_2, findings_result, suite_outcomes
+from graftkit.study import Study, StudyConfig, all_tasks, rl_runs
 from graftkit.store import read_result, write_result
 from graftkit.webenv.tasks import SUITES
 
