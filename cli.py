@@ -6,7 +6,6 @@ one line on stderr (what, which file or tensor, how to fix) and exit status 2, n
 
 from __future__ import annotations
 
-import functools
 import inspect as inspect_
 import json
 import math
@@ -49,18 +48,6 @@ out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, highlight=False)
 
 
-def _handled(fn: Callable) -> Callable:
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except GraftkitError as e:
-            err.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
-            raise typer.Exit(e.exit_code) from None
-
-    return wrapper
-
-
 def command(parent: typer.Typer, cls: type, name: str | None = None, *, defaults: dict | None = None,
             extra: tuple[inspect_.Parameter, ...] = (), as_json: bool = True) -> Callable:
     """Register ``render(cfg, **extras)`` as a command whose options are generated from ``cls``'s fields
@@ -74,12 +61,16 @@ def command(parent: typer.Typer, cls: type, name: str | None = None, *, defaults
         names = {f.name for f in fields(cls)}
 
         def callback(**kw):
-            cfg = cls(**{k: v for k, v in kw.items() if k in names})
-            return render(cfg, **{k: v for k, v in kw.items() if k not in names})
+            try:
+                cfg = cls(**{k: v for k, v in kw.items() if k in names})
+                return render(cfg, **{k: v for k, v in kw.items() if k not in names})
+            except GraftkitError as e:
+                err.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
+                raise typer.Exit(e.exit_code) from None
 
         callback.__signature__ = inspect_.Signature(params)
         callback.__doc__, callback.__name__ = render.__doc__, render.__name__
-        parent.command(name)(_handled(callback))
+        parent.command(name)(callback)
         return render
 
     return deco
@@ -122,10 +113,11 @@ class _Count(ProgressColumn):
 
 def _print_json(obj) -> None:
     # Strict JSON: NaN/±Inf (an undefined cosine, a ratio over a zero norm) are written as null.
-    sys.stdout.write(json.dumps(_finite(obj), indent=2, default=_json_default, allow_nan=False) + "\n")
+    sys.stdout.write(json.dumps(_finite(obj), indent=2, default=str, allow_nan=False) + "\n")
 
 
 def _finite(o):
+    """numpy values as Python ones, and non-finite floats as None (paths and the rest become strings)."""
     if isinstance(o, dict):
         return {k: _finite(v) for k, v in o.items()}
     if isinstance(o, (list, tuple, np.ndarray)):
@@ -137,12 +129,13 @@ def _finite(o):
     return o
 
 
-def _json_default(o):
-    if isinstance(o, (np.floating, np.integer)):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    return str(o)
+def _table(title: str, columns, left=(), fold=(), **kw) -> Table:
+    """A table of right-aligned columns, except those named in ``left``; those in ``fold`` wrap."""
+    t = Table(title=title, **kw)
+    for c in columns:
+        t.add_column(c, justify="left" if c in left or c in fold else "right",
+                     overflow="fold" if c in fold else "ellipsis")
+    return t
 
 
 def _fmt_bytes(n: float) -> str:
@@ -163,10 +156,9 @@ def inspect(cfg: InspectConfig, as_json: bool):
     if as_json:
         return _print_json(info)
     n_dec = info["layers"].get("decoder", 0)
-    t = Table(title=f"{escape(info['path'])} — {info['family']}, {n_dec} decoder layers, "
-                    f"{'tied' if info['tied_embeddings'] else 'untied'} embeddings")
-    for c in ("group", "tensors", "params", "bytes"):
-        t.add_column(c, justify="left" if c == "group" else "right")
+    t = _table(f"{escape(info['path'])} — {info['family']}, {n_dec} decoder layers, "
+               f"{'tied' if info['tied_embeddings'] else 'untied'} embeddings", ("group", "tensors", "params", "bytes"),
+               left=("group",))
     for g, r in info["groups"].items():
         t.add_row(g, str(r["tensors"]), f"{r['params']:,}", _fmt_bytes(r["bytes"]))
     out.print(t)
@@ -178,10 +170,7 @@ def inspect(cfg: InspectConfig, as_json: bool):
 
 
 def _top_table(title: str, labels, cols: dict[str, np.ndarray], order: np.ndarray, limit: int) -> Table:
-    t = Table(title=title)
-    t.add_column("name", overflow="fold")
-    for c in cols:
-        t.add_column(c, justify="right")
+    t = _table(title, ("name", *cols), fold=("name",))
     for i in order[:limit]:
         cells = []
         for c, v in cols.items():
@@ -203,24 +192,9 @@ def delta(cfg: DeltaConfig, as_json: bool, top: int):
     with Bars() as bars:
         d = run_delta(cfg, bars)
     seconds = time.perf_counter() - t0
-    _print_json(_delta_json(d, seconds)) if as_json else _delta_tables(d, top, seconds)
+    _print_json(d.as_json(seconds)) if as_json else _delta_tables(d, top, seconds)
     if not cfg.allow_nonfinite:
         d.check_finite()
-
-
-def _delta_json(d: DeltaResult, seconds: float) -> dict:
-    runs = {}
-    for i, lab in enumerate(d.runs):
-        group, tensor = ({m: get(m, i) for m in DELTA_METRICS} for get in (d.group, d.tensor))
-        runs[lab] = {"total": {m: d.total(m, i) for m in DELTA_METRICS},
-                     "groups": {g: {m: float(v[j]) for m, v in group.items()} for j, g in enumerate(d.groups)},
-                     "tensors": [{"name": n, "group": d.tensor_group[j], "layer": int(d.tensor_layer[j]),
-                                  **{m: float(v[j]) for m, v in tensor.items()}}
-                                 for j, n in sorted(enumerate(d.tensors), key=lambda x: -tensor["share"][x[0]])]}
-    payload = {"base": d.base_path, "tol": d.tol, "runs": runs, "result_file": str(d.path), "seconds": seconds}
-    if len(d.runs) > 1:
-        payload["cosine"] = {"total": d.cosine_total(), "groups": d.cosine_groups(), "runs": d.runs}
-    return payload
 
 
 def _delta_tables(d: DeltaResult, top: int, seconds: float) -> None:
@@ -235,10 +209,7 @@ def _delta_tables(d: DeltaResult, top: int, seconds: float) -> None:
         out.print(f"total ‖Δ‖_F {d.total('fro_delta', i):.4g}, ‖Δ‖/‖W‖ {d.total('rel_delta', i):.4g}, "
                   f"{100 * d.total('frac_unchanged', i):.2f}% of entries bitwise unchanged (tol {d.tol:g})")
     if len(d.runs) > 1:
-        t = Table(title="cosine between runs' deltas (all tensors)")
-        t.add_column("run")
-        for lab in d.runs:
-            t.add_column(escape(lab), justify="right")
+        t = _table("cosine between runs' deltas (all tensors)", ("run", *map(escape, d.runs)), left=("run",))
         for i, lab in enumerate(d.runs):
             t.add_row(escape(lab), *(f"{c:.3f}" for c in d.cosine_total()[i]))
         out.print(t)
@@ -261,10 +232,9 @@ def graft(cfg: GraftConfig, as_json: bool):
     if isinstance(got, GraftExperiments):
         return _graft_experiment_tables(got)
     if "experiments" in got:  # the plan of a sweep
-        t = Table(title=f"dry run: {got['sweep']} sweep over {escape(','.join(got['groups']) or 'nothing')} — "
-                        f"{got['count']} configurations" + (" per run" if cfg.vs else ""))
-        for c in ("config", "groups", "layers", "α", "role"):
-            t.add_column(c, justify="right" if c == "α" else "left")
+        t = _table(f"dry run: {got['sweep']} sweep over {escape(','.join(got['groups']) or 'nothing')} — "
+                   f"{got['count']} configurations" + (" per run" if cfg.vs else ""),
+                   ("config", "groups", "layers", "α", "role"), left=("config", "groups", "layers", "role"))
         for e in got["experiments"]:
             t.add_row(escape(e["label"]), escape(",".join(e["groups"]) or "—"), escape(e["layers"]),
                       f"{e['alpha']:g}", e["role"])
@@ -276,10 +246,9 @@ def graft(cfg: GraftConfig, as_json: bool):
             out.print(note, soft_wrap=True)
         n = sum(row["tensors"] for row in got["selected"])
         return out.print(f"grafted {n} tensors ({selected} of {total}) → {escape(got['out'])} in {got['seconds']:.1f} s")
-    t = Table(title=f"dry run: {'revert in RL' if cfg.reverse else 'graft into base'} "
-                    f"{escape(','.join(got['spec']['groups']) or 'nothing')} (layers {escape(cfg.layers)}, α={cfg.alpha:g})")
-    for c in ("group", "layer", "tensors", "bytes"):
-        t.add_column(c, justify="left" if c == "group" else "right")
+    t = _table(f"dry run: {'revert in RL' if cfg.reverse else 'graft into base'} "
+               f"{escape(','.join(got['spec']['groups']) or 'nothing')} (layers {escape(cfg.layers)}, α={cfg.alpha:g})",
+               ("group", "layer", "tensors", "bytes"), left=("group",))
     for row in got["selected"]:
         t.add_row(row["group"], "—" if row["layer"] is None else str(row["layer"]), str(row["tensors"]),
                   _fmt_bytes(row["bytes"]))
@@ -295,10 +264,9 @@ def _graft_experiment_tables(got: GraftExperiments) -> None:
         _sweep_tables(run, labels[key], j["seeds"], j["episodes"])
     dis = j["dissociation"]
     if dis is not None:
-        t = Table(title=f"double dissociation ({dis['effect']} effects): A = {escape(labels['A'])}, "
-                        f"B = {escape(labels['B'])} — {'yes' if dis['double_dissociation'] else 'no'}")
-        for c in ("group", "effect A", "effect B", "A − B", "verdict"):
-            t.add_column(c, justify="left" if c in ("group", "verdict") else "right")
+        t = _table(f"double dissociation ({dis['effect']} effects): A = {escape(labels['A'])}, "
+                   f"B = {escape(labels['B'])} — {'yes' if dis['double_dissociation'] else 'no'}",
+                   ("group", "effect A", "effect B", "A − B", "verdict"), left=("group", "verdict"))
         for g, row in dis["groups"].items():
             t.add_row(g, *(_pts(row[k]) for k in ("A", "B", "difference")), row["verdict"])
         out.print(t)
@@ -317,21 +285,18 @@ def _pts(b) -> str:
 
 
 def _sweep_tables(run: dict, label: str, n_seeds: int, episodes: int) -> None:
-    t = Table(title=f"{escape(label)}: grafts evaluated on identical episodes ({n_seeds} seeds × {episodes} episodes per task)")
-    for c in ("config", "success", "vs base \\[95%]", "verdict vs base", "vs RL \\[95%]", "verdict vs RL"):
-        t.add_column(c, justify="right" if c in ("success",) or c.startswith("vs") else "left")
+    t = _table(f"{escape(label)}: grafts evaluated on identical episodes ({n_seeds} seeds × {episodes} episodes per task)",
+               ("config", "success", "vs base \\[95%]", "verdict vs base", "vs RL \\[95%]", "verdict vs RL"),
+               left=("config", "verdict vs base", "verdict vs RL"))
     for c in run["configs"]:
         t.add_row(escape(c["config"]), f"{100 * c['success']:.1f}%", _pts(c["diff_vs_base"]), c["verdict_vs_base"],
                   _pts(c["diff_vs_rl"]), c["verdict_vs_rl"])
     out.print(t)
     if any(run["attribution"].values()):
-        t = Table(title=(f"attribution of the success change to groups ({escape(run['group_effect'])} effect) beside "
-                         "weight movement" if run["group_effect"] else "weight movement of the grafted groups"))
         cols = [c for c in ("group_effect", "main_effect", "shapley") if any(c in r for r in run["attribution"].values())]
-        t.add_column("group")
-        t.add_column("movement share", justify="right")
-        for c in cols:
-            t.add_column(c.replace("_", " "), justify="right")
+        t = _table(f"attribution of the success change to groups ({escape(run['group_effect'])} effect) beside "
+                   "weight movement" if run["group_effect"] else "weight movement of the grafted groups",
+                   ("group", "movement share", *(c.replace("_", " ") for c in cols)), left=("group",))
         for g, r in run["attribution"].items():
             share = r.get("movement_share")
             t.add_row(g, "—" if share is None else f"{100 * share:.1f}%", *(_pts(r.get(c)) for c in cols))
@@ -358,19 +323,11 @@ def eval_cmd(cfg: EvalConfig, as_json: bool):
     with Bars() as bars:
         run = run_eval(cfg, bars)
     if as_json:
-        return _print_json({"model": str(cfg.model), "compare": str(cfg.compare_to) if cfg.compare_to else None,
-                            "tasks": list(run.rows), "seeds": cfg.seeds, "episodes": cfg.episodes,
-                            "backend": cfg.backend, "obs": cfg.obs, "decode": run.results["model"].decode,
-                            "files": {k: str(p) for k, p in run.files.items()}})
-    t = Table(title=f"{escape(str(cfg.model))}: success over {cfg.seeds} seeds × {cfg.episodes} episodes "
-                    f"({'sampled' if cfg.sample else 'greedy'}, {cfg.backend}, obs {cfg.obs})")
-    t.add_column("task")
-    t.add_column("success (95% Wilson)", justify="right")
-    if cfg.compare_to:
-        t.add_column(f"{escape(Path(cfg.compare_to).name)}", justify="right")
-        t.add_column("diff \\[bootstrap] \\[Bayes]", justify="right")
-        t.add_column("McNemar p", justify="right")
-        t.add_column("verdict")
+        return _print_json(run.as_json(cfg))
+    compared = (escape(Path(cfg.compare_to or "").name), "diff \\[bootstrap] \\[Bayes]", "McNemar p", "verdict")
+    t = _table(f"{escape(str(cfg.model))}: success over {cfg.seeds} seeds × {cfg.episodes} episodes "
+               f"({'sampled' if cfg.sample else 'greedy'}, {cfg.backend}, obs {cfg.obs})",
+               ("task", "success (95% Wilson)", *(compared if cfg.compare_to else ())), left=("task", "verdict"))
     for row in run.rows:
         cells = [escape(row["task"]), _rate_text(row["model"])]
         if cfg.compare_to:
@@ -388,12 +345,10 @@ def headroom(cfg: HeadroomConfig, as_json: bool):
         run = run_headroom(cfg, bars)
     k = cfg.k
     if as_json:
-        return _print_json({"model": str(cfg.model), "k": k, "temperature": cfg.temperature, "obs": cfg.obs,
-                            "tasks": list(run.rows), "file": str(run.file)})
-    t = Table(title=f"headroom of {escape(str(cfg.model))}: {cfg.seeds} seeds × {cfg.episodes} episodes, k={k}, "
-                    f"T={cfg.temperature:g}")
-    for col in ("task", "greedy", "sampled", f"pass@{k}", "headroom \\[bootstrap] \\[Bayes]", "verdict"):
-        t.add_column(col, justify="left" if col in ("task", "verdict") else "right")
+        return _print_json(run.as_json(cfg))
+    t = _table(f"headroom of {escape(str(cfg.model))}: {cfg.seeds} seeds × {cfg.episodes} episodes, k={k}, "
+               f"T={cfg.temperature:g}", ("task", "greedy", "sampled", f"pass@{k}", "headroom \\[bootstrap] \\[Bayes]",
+                                          "verdict"), left=("task", "verdict"))
     for r in run.rows:
         t.add_row(escape(r["task"]), f"{100 * r['greedy']:.1f}%", f"{100 * r['sampled']:.1f}%",
                   f"{100 * r[f'pass@{k}']:.1f}%", _diff_text(r, "headroom"), r["verdict"])
@@ -466,9 +421,7 @@ def sweep(cfg: SweepConfig, as_json: bool):
         for r in info["runs"]:
             out.print(f"{escape(r['name'])}: {r['status']} → {escape(r['out'])}")
         return
-    t = Table(title=f"{escape(str(cfg.grid))}: {len(info['runs'])} runs")
-    for c in _SWEEP_COLUMNS:
-        t.add_column(c, justify="left" if c in ("name", "status", "init", "loss") else "right")
+    t = _table(f"{escape(str(cfg.grid))}: {len(info['runs'])} runs", _SWEEP_COLUMNS, left=("name", "status", "init", "loss"))
     for r in info["runs"]:
         t.add_row(*(escape(Path(str(r[c])).name if c == "init" else str(r[c])) for c in _SWEEP_COLUMNS))
     out.print(t)
@@ -488,23 +441,18 @@ def rank(cfg: RankConfig, as_json: bool):
     shown = payload["metrics"]
     for lab, m in payload["models"].items():
         if cfg.what == "activations":
-            t = Table(title=f"{escape(lab)}: activation ranks per hidden state ({escape(cfg.backend)}, "
-                            f"{escape(cfg.tokens)} tokens, {'centred' if cfg.centred else 'uncentred'}; layers "
-                            f"{escape(cfg.layers)})", caption="layer L = output of decoder block L-1 (0 = embedding "
-                                                               "output); fp64 covariance, position 0 dropped")
-            for c in ("layer", "block", "tokens", *shown):
-                t.add_column(c, justify="left" if c == "layer" else "right")
+            t = _table(f"{escape(lab)}: activation ranks per hidden state ({escape(cfg.backend)}, {escape(cfg.tokens)} "
+                       f"tokens, {'centred' if cfg.centred else 'uncentred'}; layers {escape(cfg.layers)})",
+                       ("layer", "block", "tokens", *shown), left=("layer",), caption="layer L = output of decoder "
+                       "block L-1 (0 = embedding output); fp64 covariance, position 0 dropped")
             for r in m["layers"]:
                 t.add_row(str(r["layer"]), "emb" if r["block"] is None else str(r["block"]), str(r["n_tokens"]),
                           *(f"{r[k]:.4g}" for k in shown))
             out.print(t)
             out.print(f"saved {escape(m['result_file'])} ({m['n_prompts']} prompts)")
             continue
-        t = Table(title=f"{escape(lab)}: {cfg.what} ranks per layer (mean over the layer's matrices; layers "
-                        f"{escape(cfg.layers)})")
-        t.add_column("layer", overflow="fold")
-        for k in shown:
-            t.add_column(k, justify="right")
+        t = _table(f"{escape(lab)}: {cfg.what} ranks per layer (mean over the layer's matrices; layers "
+                   f"{escape(cfg.layers)})", ("layer", *shown), fold=("layer",))
         for r in m["layers"]:
             t.add_row(str(r["layer"]), *(f"{r[k]:.4g}" for k in shown))
         for o in m["outside_decoder"]:
@@ -531,11 +479,11 @@ def couple(cfg: CoupleConfig, as_json: bool):
     def fmt(c: dict) -> str:
         return "—" if not np.isfinite(c["estimate"]) else f"{c['estimate']:+.2f} [{c['low']:+.2f}, {c['high']:+.2f}]"
 
-    t = Table(title=f"{escape(cfg.metric)} ({escape(cfg.what)}) vs greedy success across {len(p['checkpoints'])} "
-                    f"checkpoints ({int(100 * cfg.level)}% bootstrap intervals)")
-    for c in ("layer", "band", "Spearman ρ", "Pearson r", "runs") + (
-            ("improved agree", "degraded agree", "both directions") if "note" not in bd else ()):
-        t.add_column(c, justify="left" if c in ("layer", "band", "both directions") else "right")
+    t = _table(f"{escape(cfg.metric)} ({escape(cfg.what)}) vs greedy success across {len(p['checkpoints'])} "
+               f"checkpoints ({int(100 * cfg.level)}% bootstrap intervals)",
+               ("layer", "band", "Spearman ρ", "Pearson r", "runs") + (
+                   ("improved agree", "degraded agree", "both directions") if "note" not in bd else ()),
+               left=("layer", "band", "both directions"))
     for r in p["per_layer"] + p["per_band"]:
         name = str(r["layer"]) if "layer" in r else f"[bold]{r['band']}[/]"
         cells = [name, r.get("band", "band mean") if "layer" in r else "band mean", fmt(r["spearman"]),
@@ -581,9 +529,8 @@ def demo(cfg: StudyConfig, as_json: bool):
         info = run_study(cfg, bars, on_stage)
     if as_json:
         return _print_json(info)
-    t = Table(title=f"the study's four findings, as this run found them ({escape(cfg.out)})", show_lines=True)
-    for c in ("#", "claim", "this run", "verdict"):
-        t.add_column(c, overflow="fold")
+    t = _table(f"the study's four findings, as this run found them ({escape(cfg.out)})",
+               ("#", "claim", "this run", "verdict"), fold=("#", "claim", "this run", "verdict"), show_lines=True)
     for f in info["findings"]:
         t.add_row(str(f["number"]), escape(f["claim"]), escape(f["statement"]), escape(f["verdict"]))
     out.print(t)
@@ -620,9 +567,8 @@ def results(cfg: ResultsConfig, as_json: bool):
     info = run_results(cfg)
     if as_json:
         return _print_json(info)
-    t = Table(title=f"results of {escape(info['run'])}")
-    for col in ("kind", "file", "created", "dimensions"):
-        t.add_column(col, overflow="fold")
+    t = _table(f"results of {escape(info['run'])}", ("kind", "file", "created", "dimensions"),
+               fold=("kind", "file", "created", "dimensions"))
     for r in info["results"]:
         t.add_row(escape(r["kind"]), escape(r["file"]), escape(r["created"]),
                   escape(" ".join(f"{d}={n}" for d, n in r["dims"].items())))

@@ -271,6 +271,13 @@ class EvalRun:
     results: Mapping[str, EvalResult]
     files: Mapping[str, Path]
 
+    def as_json(self, cfg: "EvalConfig") -> dict:
+        """What ``graftkit eval --json`` prints."""
+        return {"model": str(cfg.model), "compare": str(cfg.compare_to) if cfg.compare_to else None,
+                "tasks": list(self.rows), "seeds": cfg.seeds, "episodes": cfg.episodes, "backend": cfg.backend,
+                "obs": cfg.obs, "decode": self.results["model"].decode,
+                "files": {k: str(p) for k, p in self.files.items()}}
+
 
 @dataclass(frozen=True)
 class HeadroomRun:
@@ -279,6 +286,11 @@ class HeadroomRun:
     rows: tuple[dict, ...]
     result: HeadroomResult
     file: Path
+
+    def as_json(self, cfg: "HeadroomConfig") -> dict:
+        """What ``graftkit headroom --json`` prints."""
+        return {"model": str(cfg.model), "k": cfg.k, "temperature": cfg.temperature, "obs": cfg.obs,
+                "tasks": list(self.rows), "file": str(self.file)}
 
 
 def _evaluate(cfg: EpisodeOptions, policy, decode, samples: int, what: str, on_progress: OnProgress):

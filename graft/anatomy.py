@@ -318,6 +318,22 @@ class DeltaResult:
     def to_result(self) -> Result:
         return self.result
 
+    def as_json(self, seconds: float) -> dict:
+        """What ``graftkit delta --json`` prints: per run, totals, groups and tensors (largest share first)."""
+        runs = {}
+        for i, lab in enumerate(self.runs):
+            group, tensor = ({m: get(m, i) for m in METRICS} for get in (self.group, self.tensor))
+            runs[lab] = {"total": {m: self.total(m, i) for m in METRICS},
+                         "groups": {g: {m: float(v[j]) for m, v in group.items()} for j, g in enumerate(self.groups)},
+                         "tensors": [{"name": n, "group": self.tensor_group[j], "layer": int(self.tensor_layer[j]),
+                                      **{m: float(v[j]) for m, v in tensor.items()}}
+                                     for j, n in sorted(enumerate(self.tensors), key=lambda x: -tensor["share"][x[0]])]}
+        payload = {"base": self.base_path, "tol": self.tol, "runs": runs, "result_file": str(self.path),
+                   "seconds": seconds}
+        if len(self.runs) > 1:
+            payload["cosine"] = {"total": self.cosine_total(), "groups": self.cosine_groups(), "runs": self.runs}
+        return payload
+
     @property
     def runs(self) -> list[str]:
         return [str(r) for r in self.result.coords["run"]]

@@ -105,3 +105,16 @@ def test_command_line_forms_become_the_stored_types():
     assert dataclasses.asdict(_cls("train sft")(out=Path("o")).sft()) == dataclasses.asdict(SFTConfig(out="o"))
     study = _cls("demo")(out=Path("runs/x"), sft=Path("s"))
     assert study.out == "runs/x" and study.sft == "s"
+
+
+def test_the_command_line_stays_thin():
+    """cli.py parses, builds a config, calls one run function and renders: at most 600 lines, and no
+    function in it over 60."""
+    import ast
+
+    path = Path(__file__).resolve().parents[1] / "cli.py"
+    source = path.read_text()
+    assert len(source.splitlines()) <= 600, f"cli.py has {len(source.splitlines())} lines (at most 600)"
+    long = [f"{n.name} ({n.end_lineno - n.lineno + 1} lines)" for n in ast.walk(ast.parse(source))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 60]
+    assert not long, f"cli.py functions over 60 lines: {long}"
