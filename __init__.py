@@ -1,15 +1,62 @@
 """graftkit: did GRPO teach the model anything, or just reshape it — and where in the weights?
 
-The public API, re-exported. Subpackages: ``weights`` (checkpoints and the tensor taxonomy),
-``graft`` (delta anatomy, splice, export), ``store`` (labelled HDF5 results), ``figures`` (the HTML
-report and CSV export).
+The public API, re-exported. Every command of the ``graftkit`` command line is a frozen config and one
+run function, the same ones the command line and the study (:func:`run_study`) call; results are read
+through typed views defined beside their producers::
+
+    from graftkit import DeltaConfig, EvalConfig, GraftConfig, run_delta, run_eval, run_graft
+
+    d = run_delta(DeltaConfig(rl=["runs/demo/degrade-s0"]))           # base: the recorded SFT parent
+    print(d.groups, d.group("share", 0))                               # a DeltaResult
+    ev = run_eval(EvalConfig(model="runs/demo/sft", tasks="mastered", seeds=5))
+    print(ev.rows[-1]["model"]["rate"])                                # pooled success, with its interval
+    sweep = run_graft(GraftConfig(rl="runs/demo/degrade-s0", sweep="single", seeds=5))
+
+| command | config | run | result view |
+|---|---|---|---|
+| inspect | :class:`InspectConfig` | :func:`run_inspect` | (a dict) |
+| delta | :class:`DeltaConfig` | :func:`run_delta` | :class:`DeltaResult` |
+| graft | :class:`GraftConfig` | :func:`run_graft` | :class:`SweepResult`, :class:`DissociationResult` |
+| eval, headroom | :class:`EvalConfig`, :class:`HeadroomConfig` | :func:`run_eval`, :func:`run_headroom` | :class:`EvalResult`, :class:`HeadroomResult` |
+| rank, couple | :class:`RankConfig`, :class:`CoupleConfig` | :func:`run_rank`, :func:`run_couple` | :class:`RankResult`, :class:`CouplingResult` |
+| train sft, train grpo, sweep | :class:`TrainSFTConfig`, :class:`GRPOConfig`, :class:`SweepConfig` | :func:`run_train_sft`, :func:`run_train_grpo`, :func:`run_sweep_grid` | :class:`TrainingCurves` |
+| report, results | :class:`ReportConfig`, :class:`ResultsConfig` | :func:`run_report`, :func:`run_results` | |
+| demo | :class:`StudyConfig` | :func:`run_study` | the findings (:mod:`graftkit.findings`) |
+
+Underneath: ``weights`` (checkpoints, PEFT LoRA, the tensor taxonomy), ``graft`` (delta anatomy, the
+splice, export and in-place grafts, sweeps and attribution), ``rank`` (spectral measures, weight /
+delta / activation ranks, coupling), ``agent`` and ``webenv`` (the policy and the web tasks), ``train``
+(SFT, GRPO and its variants), ``stats`` (paired statistics), ``store`` (labelled HDF5 results) and
+``figures`` (the HTML report and CSV export). Importing graftkit loads no torch; running a model does.
 """
 
 from ._version import __version__
+from .config import CommandConfig, OnProgress
 from .errors import GraftkitError
+from .evaluation import EvalConfig, EvalResult, HeadroomConfig, HeadroomResult, run_eval, run_headroom
 from .figures import build_report, export_csv, write_report
-from .graft import GraftPlan, GraftSpec, delta_anatomy, export_graft, plan_graft, splice
-from .store import Result, list_results, read_result, write_result
+from .figures.commands import ReportConfig, ResultsConfig, run_report, run_results
+from .graft import (
+    DeltaConfig,
+    DeltaResult,
+    DissociationResult,
+    GraftPlan,
+    GraftSpec,
+    SweepResult,
+    delta_anatomy,
+    export_graft,
+    plan_graft,
+    run_delta,
+    splice,
+)
+from .graft.commands import GraftConfig, run_graft
+from .rank.commands import CoupleConfig, RankConfig, run_couple, run_rank
+from .rank.coupling import CouplingResult
+from .rank.results import RankResult
+from .store import Result, current_run, list_results, read_result, write_result
+from .study import StudyConfig, run_study
+from .train.configs import GRPOConfig, SweepConfig
+from .training import TrainingCurves, TrainSFTConfig, run_sweep_grid, run_train_grpo, run_train_sft
 from .weights import (
     Checkpoint,
     Taxonomy,
@@ -22,10 +69,19 @@ from .weights import (
     save_model,
     write_checkpoint,
 )
+from .weights.commands import InspectConfig, run_inspect
 
 __all__ = [
-    "__version__", "GraftkitError", "GraftPlan", "GraftSpec", "delta_anatomy", "export_graft",
-    "plan_graft", "splice", "Result", "list_results", "read_result", "write_result", "Checkpoint",
-    "Taxonomy", "apply_lora", "check_pair", "classify", "open_checkpoint", "open_rl", "parse_layers",
-    "save_model", "write_checkpoint", "build_report", "write_report", "export_csv",
+    "__version__", "CommandConfig", "OnProgress", "GraftkitError",
+    # commands: config, run function, result view
+    "InspectConfig", "run_inspect", "DeltaConfig", "run_delta", "DeltaResult", "GraftConfig", "run_graft",
+    "SweepResult", "DissociationResult", "EvalConfig", "run_eval", "EvalResult", "HeadroomConfig", "run_headroom",
+    "HeadroomResult", "RankConfig", "run_rank", "RankResult", "CoupleConfig", "run_couple", "CouplingResult",
+    "TrainSFTConfig", "run_train_sft", "GRPOConfig", "run_train_grpo", "SweepConfig", "run_sweep_grid",
+    "TrainingCurves", "ReportConfig", "run_report", "ResultsConfig", "run_results", "StudyConfig", "run_study",
+    # the library underneath
+    "GraftPlan", "GraftSpec", "delta_anatomy", "export_graft", "plan_graft", "splice", "Result", "current_run",
+    "list_results", "read_result", "write_result", "Checkpoint", "Taxonomy", "apply_lora", "check_pair", "classify",
+    "open_checkpoint", "open_rl", "parse_layers", "save_model", "write_checkpoint", "build_report", "write_report",
+    "export_csv",
 ]
