@@ -124,6 +124,40 @@ def findings_result(findings: list[Finding], cfg) -> Result:
                    "units": "estimate/low/high: success-rate difference (fraction) unless the statement says otherwise"})
 
 
+@dataclass(frozen=True)
+class FindingsResult:
+    """A ``findings`` result read by name: the findings in order, whether they state their claims (results
+    written before claims were stored do not), and the notes on units and intervals."""
+
+    result: Result
+
+    @classmethod
+    def from_result(cls, res: Result) -> "FindingsResult":
+        return cls(res)
+
+    def to_result(self) -> Result:
+        return self.result
+
+    @property
+    def has_claim(self) -> bool:
+        return "claim" in self.result.data
+
+    @property
+    def findings(self) -> tuple[Finding, ...]:
+        res, ids = self.result, [str(f) for f in self.result.coords["finding"]]
+        col = {k: (list(res[k]) if k in res.data else [default] * len(ids))
+               for k, default in (("claim", ""), ("statement", ""), ("estimate", np.nan), ("low", np.nan),
+                                  ("high", np.nan), ("verdict", ""))}
+        return tuple(Finding(int(n) if n.isdigit() else n, str(col["claim"][i]), str(col["statement"][i]),
+                             float(col["estimate"][i]), float(col["low"][i]), float(col["high"][i]),
+                             str(col["verdict"][i])) for i, n in enumerate(ids))
+
+    @property
+    def notes(self) -> str:
+        return "; ".join(str(self.result.attrs[k]) for k in ("units", "interval")
+                         if isinstance(self.result.attrs.get(k), str))
+
+
 def finding_3(degrade, collapse) -> Finding:
     """Grafting localises the degrade regime to attention + MLP; the collapse regime is not traceable to
     any single group; the embedding dominates weight movement yet is causally inert (``degrade``,

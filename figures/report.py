@@ -28,6 +28,7 @@ import plotly.io as pio
 
 from .._version import __version__
 from ..errors import GraftkitError
+from ..findings import FindingsResult
 from ..graft.anatomy import DeltaResult
 from ..stats import Comparison
 from ..store import Result, list_results, read_result
@@ -136,20 +137,13 @@ def _findings(loaded: Sequence[Loaded]) -> Section:
         sec.present = True
 
         def build(item=item):
-            res = item.result
-            ids = [str(f) for f in res.coords["finding"]]
-            n = len(ids)
-            col = {k: (list(res[k]) if k in res.data else [default] * n)
-                   for k, default in (("claim", ""), ("statement", ""), ("estimate", np.nan), ("low", np.nan),
-                                      ("high", np.nan), ("verdict", ""))}
-            has_claim = "claim" in res.data
-            rows = []
-            for i in range(n):
-                e, lo, hi = (float(col[k][i]) for k in ("estimate", "low", "high"))
-                est = fmt(e, ".3g") + (f" [{fmt(lo, '.3g')}, {fmt(hi, '.3g')}]" if np.isfinite(lo) or np.isfinite(hi) else "")
-                cells = [ids[i], *([col["claim"][i]] if has_claim else []), col["statement"][i], est, col["verdict"][i]]
+            view = FindingsResult.from_result(item.result)
+            has_claim, notes, rows = view.has_claim, view.notes, []
+            for f in view.findings:
+                est = fmt(f.estimate, ".3g") + (f" [{fmt(f.low, '.3g')}, {fmt(f.high, '.3g')}]"
+                                                if np.isfinite(f.low) or np.isfinite(f.high) else "")
+                cells = [f.number, *([f.claim] if has_claim else []), f.statement, est, f.verdict]
                 rows.append("<tr>" + "".join(f"<td>{_h(c)}</td>" for c in cells) + "</tr>")
-            notes = "; ".join(str(res.attrs[k]) for k in ("units", "interval") if isinstance(res.attrs.get(k), str))
             head = ["#", *(["claim"] if has_claim else []), "this run found", "estimate [interval]", "verdict"]
             sec.html += (f"<table class='findings'><caption>{_h(item.path.name)}" + (f" — {_h(notes)}" if notes else "")
                          + "</caption><thead><tr>" + "".join(f"<th>{_h(h)}</th>" for h in head) + "</tr></thead><tbody>"

@@ -312,10 +312,9 @@ def _sweep_one(cfg: GraftConfig, exps, chosen, policy, b, r, tax, label: str, de
                setup: dict, decode, on_progress: OnProgress) -> X.SweepResult:
     """One run's sweep: evaluate what ``done`` lacks, a partial result after every configuration (an
     interrupted sweep resumes from it), then the finished result at ``dest``."""
-    from .anatomy import delta_anatomy
+    from .anatomy import DeltaResult, delta_anatomy
 
-    share = delta_anatomy(b, [r], [label], tax)
-    movement = {g: float(v) for g, v in zip(share.coords["group"], share["group_share"][0])}
+    movement = DeltaResult(delta_anatomy(b, [r], [label], tax)).group_shares(0)
     grid = (setup["tasks"], setup["seeds"], cfg.episodes, chosen)
     common = dict(layers=cfg.layers if cfg.kind not in ("layers", "eval") else "all", movement_share=movement,
                   attrs={**setup, "rl_label": label, "config": cfg.as_dict()})

@@ -17,7 +17,7 @@ ALLOWED = {
     "graft": {"weights", "agent", "stats", "store", "rank"},
     "rank": {"weights", "agent", "stats", "store"},
     # figures read results through the typed views defined beside their producers
-    "figures": {"store", "stats", "graft", "rank", "evaluation", "training"},
+    "figures": {"store", "stats", "graft", "rank", "evaluation", "training", "findings"},
     # the run functions of eval/headroom and of training (they write results, which agent/train may not)
     "evaluation": {"agent", "webenv", "weights", "stats", "store"},
     "training": {"train", "agent", "webenv", "weights", "store"},
