@@ -18,7 +18,7 @@ from .evaluation import EvalResult, HeadroomResult
 from .graft.experiments import RL_LABEL, label_for
 from .rank.coupling import TRACKS_BOTH, CouplingResult
 from .stats import BETTER, WORSE, compare
-from .store import Result
+from .store import Result, View
 from .webenv.tasks import SUITES
 
 
@@ -125,18 +125,12 @@ def findings_result(findings: list[Finding], cfg) -> Result:
 
 
 @dataclass(frozen=True)
-class FindingsResult:
+class FindingsResult(View):
     """A ``findings`` result read by name: the findings in order, whether they state their claims (results
     written before claims were stored do not), and the notes on units and intervals."""
 
-    result: Result
-
-    @classmethod
-    def from_result(cls, res: Result) -> "FindingsResult":
-        return cls(res)
-
-    def to_result(self) -> Result:
-        return self.result
+    KINDS = ("findings",)
+    PRODUCER = "graftkit demo"
 
     @property
     def has_claim(self) -> bool:

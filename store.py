@@ -16,7 +16,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 import h5py
 import numpy as np
@@ -52,6 +52,44 @@ class Result:
 
     def dims(self, name: str) -> tuple[str, ...]:
         return self.data[name][0]
+
+
+@dataclass(frozen=True)
+class View:
+    """The base of the typed views that results are read through: a :class:`Result` of one of ``KINDS``
+    and the file it was read from or written to (named in errors). Each view is defined beside the code
+    that produces its result and adds the accessors its readers need."""
+
+    result: Result
+    path: Path | None = None
+
+    #: The result kinds this view reads (empty: any).
+    KINDS: ClassVar[tuple[str, ...]] = ()
+    #: The command that writes such a result (named in the fix of a wrong-kind error).
+    PRODUCER: ClassVar[str] = ""
+
+    @classmethod
+    def from_result(cls, res: Result, path: str | os.PathLike | None = None):
+        if cls.KINDS and res.kind not in cls.KINDS:
+            raise GraftkitError(f"{path or 'result'}: a {res.kind!r} result, expected "
+                                f"{' or '.join(repr(k) for k in cls.KINDS)}",
+                                f"pass a result written by `{cls.PRODUCER}`" if cls.PRODUCER else None)
+        return cls(res, None if path is None else Path(path))
+
+    @classmethod
+    def read(cls, path: str | os.PathLike):
+        return cls.from_result(read_result(path), path)
+
+    def to_result(self) -> Result:
+        return self.result
+
+    @property
+    def attrs(self) -> Mapping[str, Any]:
+        return self.result.attrs
+
+    def labels(self, dim: str) -> list[str]:
+        """The coordinate labels of dimension ``dim`` as strings."""
+        return [str(x) for x in self.result.coords[dim]]
 
 
 def _as_h5(values: np.ndarray) -> np.ndarray:

@@ -18,7 +18,7 @@ import numpy as np
 
 from .config import CommandConfig, OnProgress, no_progress
 from .errors import GraftkitError
-from .store import Result, current_run, write_result
+from .store import Result, View, current_run, write_result
 from .train.configs import GRPOConfig, SweepConfig
 
 TRAIN_KINDS = ("train-sft", "train-grpo")
@@ -28,24 +28,14 @@ TRAIN_KINDS = ("train-sft", "train-grpo")
 
 
 @dataclass(frozen=True)
-class TrainingCurves:
+class TrainingCurves(View):
     """A training run's per-step metrics (kind ``train-sft`` / ``train-grpo``): ``metric[step]``.
 
     ``attrs``: ``model`` (the policy folder), ``label`` (its name), ``config`` and ``producer`` (from its
     graftkit.json). ``path`` is the file it was read from or written to."""
 
-    result: Result
-    path: Path | None = None
-
-    @classmethod
-    def from_result(cls, res: Result, path: str | Path | None = None) -> "TrainingCurves":
-        if res.kind not in TRAIN_KINDS:
-            raise GraftkitError(f"{path or 'result'}: a {res.kind} result, not training curves",
-                                f"pass a result of kind {' or '.join(TRAIN_KINDS)}")
-        return cls(res, None if path is None else Path(path))
-
-    def to_result(self) -> Result:
-        return self.result
+    KINDS = TRAIN_KINDS
+    PRODUCER = "graftkit train"
 
     @property
     def kind(self) -> str:
@@ -252,4 +242,3 @@ def run_sweep_grid(cfg: SweepConfig, on_progress: OnProgress = no_progress,
     steps = {s.name: _steps(f"grpo {s.name}", s.config.steps, on_progress, None) for s in specs}
     records = run_sweep(specs, on_run=lambda s, st: on_run(s.name, st), on_step=lambda s, m: steps[s.name](m))
     return {"grid": str(cfg.grid), "runs": records}
-

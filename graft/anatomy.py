@@ -29,7 +29,7 @@ import numpy as np
 
 from ..config import OnProgress, no_progress, opt
 from ..errors import GraftkitError
-from ..store import Result
+from ..store import Result, View
 from ..weights import Checkpoint, Taxonomy, check_pair
 from ..weights.commands import ReadOptions
 from ..weights.taxonomy import DECODER
@@ -300,23 +300,13 @@ METRICS = ("fro_delta", "rel_delta", "share", "max_abs_delta", "frac_unchanged",
 
 
 @dataclass(frozen=True)
-class DeltaResult:
+class DeltaResult(View):
     """A ``delta`` result (:func:`delta_anatomy`) read by name: per run, metrics over tensors, groups, the
     whole model and (decoder layer × group) cells, and the cosine between runs' deltas.
     ``path`` is the file it was read from or written to."""
 
-    result: Result
-    path: Path | None = None
-
-    @classmethod
-    def from_result(cls, res: Result, path: str | Path | None = None) -> "DeltaResult":
-        if res.kind != "delta":
-            raise GraftkitError(f"{path or 'result'}: a {res.kind} result, not a delta anatomy",
-                                "pass a result written by `graftkit delta`")
-        return cls(res, None if path is None else Path(path))
-
-    def to_result(self) -> Result:
-        return self.result
+    KINDS = ("delta",)
+    PRODUCER = "graftkit delta"
 
     def as_json(self, seconds: float) -> dict:
         """What ``graftkit delta --json`` prints: per run, totals, groups and tensors (largest share first)."""

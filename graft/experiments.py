@@ -36,7 +36,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..errors import GraftkitError
-from ..store import Result, read_result
+from ..store import Result, View, read_result
 from ..weights import BANDS, GROUPS, Checkpoint, Taxonomy
 from ..weights.taxonomy import DECODER
 from . import attribution as A
@@ -415,33 +415,16 @@ def resume_outcomes(dest: str | Path, experiments: Sequence[GraftExperiment], se
 
 
 @dataclass(frozen=True)
-class SweepResult:
+class SweepResult(View):
     """A ``graft-sweep`` result (:func:`sweep_result`) read by name: per configuration its outcomes
     ``success[config, task, seed, episode]``, its paired differences ``diff_vs_base`` / ``diff_vs_rl``
     ``[config, bound]`` and verdicts; per group the optional attribution arrays (:data:`ATTRIBUTION`,
     ``interaction[group, group2, bound]``) and ``movement_share``. ``path``: the file it was read from."""
 
-    result: Result
-    path: Path | None = None
+    KINDS = ("graft-sweep",)
+    PRODUCER = "graftkit graft --sweep"
 
     ATTRIBUTION = ("group_effect", "main_effect", "shapley")
-
-    @classmethod
-    def from_result(cls, res: Result, path: str | Path | None = None) -> "SweepResult":
-        if res.kind != "graft-sweep":
-            raise GraftkitError(f"{path or 'result'}: a {res.kind!r} result, expected 'graft-sweep'")
-        return cls(res, None if path is None else Path(path))
-
-    @classmethod
-    def read(cls, path: str | Path) -> "SweepResult":
-        return cls.from_result(read_result(path), path)
-
-    def to_result(self) -> Result:
-        return self.result
-
-    @property
-    def attrs(self) -> Mapping[str, Any]:
-        return self.result.attrs
 
     @property
     def sweep(self) -> str:
@@ -507,29 +490,12 @@ class SweepResult:
 
 
 @dataclass(frozen=True)
-class DissociationResult:
+class DissociationResult(View):
     """A ``graft-dissociation`` result (:func:`dissociation_result`): per run A, B and group the effect
     ``effect[run, group, bound]``, the paired difference ``difference[group, bound]`` and ``verdict[group]``."""
 
-    result: Result
-    path: Path | None = None
-
-    @classmethod
-    def from_result(cls, res: Result, path: str | Path | None = None) -> "DissociationResult":
-        if res.kind != "graft-dissociation":
-            raise GraftkitError(f"{path or 'result'}: a {res.kind!r} result, expected 'graft-dissociation'")
-        return cls(res, None if path is None else Path(path))
-
-    @classmethod
-    def read(cls, path: str | Path) -> "DissociationResult":
-        return cls.from_result(read_result(path), path)
-
-    def to_result(self) -> Result:
-        return self.result
-
-    @property
-    def attrs(self) -> Mapping[str, Any]:
-        return self.result.attrs
+    KINDS = ("graft-dissociation",)
+    PRODUCER = "graftkit graft --vs"
 
     @property
     def groups(self) -> list[str]:

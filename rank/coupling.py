@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import GraftkitError
 from ..stats import BETTER, WORSE, correlation_ci, wilson_interval
-from ..store import Result
+from ..store import Result, View
 from ..weights import BANDS, band_of, band_rule
 
 STATS: tuple[str, ...] = ("spearman", "pearson")
@@ -370,29 +370,13 @@ def verdicts_from_intervals(low: Any, high: Any) -> list[str]:
 
 
 @dataclass(frozen=True)
-class CouplingResult:
+class CouplingResult(View):
     """A ``"coupling"`` result (:func:`coupling_result`) read by name: correlations per layer and band,
     each run's rank and success, and the both-directions arrays when the result holds them (their names
     take a ``both_`` prefix where they clash with the correlation's)."""
 
-    result: Result
-
-    @classmethod
-    def from_result(cls, res: Result) -> "CouplingResult":
-        return cls(res)
-
-    @classmethod
-    def read(cls, path) -> "CouplingResult":
-        from ..store import read_result
-
-        return cls(read_result(path))
-
-    def to_result(self) -> Result:
-        return self.result
-
-    @property
-    def attrs(self) -> Mapping[str, Any]:
-        return self.result.attrs
+    KINDS = ("coupling",)
+    PRODUCER = "graftkit couple"
 
     @property
     def metric(self) -> str:

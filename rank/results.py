@@ -9,13 +9,12 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from ..errors import GraftkitError
-from ..store import Result, read_result
+from ..store import View
 
 RANK_KINDS: tuple[str, ...] = ("rank-weights", "rank-delta", "rank-activations")
 #: Single-matrix measures, in ``value``'s metric order.
@@ -29,7 +28,7 @@ BACKENDS = ("hooks", "lens")
 
 
 @dataclass(frozen=True)
-class RankResult:
+class RankResult(View):
     """A rank result read by name, whichever layout it has.
 
     ``rank-weights`` / ``rank-delta`` (:mod:`.weights`): ``value[tensor, metric]`` and per decoder layer
@@ -38,27 +37,12 @@ class RankResult:
     ``block[layer]``, the decoder block whose output each hidden state is (−1: the embedding output).
     ``path`` is the file it was read from (named in errors)."""
 
-    result: Result
-    path: Path | None = None
-
-    @classmethod
-    def from_result(cls, res: Result, path: str | Path | None = None) -> "RankResult":
-        return cls(res, None if path is None else Path(path))
-
-    @classmethod
-    def read(cls, path: str | Path) -> "RankResult":
-        return cls.from_result(read_result(path), path)
-
-    def to_result(self) -> Result:
-        return self.result
+    KINDS = RANK_KINDS
+    PRODUCER = "graftkit rank"
 
     @property
     def kind(self) -> str:
         return self.result.kind
-
-    @property
-    def attrs(self) -> Mapping[str, Any]:
-        return self.result.attrs
 
     @property
     def metrics(self) -> list[str]:
