@@ -31,6 +31,8 @@ delta / activation ranks, coupling), ``agent`` and ``webenv`` (the policy and th
 """
 
 from ._version import __version__
+from . import api as _api
+from .api import couple, delta, eval, grafted, headroom, load_policy, report, train_grpo, train_sft  # noqa: A004
 from .config import CommandConfig, OnProgress
 from .errors import GraftkitError
 from .evaluation import EvalConfig, EvalResult, HeadroomConfig, HeadroomResult, run_eval, run_headroom
@@ -71,8 +73,16 @@ from .weights import (
 )
 from .weights.commands import InspectConfig, run_inspect
 
+from . import graft, rank  # noqa: E402 - the packages, made callable as their commands below
+
+_api.callable_module(graft, _api.graft)
+_api.callable_module(rank, _api.rank)
+
 __all__ = [
     "__version__", "CommandConfig", "OnProgress", "GraftkitError",
+    # one function per command (graft and rank are their packages, callable): gk.delta(...), gk.graft(...)
+    "delta", "graft", "eval", "headroom", "rank", "couple", "train_sft", "train_grpo", "report", "grafted",
+    "load_policy",
     # commands: config, run function, result view
     "InspectConfig", "run_inspect", "DeltaConfig", "run_delta", "DeltaResult", "GraftConfig", "run_graft",
     "SweepResult", "DissociationResult", "EvalConfig", "run_eval", "EvalResult", "HeadroomConfig", "run_headroom",

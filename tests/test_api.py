@@ -35,3 +35,38 @@ def test_the_documented_api_runs_and_matches_the_command_line(tmp_path, monkeypa
     out = run_graft(GraftConfig(rl=rl, groups="all", out_dir=tmp_path / "g"))
     graft_ck, rl_ck = graftkit.open_checkpoint(out["out"]), graftkit.open_checkpoint(rl)
     assert all(np.array_equal(graft_ck.read(n).numpy(), rl_ck.read(n).numpy()) for n in rl_ck.metas)  # graft(all) == RL
+
+
+def test_one_function_per_command_and_the_grafted_context(tmp_path, monkeypatch):
+    """gk.delta / gk.graft / gk.rank / gk.eval build the command's config (bad options are its one-line
+    errors), graftkit.graft and graftkit.rank stay packages, and gk.grafted is the graft inside the block
+    and the base again after it, bit for bit."""
+    import pytest
+    import torch
+
+    import graftkit as gk
+    import graftkit.graft as graft_pkg
+    from graftkit.errors import GraftkitError
+
+    monkeypatch.chdir(tmp_path)
+    sft, rl = planted_pair(tmp_path / "runs" / "demo")
+    assert graft_pkg is gk.graft and gk.graft.GraftSpec is graftkit.GraftSpec  # still the package
+    assert gk.delta(rl).group_shares(0)["embed"] > 0.5
+    plan = gk.graft(rl, ["attn", "mlp"], dry_run=True)
+    assert {row["group"] for row in plan["selected"]} == {"attn", "mlp"}
+    ranks = gk.rank(rl, what="delta", vs=sft)
+    assert ranks["what"] == "delta" and ranks["models"]
+    with pytest.raises(GraftkitError, match="--unknown"):
+        gk.delta(rl, unknown="maybe")
+    with pytest.raises(GraftkitError, match="--seeds"):
+        gk.eval(sft, seeds=0)
+
+    policy = gk.load_policy(sft)
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    rl_ck = graftkit.open_checkpoint(rl)
+    with gk.grafted(policy, base=sft, rl=rl, groups=["attn", "mlp"]):
+        inside = dict(policy.model.named_parameters())
+        late_q = "model.layers.5.self_attn.q_proj.weight"  # planted: the late layers' attention
+        assert torch.equal(inside[late_q], rl_ck.read(late_q)) and not torch.equal(inside[late_q], before[late_q])
+        assert torch.equal(inside["model.embed_tokens.weight"], before["model.embed_tokens.weight"])
+    assert all(torch.equal(p, before[n]) for n, p in policy.model.named_parameters())
