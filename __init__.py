@@ -1,16 +1,21 @@
 """graftkit: did GRPO teach the model anything, or just reshape it — and where in the weights?
 
-The public API, re-exported. Every command of the ``graftkit`` command line is a frozen config and one
-run function, the same ones the command line and the study (:func:`run_study`) call; results are read
-through typed views defined beside their producers::
+The public API, re-exported. One function per command (:mod:`graftkit.api`), with the command's options
+as keyword arguments; results as typed views and as xarray datasets; every report figure as a function
+(:mod:`graftkit.figures`); see ``docs/tour.ipynb``::
 
-    from graftkit import DeltaConfig, EvalConfig, GraftConfig, run_delta, run_eval, run_graft
+    import graftkit as gk
 
-    d = run_delta(DeltaConfig(rl=["runs/demo/degrade-s0"]))           # base: the recorded SFT parent
-    print(d.groups, d.group("share", 0))                               # a DeltaResult
-    ev = run_eval(EvalConfig(model="runs/demo/sft", tasks="mastered", seeds=5))
-    print(ev.rows[-1]["model"]["rate"])                                # pooled success, with its interval
-    sweep = run_graft(GraftConfig(rl="runs/demo/degrade-s0", sweep="single", seeds=5))
+    d = gk.delta("runs/demo/degrade-s0")                    # base: the SFT parent recorded in graftkit.json
+    gk.figures.anatomy_heatmap(d).show()                     # the report's layer × group heatmap
+    with gk.grafted(policy := gk.load_policy("runs/demo/sft"), base="runs/demo/sft",
+                    rl="runs/demo/degrade-s0", groups=["attn", "mlp"]):
+        my_evaluation(policy)                                # the graft in place, restored bit for bit after
+    ev = gk.eval("runs/demo/sft", tasks="mastered", seeds=5)
+    gk.open_result("runs/demo/results/delta.h5")             # an xarray.Dataset (or read_result / DeltaResult.read)
+
+Underneath each function is the command's frozen config and one run function, the same ones the command
+line and the study (:func:`run_study`) call:
 
 | command | config | run | result view |
 |---|---|---|---|
@@ -55,7 +60,7 @@ from .graft.commands import GraftConfig, run_graft
 from .rank.commands import CoupleConfig, RankConfig, run_couple, run_rank
 from .rank.coupling import CouplingResult
 from .rank.results import RankResult
-from .store import Result, current_run, list_results, read_result, write_result
+from .store import Result, current_run, list_results, open_result, open_run, read_result, write_result
 from .study import StudyConfig, run_study
 from .train.configs import GRPOConfig, SweepConfig
 from .training import TrainingCurves, TrainSFTConfig, run_sweep_grid, run_train_grpo, run_train_sft
@@ -73,7 +78,7 @@ from .weights import (
 )
 from .weights.commands import InspectConfig, run_inspect
 
-from . import graft, rank  # noqa: E402 - the packages, made callable as their commands below
+from . import figures, graft, rank  # noqa: E402 - graft and rank are made callable as their commands below
 
 _api.callable_module(graft, _api.graft)
 _api.callable_module(rank, _api.rank)
@@ -82,7 +87,7 @@ __all__ = [
     "__version__", "CommandConfig", "OnProgress", "GraftkitError",
     # one function per command (graft and rank are their packages, callable): gk.delta(...), gk.graft(...)
     "delta", "graft", "eval", "headroom", "rank", "couple", "train_sft", "train_grpo", "report", "grafted",
-    "load_policy",
+    "load_policy", "figures",
     # commands: config, run function, result view
     "InspectConfig", "run_inspect", "DeltaConfig", "run_delta", "DeltaResult", "GraftConfig", "run_graft",
     "SweepResult", "DissociationResult", "EvalConfig", "run_eval", "EvalResult", "HeadroomConfig", "run_headroom",
@@ -91,7 +96,8 @@ __all__ = [
     "TrainingCurves", "ReportConfig", "run_report", "ResultsConfig", "run_results", "StudyConfig", "run_study",
     # the library underneath
     "GraftPlan", "GraftSpec", "delta_anatomy", "export_graft", "plan_graft", "splice", "Result", "current_run",
-    "list_results", "read_result", "write_result", "Checkpoint", "Taxonomy", "apply_lora", "check_pair", "classify",
+    "list_results", "read_result", "write_result", "open_result", "open_run", "Checkpoint", "Taxonomy",
+    "apply_lora", "check_pair", "classify",
     "open_checkpoint", "open_rl", "parse_layers", "save_model", "write_checkpoint", "build_report", "write_report",
     "export_csv",
 ]

@@ -81,7 +81,10 @@ def _model_path(attrs: dict) -> str | None:
     return str(m) if isinstance(m, str) and m else None
 
 
-def _base_label(path: Path, kind: str, res: Result) -> str:
+def base_label(path: Path | None, kind: str, res: Result) -> str:
+    """The label a result's series carry in figures: an eval or headroom result's recorded label or model
+    folder name (`` (sampled)`` / `` [som]`` marked), a training or rank result's label or model folder
+    name, anything else its file's stem (its kind when it has no file)."""
     model = _model_path(res.attrs)
     named = res.attrs.get("label") if isinstance(res.attrs.get("label"), str) and res.attrs.get("label") else None
     if kind in ("eval", "headroom") and (named or model):
@@ -94,7 +97,27 @@ def _base_label(path: Path, kind: str, res: Result) -> str:
         return label
     if kind.startswith(("train-", "rank-")) and (named or model):
         return named or Path(model).name
-    return path.stem
+    return path.stem if path is not None else kind
+
+
+def distinct_labels(items: Sequence[tuple[str, str, Path | None]]) -> list[str]:
+    """``(kind, label, path)`` → labels unique within their kind: a label that two results of one kind
+    share gets `` · <file stem>`` (`` · <position>`` for a result without a file)."""
+    seen: dict[tuple[str, str], int] = {}
+    for kind, label, _ in items:
+        seen[(kind, label)] = seen.get((kind, label), 0) + 1
+    return [label if seen[(kind, label)] == 1 else f"{label} · {path.stem if path is not None else i + 1}"
+            for i, (kind, label, path) in enumerate(items)]
+
+
+def training_label(label: str, kind: str) -> str:
+    """A training run's legend entry: its label and the algorithm."""
+    return label + (" (GRPO)" if kind == "train-grpo" else " (SFT)")
+
+
+def delta_label(run: str, path: Path | None, n_files: int) -> str:
+    """An RL run of a delta result: its name, and the file's stem when the run has several delta files."""
+    return run if n_files == 1 or path is None else f"{run} · {path.stem}"
 
 
 def load_run(run_dir: str | os.PathLike) -> list[Loaded]:
@@ -106,12 +129,9 @@ def load_run(run_dir: str | os.PathLike) -> list[Loaded]:
     for row in list_results(run_dir):
         path = Path(row["path"])
         res = read_result(path)
-        loaded.append(Loaded(path, row["kind"], row["created"], res, _base_label(path, row["kind"], res)))
-    seen: dict[tuple[str, str], int] = {}
-    for x in loaded:
-        seen[(x.kind, x.label)] = seen.get((x.kind, x.label), 0) + 1
-    return [Loaded(x.path, x.kind, x.created, x.result, f"{x.label} · {x.path.stem}")
-            if seen[(x.kind, x.label)] > 1 else x for x in loaded]
+        loaded.append(Loaded(path, row["kind"], row["created"], res, base_label(path, row["kind"], res)))
+    labels = distinct_labels([(x.kind, x.label, x.path) for x in loaded])
+    return [Loaded(x.path, x.kind, x.created, x.result, lab) for x, lab in zip(loaded, labels)]
 
 
 def _of(loaded: Sequence[Loaded], *kinds: str) -> list[Loaded]:
@@ -156,8 +176,7 @@ def _findings(loaded: Sequence[Loaded]) -> Section:
 def _training(loaded: Sequence[Loaded]) -> Section:
     sec = Section("training", "Training curves",
                   "no training-curve results in this run — run `graftkit train sft` or `graftkit train grpo` to add them")
-    runs = [(x.label + (" (GRPO)" if x.kind == "train-grpo" else " (SFT)"), x.result)
-            for x in _of(loaded, "train-sft", "train-grpo")]
+    runs = [(training_label(x.label, x.kind), x.result) for x in _of(loaded, "train-sft", "train-grpo")]
     sec.present = bool(runs)
     for fam in curves.families_present(runs):
         sec.panels.append(Panel(curves.training_curve(runs, fam),
@@ -176,7 +195,7 @@ def _resolved(path: str) -> str:
     return str(Path(path).resolve())
 
 
-def _decode_key(res: Result) -> tuple:
+def decode_key(res: Result) -> tuple:
     d = res.attrs.get("decode") if isinstance(res.attrs.get("decode"), dict) else {}
     return (d.get("greedy"), d.get("temperature"), d.get("top_p"), res.attrs.get("obs"), res.attrs.get("backend"))
 
@@ -208,7 +227,7 @@ def _success(loaded: Sequence[Loaded]) -> Section:
         if item in refs:
             continue
         for ref in refs:
-            if _decode_key(ref.result) != _decode_key(item.result):
+            if decode_key(ref.result) != decode_key(item.result):
                 continue
             rows: dict[str, Comparison] = {}
             _guard(sec, item, lambda ref=ref, item=item, rows=rows: rows.update(success.paired_vs(ref.result, item.result)))
@@ -261,7 +280,7 @@ def _anatomy(loaded: Sequence[Loaded]) -> Section:
         def build(item=item):
             d = DeltaResult.from_result(item.result, item.path)
             for r, run in enumerate(d.runs):
-                label = run if len(items) == 1 else f"{run} · {item.path.stem}"
+                label = delta_label(run, item.path, len(items))
                 bars.append((label, item.result, r))
                 if d.has("layer_group_share") and len(d.layers):
                     sec.panels.append(Panel(anatomy.anatomy_heatmap(label, item.result, r, "share"),

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import io
-import itertools
 import os
 from pathlib import Path
 from typing import Iterator
@@ -19,7 +18,7 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import GraftkitError
-from ..store import Result, list_results, read_result
+from ..store import Result, list_results, read_result, tidy_columns
 
 
 def _cell(v: object) -> object:
@@ -33,16 +32,10 @@ def _cell(v: object) -> object:
 
 
 def tidy_rows(res: Result, name: str) -> tuple[list[str], Iterator[list[object]]]:
-    """Header and rows of array ``name``: its dimension labels (one column each), then ``value``."""
-    dims = res.dims(name)
-    values = np.asarray(res[name])
-    labels = [np.asarray(res.coords[d]) for d in dims]
-
-    def rows() -> Iterator[list[object]]:
-        for idx in itertools.product(*(range(n) for n in values.shape)):
-            yield [_cell(labels[k][i]) for k, i in enumerate(idx)] + [_cell(values[idx])]
-
-    return [*dims, "value"], rows()
+    """Header and rows of array ``name``: its dimension labels (one column each), then ``value``
+    (:func:`~graftkit.store.tidy_columns`, with each cell as CSV text)."""
+    header, cols = tidy_columns(res, name)
+    return [*header[:-1], "value"], ([_cell(c[i]) for c in cols] for i in range(len(cols[-1])))
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -51,7 +51,11 @@ def test_one_function_per_command_and_the_grafted_context(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     sft, rl = planted_pair(tmp_path / "runs" / "demo")
     assert graft_pkg is gk.graft and gk.graft.GraftSpec is graftkit.GraftSpec  # still the package
-    assert gk.delta(rl).group_shares(0)["embed"] > 0.5
+    d = gk.delta(rl)
+    assert d.group_shares(0)["embed"] > 0.5
+    assert gk.figures.anatomy_heatmap(d).data  # the README's calls, as written
+    ds = gk.open_result(d.path)
+    assert list(ds["share"].dims) == ["run", "tensor"] and (ds["share"].values == d.result["share"]).all()
     plan = gk.graft(rl, ["attn", "mlp"], dry_run=True)
     assert {row["group"] for row in plan["selected"]} == {"attn", "mlp"}
     ranks = gk.rank(rl, what="delta", vs=sft)

@@ -150,6 +150,13 @@ def test_quick_demo_then_graft_and_rank_as_written(tmp_path):
     assert again.returncode == 2
     assert again.stderr.strip().startswith("error:") and "\n" not in again.stderr.strip()
     assert "Traceback" not in again.stderr and again.stdout == ""
+    # every result file of the run opens as netCDF-4 (xarray, engine="h5netcdf") as the typed read gives it
+    from test_store_xarray import check_file
+
+    written = [p for p in sorted(results.rglob("*.h5")) if not p.name.startswith(".")]
+    assert {read_result(p).kind for p in written} >= kinds
+    for p in written:
+        check_file(p)
 
 
 # ------------------------------------------------------------------------------------------ delta

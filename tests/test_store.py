@@ -87,25 +87,32 @@ def test_empty_dimension_round_trips(tmp_path):
 
 
 def test_dimension_labels_and_scales_visible_to_h5py(tmp_path):
+    # the netCDF-4 layout: coordinate variables (dimension scales named after their dimension) and the
+    # arrays side by side in the root group
     res = sample()
     path = write_result(tmp_path / "r.h5", res)
     with h5py.File(path, "r") as f:
         assert f.attrs["kind"] == "sample"
         assert json.loads(f.attrs["attrs"])["family"] == "llama"
+        assert set(f) == set(res.coords) | set(res.data)
+        for d in res.coords:
+            assert h5py.h5ds.is_scale(f[d].id)
         for name, (dims, values) in res.data.items():
-            ds = f["data"][name]
+            ds = f[name]
             assert ds.shape == np.shape(values)
+            assert not h5py.h5ds.is_scale(ds.id)
             assert len(ds.dims) == len(dims)
             for i, d in enumerate(dims):
                 assert ds.dims[i].label == d
                 assert len(ds.dims[i]) == 1
                 scale = ds.dims[i][0]
-                assert scale.name == f"/coords/{d}"
+                assert scale.name == f"/{d}"
                 assert h5py.h5ds.is_scale(scale.id)
                 got = scale.asstr()[()] if h5py.check_string_dtype(scale.dtype) else scale[()]
                 assert list(got) == list(res.coords[d])
-        assert f["data"]["fro"].dims[1][0].asstr()[()].tolist()[0] == "model.embed_tokens.weight"
-        assert json.loads(f["data"]["cube"].attrs["dims"]) == ["run", "layer", "alpha"]
+        assert f["fro"].dims[1][0].asstr()[()].tolist()[0] == "model.embed_tokens.weight"
+        assert h5py.check_string_dtype(f["group"].dtype).encoding == "utf-8"
+        assert json.loads(f["fro"].attrs["attrs"]) == {"unit": "‖Δ‖_F", "dtype": "float32"}
 
 
 def test_failed_write_leaves_nothing_and_keeps_an_existing_result(tmp_path, monkeypatch):

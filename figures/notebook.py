@@ -1,0 +1,359 @@
+"""Every figure of the report as a function of results, for Jupyter: ``gk.figures.success_rates(ev).show()``.
+
+Each function takes results — a :class:`~graftkit.store.Result`, a typed view (``DeltaResult``,
+``SweepResult``, ``RankResult``, ``CouplingResult``, ``TrainingCurves``, ``EvalResult``…), what a command
+function returns (``gk.eval``, ``gk.headroom``, ``gk.train_grpo``, a summary dict with a ``result_file``),
+or the path of a result file — and returns the ``plotly.graph_objects.Figure`` the report draws for the
+same results: it calls the builder the report calls (figures/success.py, anatomy.py, grafts.py, rank.py,
+curves.py) with the arguments the report passes. Series are labelled as in the report
+(report.base_label: an eval's model folder, a training or rank result's model folder, any other result's
+file stem; a label two results of one kind share gets the file stem appended); ``label=`` / ``labels=``
+override it. A result of the wrong kind, or one that lacks the arrays a figure needs, raises a
+:class:`~graftkit.errors.GraftkitError` naming the file and the command that writes what is missing
+(where the report would leave the figure out, or write a note).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence, Union
+
+import plotly.graph_objects as go
+
+from ..errors import GraftkitError
+from ..evaluation import EvalResult, EvalRun, HeadroomRun
+from ..graft.anatomy import DeltaResult
+from ..store import Result, View, read_result
+from ..training import TrainingCurves
+from . import anatomy, curves, grafts, rank, success
+from .report import base_label, decode_key, delta_label, distinct_labels, training_label
+
+#: What every function here accepts as one result.
+ResultLike = Union[Result, View, EvalResult, EvalRun, HeadroomRun, Mapping[str, Any], str, os.PathLike]
+
+#: The command that writes each result kind (named when a result of another kind is passed).
+PRODUCERS = {
+    "eval": "graftkit eval", "headroom": "graftkit headroom", "delta": "graftkit delta",
+    "graft-sweep": "graftkit graft --sweep factorial", "graft-dissociation": "graftkit graft --sweep dissociation",
+    "rank-weights": "graftkit rank", "rank-delta": "graftkit rank --what delta",
+    "rank-activations": "graftkit rank --what activations", "coupling": "graftkit couple",
+    "train-sft": "graftkit train sft", "train-grpo": "graftkit train grpo",
+}
+
+
+@dataclass(frozen=True)
+class _Item:
+    """One result, the file it came from (None: built in memory) and its label."""
+
+    result: Result
+    path: Path | None
+    label: str
+
+    @property
+    def kind(self) -> str:
+        return self.result.kind
+
+    @property
+    def name(self) -> str:
+        return str(self.path) if self.path is not None else f"a {self.kind!r} result"
+
+
+def _open(x: ResultLike) -> tuple[Result, Path | None]:
+    """The result ``x`` holds or names, and its file (None for a result only in memory)."""
+    if isinstance(x, Result):
+        return x, None
+    if isinstance(x, (str, os.PathLike)):
+        return read_result(x), Path(x)
+    if isinstance(x, View):
+        return x.result, x.path
+    if isinstance(x, EvalRun):  # gk.eval: the evaluated model's result, as written
+        return read_result(x.files["model"]), Path(x.files["model"])
+    if isinstance(x, HeadroomRun):
+        return read_result(x.file), Path(x.file)
+    if isinstance(getattr(x, "curves", None), TrainingCurves):  # gk.train_sft / gk.train_grpo
+        return x.curves.result, x.curves.path
+    if isinstance(x, Mapping) and isinstance(x.get("result_file"), (str, os.PathLike)):  # a command's summary
+        return read_result(x["result_file"]), Path(x["result_file"])
+    if isinstance(x, EvalResult):
+        return x.to_result(), None
+    raise GraftkitError(f"{type(x).__name__}: not a graftkit result",
+                        "pass a Result, a typed view (e.g. DeltaResult), what gk.eval / gk.delta / gk.couple returned, "
+                        "or the path of a result file (.h5)")
+
+
+_ONE = (Result, View, EvalResult, EvalRun, HeadroomRun, Mapping, str, os.PathLike)
+
+
+def _is_one(x: object) -> bool:
+    return isinstance(x, _ONE) or isinstance(getattr(x, "curves", None), TrainingCurves)
+
+
+def _as_is(label: str, kind: str) -> str:
+    return label
+
+
+def _items(results: ResultLike | Sequence[ResultLike], kinds: Sequence[str], labels: Sequence[str] | None = None,
+           label_of: Callable[[str, str], str] = _as_is) -> list[_Item]:
+    """The results, each checked to be of one of ``kinds`` and labelled as the report labels it
+    (``label_of(label, kind)``: the section's own suffix on top of the run-wide label)."""
+    opened = [_open(x) for x in ([results] if _is_one(results) or not isinstance(results, Iterable) else results)]
+    if not opened:
+        raise GraftkitError("no results given", f"pass at least one {' or '.join(kinds)} result")
+    for res, path in opened:
+        if res.kind not in kinds:
+            raise GraftkitError(f"{path or 'result'}: a {res.kind!r} result, this figure draws "
+                                f"{' or '.join(repr(k) for k in kinds)}",
+                                f"pass a result written by `{PRODUCERS.get(kinds[0], 'graftkit')}`")
+    if labels is not None:
+        if isinstance(labels, str) or len(labels) != len(opened):
+            raise GraftkitError(f"labels={labels!r}: {len(opened)} result(s) need one label each",
+                                "pass a list of labels as long as the list of results")
+        names = [str(x) for x in labels]
+    else:
+        names = distinct_labels([(r.kind, base_label(p, r.kind, r), p) for r, p in opened])
+        names = [label_of(n, r.kind) for n, (r, _) in zip(names, opened)]
+    return [_Item(r, p, n) for (r, p), n in zip(opened, names)]
+
+
+def _one(result: ResultLike, kinds: Sequence[str], label: str | None) -> _Item:
+    if isinstance(result, (list, tuple)):
+        raise GraftkitError(f"a {type(result).__name__} of {len(result)}: this figure draws one result",
+                            "pass a single result")
+    return _items(result, kinds, None if label is None else [label])[0]
+
+
+def _guarded(item: _Item, build: Callable[[], Any]) -> Any:
+    """Run one of the report's builders on ``item``; a result whose arrays it cannot read raises what the
+    report would write as a note."""
+    try:
+        return build()
+    except (KeyError, IndexError, ValueError) as exc:
+        raise GraftkitError(f"{item.name}: could not be drawn ({type(exc).__name__}: {exc}); its {item.kind} "
+                            "arrays do not have the expected layout",
+                            f"rewrite it with `{PRODUCERS.get(item.kind)}`") from None
+
+
+def _optional(item: _Item, build: Callable[[], go.Figure | None], missing: str) -> go.Figure:
+    """A figure the report leaves out when its arrays are missing (the builder returns None): raise instead."""
+    fig = _guarded(item, build)
+    if fig is None:
+        raise GraftkitError(f"{item.name}: {missing}", f"the report leaves this figure out too; "
+                            f"`{PRODUCERS.get(item.kind)}` writes the arrays it needs")
+    return fig
+
+
+# --------------------------------------------------------------------------------------------------
+# Success and headroom (report section "success", "headroom")
+
+
+def success_rates(results: ResultLike | Sequence[ResultLike], labels: Sequence[str] | None = None) -> go.Figure:
+    """Success per task and pooled for each eval result, with 95% Wilson intervals (the report's first
+    success figure)."""
+    items = _items(results, ("eval",), labels)
+    for x in items:
+        _guarded(x, lambda x=x: success.task_rates(x.result))
+    return success.success_rates([(x.label, x.result) for x in items])
+
+
+def paired_differences(reference: ResultLike, models: ResultLike | Sequence[ResultLike],
+                       reference_label: str | None = None, labels: Sequence[str] | None = None) -> go.Figure:
+    """Per task, success(model) − success(reference) on identical episodes with the 95% paired bootstrap
+    interval and verdict (the report's paired-difference figure, whose reference is the SFT model).
+
+    Like the report, a model is paired with the reference only when both were decoded the same way
+    (greedy or sampled, temperature, top-p, observation, backend) on the same seeds and episodes."""
+    ref = _one(reference, ("eval",), reference_label)
+    items = _items(models, ("eval",), labels)
+    rows = []
+    for x in items:
+        if decode_key(x.result) != decode_key(ref.result):
+            raise GraftkitError(f"{x.name}: decoded as {decode_key(x.result)}, the reference {ref.name} as "
+                                f"{decode_key(ref.result)} (greedy, temperature, top-p, obs, backend)",
+                                "compare results evaluated with the same decoding")
+        comps = _guarded(x, lambda x=x: success.paired_vs(ref.result, x.result))
+        if not comps:
+            raise GraftkitError(f"{x.name}: not evaluated on the reference's seeds and episodes (or no shared task), "
+                                "so no episode pairs with one of the reference",
+                                "evaluate both with the same --tasks, --seeds and --episodes")
+        rows.append((x.label, comps))
+    return success.paired_differences(ref.label, rows)
+
+
+def headroom_rates(result: ResultLike, label: str | None = None) -> go.Figure:
+    """Greedy and sampled success per task of one headroom result, each with a 95% Wilson interval."""
+    x = _one(result, ("headroom",), label)
+    return _guarded(x, lambda: success.headroom_rates(x.label, x.result))
+
+
+def headroom_differences(results: ResultLike | Sequence[ResultLike], labels: Sequence[str] | None = None) -> go.Figure:
+    """Headroom = sampled − greedy success per task for each headroom result, with the 95% paired
+    bootstrap interval and verdict."""
+    items = _items(results, ("headroom",), labels)
+    tables = []
+    for x in items:
+        table = _guarded(x, lambda x=x: success.headroom_of(x.result))
+        if table is None:
+            raise GraftkitError(f"{x.name}: greedy and sampled outcomes cannot be paired (greedy samples per episode "
+                                "neither 1 nor k)", "rewrite it with `graftkit headroom`")
+        tables.append((x.label, table))
+    return success.headroom_differences(tables)
+
+
+# --------------------------------------------------------------------------------------------------
+# Delta anatomy (report section "anatomy")
+
+
+def _run_index(x: _Item, run: int | str) -> tuple[int, str]:
+    runs = DeltaResult.from_result(x.result, x.path).runs
+    if isinstance(run, str):
+        if run not in runs:
+            raise GraftkitError(f"{x.name}: no RL run {run!r}", f"pick one of {', '.join(runs)}")
+        return runs.index(run), run
+    if not -len(runs) <= run < len(runs):
+        raise GraftkitError(f"{x.name}: run {run} out of range, it holds {len(runs)} run(s)",
+                            f"pick 0…{len(runs) - 1} or a name: {', '.join(runs)}")
+    return run % len(runs), runs[run]
+
+
+def anatomy_heatmap(result: ResultLike, run: int | str = 0, metric: str = "share",
+                    label: str | None = None) -> go.Figure:
+    """One RL run's decoder layer × parameter group heatmap of ``metric``: "share" (of its squared weight
+    movement) or "rel_delta" (‖Δ‖_F/‖W‖_F). The default label is the run's name, as in the report of a run
+    with one delta file."""
+    if metric not in anatomy.HEATMAPS:
+        raise GraftkitError(f"metric={metric!r}: no such heatmap", f"use one of {', '.join(anatomy.HEATMAPS)}")
+    x = _one(result, ("delta",), None)
+    r, name = _run_index(x, run)
+    d = DeltaResult.from_result(x.result, x.path)
+    if not (d.has(f"layer_group_{metric}") and len(d.layers)):
+        raise GraftkitError(f"{x.name}: no layer_group_{metric} over decoder layers",
+                            "rewrite it with `graftkit delta`")
+    lab = label if label is not None else delta_label(name, x.path, 1)
+    return _guarded(x, lambda: anatomy.anatomy_heatmap(lab, x.result, r, metric))
+
+
+def group_shares(results: ResultLike | Sequence[ResultLike], labels: Sequence[str] | None = None) -> go.Figure:
+    """Each RL run's share of squared weight movement per parameter group, over every run of every delta
+    result (``labels``: one per run, in order). Runs are named as in the report: the run's name, with the
+    file's stem when several delta results are drawn."""
+    items = _items(results, ("delta",))
+    bars = [(delta_label(run, x.path, len(items)), x.result, r)
+            for x in items for r, run in enumerate(DeltaResult.from_result(x.result, x.path).runs)]
+    if labels is not None:
+        if isinstance(labels, str) or len(labels) != len(bars):
+            raise GraftkitError(f"labels={labels!r}: the results hold {len(bars)} RL run(s), one label each",
+                                "pass one label per run")
+        bars = [(str(lab), res, r) for lab, (_, res, r) in zip(labels, bars)]
+    for x in items:
+        _guarded(x, lambda x=x: anatomy.group_shares([b for b in bars if b[1] is x.result]))
+    return anatomy.group_shares(bars)
+
+
+def top_tensors(result: ResultLike, run: int | str = 0, n: int = 15, label: str | None = None) -> go.Figure:
+    """The ``n`` tensors with the largest share of one RL run's squared weight movement."""
+    x = _one(result, ("delta",), None)
+    r, name = _run_index(x, run)
+    lab = label if label is not None else delta_label(name, x.path, 1)
+    return _optional(x, lambda: anatomy.top_tensors(lab, x.result, r, n), f"run {name!r} has no per-tensor share of "
+                 "movement above zero")
+
+
+# --------------------------------------------------------------------------------------------------
+# Graft effects and attribution (report section "grafts")
+
+
+def graft_effects(result: ResultLike, label: str | None = None) -> go.Figure:
+    """Success change of each grafted configuration against the base and against the RL model."""
+    x = _one(result, ("graft-sweep",), label)
+    return _guarded(x, lambda: grafts.graft_effects(x.label, x.result))
+
+
+def attribution(result: ResultLike, label: str | None = None) -> go.Figure:
+    """Shapley values and main effects of each parameter group on success, with 95% intervals."""
+    x = _one(result, ("graft-sweep",), label)
+    return _optional(x, lambda: grafts.attribution(x.label, x.result),
+                 "no shapley, main_effect or group_effect array (a factorial sweep writes them)")
+
+
+def interactions(result: ResultLike, label: str | None = None) -> go.Figure:
+    """Pairwise interactions of grafting two groups together (factorial sweeps)."""
+    x = _one(result, ("graft-sweep",), label)
+    return _optional(x, lambda: grafts.interaction_heatmap(x.label, x.result),
+                 "no interaction array (a factorial sweep writes it)")
+
+
+def movement_vs_effect(result: ResultLike, label: str | None = None) -> go.Figure:
+    """Each group's share of squared weight movement against its effect on success."""
+    x = _one(result, ("graft-sweep",), label)
+    return _optional(x, lambda: grafts.movement_vs_effect(x.label, x.result),
+                 "no movement_share array, or no per-group effect (attribution or single-group grafts)")
+
+
+def dissociation(result: ResultLike, label: str | None = None) -> go.Figure:
+    """Per group, its effect in RL run A and in RL run B and their difference (double dissociation)."""
+    x = _one(result, ("graft-dissociation",), label)
+    return _guarded(x, lambda: grafts.dissociation(x.label, x.result))
+
+
+# --------------------------------------------------------------------------------------------------
+# Rank and coupling (report sections "rank", "coupling")
+
+
+def rank_by_layer(results: ResultLike | Sequence[ResultLike], labels: Sequence[str] | None = None) -> go.Figure:
+    """One line per checkpoint over layers, a menu per metric; every result of one kind (rank-weights,
+    rank-delta or rank-activations), as the report draws one figure per kind."""
+    items = _items(results, tuple(rank.TARGETS), labels)
+    kinds = sorted({x.kind for x in items})
+    if len(kinds) > 1:
+        raise GraftkitError(f"results of kinds {', '.join(kinds)}: one figure draws one kind", "call once per kind")
+    for x in items:
+        _guarded(x, lambda x=x: rank.layer_values(x.result))
+    return rank.rank_by_layer(kinds[0], [(x.label, x.result) for x in items])
+
+
+def coupling_by_layer(result: ResultLike, label: str | None = None) -> go.Figure:
+    """Per layer, the correlation across checkpoints between rank and success, with bootstrap intervals."""
+    x = _one(result, ("coupling",), label)
+    return _guarded(x, lambda: rank.coupling_by_layer(x.label, x.result))
+
+
+def coupling_scatter(result: ResultLike, label: str | None = None) -> go.Figure:
+    """Each checkpoint's late-layer rank against its success rate."""
+    x = _one(result, ("coupling",), label)
+    return _optional(x, lambda: rank.coupling_scatter(x.label, x.result), "no per-checkpoint rank and success arrays")
+
+
+def both_directions(result: ResultLike, label: str | None = None) -> go.Figure:
+    """Per layer, the share of improved and of degraded runs whose rank moved the way success did."""
+    x = _one(result, ("coupling",), label)
+    return _optional(x, lambda: rank.both_directions(x.label, x.result),
+                 "no both-directions arrays (the run's checkpoints have no recorded SFT parent among them)")
+
+
+# --------------------------------------------------------------------------------------------------
+# Training curves (report section "training")
+
+
+def training_curves(results: ResultLike | Sequence[ResultLike], family: str = "loss",
+                    labels: Sequence[str] | None = None) -> go.Figure:
+    """One line per training run of one metric family: "success", "reward", "loss", "kl", "entropy", "clip"
+    or "grad_norm" (the report draws one figure per family some run logged). Runs are labelled
+    "<label> (SFT)" / "<label> (GRPO)" as in the report."""
+    fams = {f.key: f for f in curves.FAMILIES}
+    if family not in fams:
+        raise GraftkitError(f"family={family!r}: no such curve family", f"use one of {', '.join(fams)}")
+    items = _items(results, ("train-sft", "train-grpo"), labels, training_label)
+    runs = [(x.label, x.result) for x in items]
+    present = [f.key for f in curves.families_present(runs)]
+    if family not in present:
+        raise GraftkitError(f"no run logged {', '.join(fams[family].metrics)}",
+                            f"pick a family the runs logged: {', '.join(present) or 'none'}")
+    return curves.training_curve(runs, fams[family])
+
+
+__all__ = ["ResultLike", "success_rates", "paired_differences", "headroom_rates", "headroom_differences",
+           "anatomy_heatmap", "group_shares", "top_tensors", "graft_effects", "attribution", "interactions",
+           "movement_vs_effect", "dissociation", "rank_by_layer", "coupling_by_layer", "coupling_scatter",
+           "both_directions", "training_curves"]
