@@ -146,6 +146,11 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.2f} TB"
 
 
+def _notes(notes) -> None:
+    for note in notes:
+        out.print(f"note: {escape(note)}", soft_wrap=True)
+
+
 # ------------------------------------------------------------------------------------------- inspect
 
 
@@ -213,6 +218,7 @@ def _delta_tables(d: DeltaResult, top: int, seconds: float) -> None:
         for i, lab in enumerate(d.runs):
             t.add_row(escape(lab), *(f"{c:.3f}" for c in d.cosine_total()[i]))
         out.print(t)
+    _notes(d.notes)
     out.print(f"saved {escape(str(d.path))} ({seconds:.1f} s)")
 
 
@@ -238,12 +244,11 @@ def graft(cfg: GraftConfig, as_json: bool):
         for e in got["experiments"]:
             t.add_row(escape(e["label"]), escape(",".join(e["groups"]) or "—"), escape(e["layers"]),
                       f"{e['alpha']:g}", e["role"])
-        return out.print(t)
-    notes = [f"note: {escape(note)}" for note in got["notes"]]
+        out.print(t)
+        return _notes(got["notes"])
     selected, total = _fmt_bytes(got["selected_bytes"]), _fmt_bytes(got["total_bytes"])
     if not got.get("dry_run"):
-        for note in notes:
-            out.print(note, soft_wrap=True)
+        _notes(got["notes"])
         n = sum(row["tensors"] for row in got["selected"])
         return out.print(f"grafted {n} tensors ({selected} of {total}) → {escape(got['out'])} in {got['seconds']:.1f} s")
     t = _table(f"dry run: {'revert in RL' if cfg.reverse else 'graft into base'} "
@@ -254,8 +259,7 @@ def graft(cfg: GraftConfig, as_json: bool):
                   _fmt_bytes(row["bytes"]))
     out.print(t)
     out.print(f"{selected} of {total} selected")
-    for note in notes:
-        out.print(note, soft_wrap=True)
+    _notes(got["notes"])
 
 
 def _graft_experiment_tables(got: GraftExperiments) -> None:
@@ -271,6 +275,7 @@ def _graft_experiment_tables(got: GraftExperiments) -> None:
             t.add_row(g, *(_pts(row[k]) for k in ("A", "B", "difference")), row["verdict"])
         out.print(t)
         out.print(f"rule: {escape(dis['rule'])}", soft_wrap=True)
+    _notes(got.notes)
     for k, f in got.files.items():
         note = f" (resumed {len(got.resumed[k])} configurations)" if got.resumed.get(k) else ""
         out.print(f"saved {escape(f)}{note}")
@@ -334,6 +339,7 @@ def eval_cmd(cfg: EvalConfig, as_json: bool):
             cells += [_rate_text(row["compare"]), _diff_text(row, "diff"), f"{row['mcnemar_p']:.3g}", row["verdict"]]
         t.add_row(*cells)
     out.print(t)
+    _notes(run.notes)
     for role, path in run.files.items():
         out.print(f"saved {escape(str(path))} ({run.results[role].seconds:.1f} s)")
 
@@ -353,6 +359,7 @@ def headroom(cfg: HeadroomConfig, as_json: bool):
         t.add_row(escape(r["task"]), f"{100 * r['greedy']:.1f}%", f"{100 * r['sampled']:.1f}%",
                   f"{100 * r[f'pass@{k}']:.1f}%", _diff_text(r, "headroom"), r["verdict"])
     out.print(t)
+    _notes(run.result.notes)
     out.print(f"saved {escape(str(run.file))}")
 
 
@@ -449,6 +456,7 @@ def rank(cfg: RankConfig, as_json: bool):
                 t.add_row(str(r["layer"]), "emb" if r["block"] is None else str(r["block"]), str(r["n_tokens"]),
                           *(f"{r[k]:.4g}" for k in shown))
             out.print(t)
+            _notes(m["notes"])
             out.print(f"saved {escape(m['result_file'])} ({m['n_prompts']} prompts)")
             continue
         t = _table(f"{escape(lab)}: {cfg.what} ranks per layer (mean over the layer's matrices; layers "
@@ -458,6 +466,7 @@ def rank(cfg: RankConfig, as_json: bool):
         for o in m["outside_decoder"]:
             t.add_row(escape(o["tensor"]), *(f"{o[k]:.4g}" for k in shown))
         out.print(t)
+        _notes(m["notes"])
         out.print(f"saved {escape(m['result_file'])} ({m['matrices']} matrices, {m['skipped']} 1-D tensors skipped)")
     if cfg.what == "activations":
         out.print(escape(payload["band_rule"]))
@@ -492,10 +501,8 @@ def couple(cfg: CoupleConfig, as_json: bool):
             cells += [f"{r[d]['agree']}/{r[d]['total']}" for d in DIRECTIONS] + [r["verdict"]]
         t.add_row(*cells)
     out.print(t)
-    for r in p["per_layer"] + p["per_band"]:
-        if r["reason"]:
-            out.print(f"note: {'layer ' + str(r['layer']) if 'layer' in r else r['band'] + ' band'}: "
-                      f"{escape(r['reason'])}")
+    _notes(f"{'layer ' + str(r['layer']) if 'layer' in r else r['band'] + ' band'}: {r['reason']}"
+           for r in p["per_layer"] + p["per_band"] if r["reason"])
     out.print(escape(p["band_rule"]))
     if "note" in bd:
         out.print(f"note: {escape(bd['note'])}")

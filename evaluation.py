@@ -63,6 +63,9 @@ class EpisodeOptions(CommandConfig):
     """Episodes advanced together."""
     allow_pickle: bool = False
     """Load pickled .bin/.pt weights (weights_only=True)."""
+    config: Path | None = None
+    """HF folder whose config.json (and tokenizer) a single-file checkpoint uses (default: the other side's
+    folder; a policy run from one file needs it)."""
 
     def check_episodes(self) -> None:
         """Raise on an unknown task or suite, or on no seeds (before any model loads)."""
@@ -70,6 +73,14 @@ class EpisodeOptions(CommandConfig):
 
         resolve_tasks(self.tasks)
         seed_list(self.seeds)
+
+    def check_models(self, *paths: Path | None) -> None:
+        """Raise, before any model loads, on a single checkpoint file without ``--config`` to build it over."""
+        from .weights.hf import single_file_config
+
+        for p in (self.model, *paths):
+            if p is not None and Path(p).is_file():
+                single_file_config(Path(p), self.config, self.allow_pickle)
 
     @property
     def task_list(self) -> list[str]:
@@ -100,6 +111,7 @@ class EvalConfig(EpisodeOptions):
         super().__post_init__()
         check_obs(self.obs, self.backend)
         self.check_episodes()
+        self.check_models(self.compare_to)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,6 +134,7 @@ class HeadroomConfig(EpisodeOptions):
         if self.k < 2:
             raise GraftkitError(f"--k {self.k} must be ≥ 2", "pass e.g. --k 8")
         self.check_episodes()
+        self.check_models()
 
 
 # ------------------------------------------------------------------------------------------- views
@@ -205,6 +218,12 @@ class EvalResult:
     def seconds(self) -> float:
         return float(self.attrs.get("seconds", float("nan")))
 
+    @property
+    def notes(self) -> list[str]:
+        """How a single-file checkpoint was read (state dict container, prefixes stripped, config source)."""
+        m = self.attrs.get("model")
+        return [str(n) for n in (m.get("notes") or [])] if isinstance(m, dict) else []
+
 
 @dataclass(frozen=True, eq=False)
 class HeadroomResult(EvalResult):
@@ -271,12 +290,17 @@ class EvalRun:
     results: Mapping[str, EvalResult]
     files: Mapping[str, Path]
 
+    @property
+    def notes(self) -> list[str]:
+        """How each role's checkpoint was read, where it is a single file."""
+        return [n for r in self.results.values() for n in r.notes]
+
     def as_json(self, cfg: "EvalConfig") -> dict:
         """What ``graftkit eval --json`` prints."""
         return {"model": str(cfg.model), "compare": str(cfg.compare_to) if cfg.compare_to else None,
                 "tasks": list(self.rows), "seeds": cfg.seeds, "episodes": cfg.episodes, "backend": cfg.backend,
                 "obs": cfg.obs, "decode": self.results["model"].decode,
-                "files": {k: str(p) for k, p in self.files.items()}}
+                "files": {k: str(p) for k, p in self.files.items()}, "notes": self.notes}
 
 
 @dataclass(frozen=True)
@@ -290,7 +314,7 @@ class HeadroomRun:
     def as_json(self, cfg: "HeadroomConfig") -> dict:
         """What ``graftkit headroom --json`` prints."""
         return {"model": str(cfg.model), "k": cfg.k, "temperature": cfg.temperature, "obs": cfg.obs,
-                "tasks": list(self.rows), "file": str(self.file)}
+                "tasks": list(self.rows), "file": str(self.file), "notes": self.result.notes}
 
 
 def _evaluate(cfg: EpisodeOptions, policy, decode, samples: int, what: str, on_progress: OnProgress):
@@ -328,16 +352,16 @@ def run_eval(cfg: EvalConfig, on_progress: OnProgress = no_progress) -> EvalRun:
     """Evaluate ``cfg.model`` (and ``cfg.compare_to`` on the identical episodes), write one eval result per
     policy (``cfg.save``, else ``RUN/results/eval-NAME-greedy|sampled[-som].h5``) and summarise them."""
     from .agent import Decode, load_policy
-    from .weights import describe, open_checkpoint
+    from .weights import describe, open_one
 
     decode = Decode(greedy=not cfg.sample, temperature=cfg.temperature, top_p=cfg.top_p)
     roles = {"model": cfg.model, **({"compare": cfg.compare_to} if cfg.compare_to else {})}
     results, files = {}, {}
     for role, path in roles.items():
-        policy = load_policy(Path(path), allow_pickle=cfg.allow_pickle, obs=cfg.obs)
+        policy = load_policy(Path(path), allow_pickle=cfg.allow_pickle, obs=cfg.obs, config=cfg.config)
         outcome = _evaluate(cfg, policy, decode, 1, f"eval {Path(path).name}", on_progress)
-        results[role] = EvalResult.from_outcome(outcome, describe(open_checkpoint(path, allow_pickle=cfg.allow_pickle)),
-                                                cfg)
+        desc = describe(open_one(path, allow_pickle=cfg.allow_pickle, config=cfg.config))
+        results[role] = EvalResult.from_outcome(outcome, desc, cfg)
         name = f"eval-{Path(path).name}-{'sampled' if cfg.sample else 'greedy'}{'-som' if cfg.obs == 'som' else ''}.h5"
         dest = cfg.save if role == "model" and cfg.save else current_run() / "results" / name
         files[role] = write_result(dest, results[role].to_result())
@@ -362,13 +386,13 @@ def run_headroom(cfg: HeadroomConfig, on_progress: OnProgress = no_progress) -> 
     """Play every episode of ``cfg.model`` greedily once and sampled ``cfg.k`` times, write one headroom
     result (``cfg.save``, else ``RUN/results/headroom-NAME[-som].h5``) and summarise it."""
     from .agent import Decode, load_policy
-    from .weights import describe, open_checkpoint
+    from .weights import describe, open_one
 
-    policy = load_policy(Path(cfg.model), allow_pickle=cfg.allow_pickle, obs=cfg.obs)
+    policy = load_policy(Path(cfg.model), allow_pickle=cfg.allow_pickle, obs=cfg.obs, config=cfg.config)
     greedy = _evaluate(cfg, policy, Decode(greedy=True), 1, "greedy", on_progress)
     sampled = _evaluate(cfg, policy, Decode(greedy=False, temperature=cfg.temperature, top_p=cfg.top_p), cfg.k,
                         "sampled", on_progress)
-    desc = describe(open_checkpoint(cfg.model, allow_pickle=cfg.allow_pickle))
+    desc = describe(open_one(cfg.model, allow_pickle=cfg.allow_pickle, config=cfg.config))
     view = HeadroomResult.from_outcomes(greedy, sampled, desc, cfg, k=cfg.k, temperature=cfg.temperature,
                                         top_p=cfg.top_p)
     rows = headroom_rows(view)

@@ -111,24 +111,28 @@ def next_token_logits(model, ids: torch.Tensor, mask: torch.Tensor, select: torc
     return model.get_output_embeddings()(hidden[:, :-1][select]).float()
 
 
-def load_policy(path: Path, *, allow_pickle: bool = False, obs: str = "text") -> Policy:
+def load_policy(path: Path, *, allow_pickle: bool = False, obs: str = "text", config: Path | None = None) -> Policy:
     """The policy in an HF folder: a :class:`~graftkit.agent.vlm.VisionPolicy` for an
     image-text-to-text model with its processor, else a causal-LM :class:`Policy`. ``obs="som"``
-    refuses a text-only folder before loading any weights."""
+    refuses a text-only folder before loading any weights. A single checkpoint file (``allow_pickle``
+    for a pickled one) is built over ``config``, the HF folder of its config.json and tokenizer or
+    processor (:func:`graftkit.weights.load_model`), which must then be given."""
     from ..weights import is_vision_folder, load_model, load_vlm
+    from ..weights.hf import single_file_config
     from .vlm import VisionPolicy
 
     path = Path(path)
     if obs not in ("text", "som"):
         raise GraftkitError(f"unknown observation {obs!r}", "use text or som")
-    if is_vision_folder(path) or (obs == "som" and is_vision_folder(path, need_processor=False)):
-        model, processor = load_vlm(path, allow_pickle=allow_pickle)
+    folder = single_file_config(path, config, allow_pickle) if path.is_file() else path
+    if is_vision_folder(folder) or (obs == "som" and is_vision_folder(folder, need_processor=False)):
+        model, processor = load_vlm(path, allow_pickle=allow_pickle, config_dir=config)
         return VisionPolicy(model, processor.tokenizer, path, processor=processor)
     if obs == "som":
         import json
 
         try:
-            cfg = json.loads((path / "config.json").read_text())
+            cfg = json.loads((folder / "config.json").read_text())
             arch = ", ".join(cfg.get("architectures") or []) or f"model_type {cfg.get('model_type')}"
         except (OSError, ValueError, AttributeError):
             arch = "no readable config.json"
@@ -136,7 +140,7 @@ def load_policy(path: Path, *, allow_pickle: bool = False, obs: str = "text") ->
             f"--obs som needs a vision-language policy, but {path} is a text-only causal LM ({arch})",
             "pass an image-text-to-text model folder with its processor (e.g. Qwen2-VL), or use --obs text",
         )
-    model, tok = load_model(path, allow_pickle=allow_pickle)
+    model, tok = load_model(path, allow_pickle=allow_pickle, config_dir=config)
     return Policy(model, tok, path)
 
 

@@ -319,7 +319,7 @@ class DeltaResult(View):
                                       **{m: float(v[j]) for m, v in tensor.items()}}
                                      for j, n in sorted(enumerate(self.tensors), key=lambda x: -tensor["share"][x[0]])]}
         payload = {"base": self.base_path, "tol": self.tol, "runs": runs, "result_file": str(self.path),
-                   "seconds": seconds}
+                   "seconds": seconds, "notes": self.notes}
         if len(self.runs) > 1:
             payload["cosine"] = {"total": self.cosine_total(), "groups": self.cosine_groups(), "runs": self.runs}
         return payload
@@ -343,6 +343,12 @@ class DeltaResult(View):
     @property
     def tol(self) -> float:
         return self.result.attrs["tol"]
+
+    @property
+    def notes(self) -> list[str]:
+        """How single-file checkpoints were read (state dict container, prefixes stripped, config source)."""
+        a = self.result.attrs
+        return [n for d in [a.get("base") or {}, *(a.get("runs") or [])] for n in d.get("notes", [])]
 
     @property
     def base_path(self) -> str:
@@ -411,13 +417,13 @@ def run_delta(cfg: DeltaConfig, on_progress: OnProgress = no_progress) -> DeltaR
     """Delta anatomy of every ``cfg.rl`` against the base; written to ``cfg.save`` (default
     ``RUN/results/delta-<labels>.h5``). The result records ``cfg.as_dict()`` as its config."""
     from ..store import current_run, result_labels, write_result
-    from ..weights import describe, open_checkpoint, open_rl, resolve_base
+    from ..weights import describe, open_pair, resolve_base
 
     for p in cfg.rl:
         if not Path(p).exists():  # else resolving its recorded base would mislead
             raise GraftkitError(f"{p}: no such file or folder", "check the --from path")
-    b = open_checkpoint(resolve_base(cfg.rl[0], cfg.base), allow_pickle=cfg.allow_pickle)
-    rls = [open_rl(p, b, allow_pickle=cfg.allow_pickle) for p in cfg.rl]
+    b, rls = open_pair(resolve_base(cfg.rl[0], cfg.base), cfg.rl, allow_pickle=cfg.allow_pickle,
+                       unknown=cfg.unknown, config=cfg.config)
     tax = b.taxonomy(cfg.unknown)
     labels = result_labels(cfg.rl)
     total = b.nbytes * (1 + len(rls))

@@ -143,15 +143,14 @@ def run_graft(cfg: GraftConfig, on_progress: OnProgress = no_progress):
     --sweep / --vs the :class:`GraftExperiments` of :func:`run_graft_experiments` (its plan with --dry-run)."""
     if cfg.experiments:
         return run_graft_experiments(cfg, on_progress)
-    from ..weights import check_pair, open_checkpoint, open_rl, resolve_base
+    from ..weights import check_pair, notes, open_pair, resolve_base
     from .export import export_graft
     from .plan import plan_graft
 
     t0 = time.perf_counter()
     spec = cfg.spec()
     base_path = resolve_base(must_exist(cfg.rl), cfg.base)
-    b = open_checkpoint(base_path, allow_pickle=cfg.allow_pickle)
-    r = open_rl(cfg.rl, b, allow_pickle=cfg.allow_pickle)
+    b, (r,) = open_pair(base_path, [cfg.rl], allow_pickle=cfg.allow_pickle, unknown=cfg.unknown, config=cfg.config)
     tax = b.taxonomy(cfg.unknown)
     check_pair(b, r, tax)
     plan = plan_graft(tax, spec)
@@ -164,7 +163,8 @@ def run_graft(cfg: GraftConfig, on_progress: OnProgress = no_progress):
         row["bytes"] += b.metas[n].nbytes
         row["names"].append(n)
     summary = {
-        "base": str(base_path), "rl": str(cfg.rl), "spec": spec.as_dict(), "notes": list(plan.notes),
+        "base": str(base_path), "rl": str(cfg.rl), "spec": spec.as_dict(),
+        "notes": notes(b, r) + list(plan.notes),
         "selected": [{"group": g, "layer": L, **v} for (g, L), v in
                      sorted(moved.items(), key=lambda x: (x[0][0], x[0][1] if x[0][1] is not None else -1))],
         "selected_bytes": sum(v["bytes"] for v in moved.values()),
@@ -196,6 +196,7 @@ class GraftExperiments:
     files: dict[str, str]
     resumed: dict[str, list[str]]
     seconds: float
+    notes: tuple[str, ...] = ()  # how single-file checkpoints were read
 
     def as_json(self) -> dict:
         a = self.sweeps["A"].attrs
@@ -203,7 +204,8 @@ class GraftExperiments:
                 "runs": {k: sweep_json(v, self.rl[k]) for k, v in self.sweeps.items()},
                 "dissociation": None if self.dissociation is None else dissociation_json(self.dissociation),
                 "files": self.files, "resumed": self.resumed, "tasks": a["tasks"], "seeds": len(a["seeds"]),
-                "episodes": a["episodes"], "decode": a["decode"], "seconds": self.seconds}
+                "episodes": a["episodes"], "decode": a["decode"], "seconds": self.seconds,
+                "notes": list(self.notes)}
 
 
 def sweep_json(v: X.SweepResult, rl_path) -> dict:
@@ -258,15 +260,14 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
     (one bar per configuration, in episodes); with ``--vs`` the same for the second run (sharing the base's
     outcomes) and the double-dissociation test. Returns :class:`GraftExperiments` (the plan with --dry-run)."""
     from ..agent import Decode, load_policy, resolve_tasks, seed_list
-    from ..weights import check_pair, describe, open_checkpoint, open_rl, resolve_base
+    from ..weights import check_pair, describe, notes, open_pair, resolve_base
 
     t0 = time.perf_counter()
     base_path = resolve_base(must_exist(cfg.rl), cfg.base)
-    b = open_checkpoint(base_path, allow_pickle=cfg.allow_pickle)
+    paths = [cfg.rl] + ([must_exist(cfg.vs, "--vs")] if cfg.vs is not None else [])
+    b, rls = open_pair(base_path, paths, allow_pickle=cfg.allow_pickle, unknown=cfg.unknown, config=cfg.config)
     tax = b.taxonomy(cfg.unknown)
-    runs = {"A": (cfg.rl, open_rl(cfg.rl, b, allow_pickle=cfg.allow_pickle))}
-    if cfg.vs is not None:
-        runs["B"] = (cfg.vs, open_rl(must_exist(cfg.vs, "--vs"), b, allow_pickle=cfg.allow_pickle))
+    runs = dict(zip("AB", zip(paths, rls)))
     for _, r in runs.values():
         check_pair(b, r, tax)
     exps, chosen = _experiments(cfg, tax)
@@ -275,10 +276,11 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
     if cfg.dry_run:
         return {"sweep": cfg.kind, "base": str(base_path), "rl": {k: str(p) for k, (p, _) in runs.items()},
                 "groups": list(chosen), "count": len(exps), "experiments": [e.as_dict() for e in exps],
-                "dry_run": True}
+                "dry_run": True, "notes": notes(b, *rls)}
     tasks, seeds = resolve_tasks(cfg.tasks), seed_list(cfg.seeds)
     decode = Decode(greedy=not cfg.sample, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
-    policy = load_policy(Path(base_path), allow_pickle=cfg.allow_pickle, obs="text")
+    # a single-file base is built over the config (and tokenizer) its names were matched with
+    policy = load_policy(Path(base_path), allow_pickle=cfg.allow_pickle, obs="text", config=cfg.config or b.config_from)
     setup = {"base": describe(b), "tasks": tasks, "seeds": seeds, "episodes": cfg.episodes,
              "decode": asdict(decode), "unknown": cfg.unknown}
     outcomes, sweeps, files, resumed = {}, {}, {}, {}
@@ -305,7 +307,7 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
         files["dissociation"] = str(write_result(dest, res))
         dis = X.DissociationResult.from_result(res, dest)
     return GraftExperiments(Path(base_path), {k: p for k, (p, _) in runs.items()}, labels, sweeps, dis, files,
-                            resumed, time.perf_counter() - t0)
+                            resumed, time.perf_counter() - t0, tuple(notes(b, *rls)))
 
 
 def _sweep_one(cfg: GraftConfig, exps, chosen, policy, b, r, tax, label: str, dest: Path, done: dict,

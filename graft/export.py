@@ -65,11 +65,13 @@ def export_graft(
         "base_model": {"path": base_desc["path"], "sha256": base_desc["sha256"]},
         "moved_tensors": len(plan.moved()),
         "selected_tensors": list(plan.selected),
-        "notes": list(plan.notes),
+        "notes": [*base.notes, *rl.notes, *plan.notes],
     }
-    inputs = [base.path, rl.path, *(p.parent for p in rl.weight_files)]
+    # a single-file checkpoint (rl.ckpt) stands alone: an output beside it is no output inside a model folder
+    alone = [c.path for c in (base, rl) if c.loose]
+    inputs = [c.path for c in (base, rl) if not c.loose] + [p.parent for p in rl.weight_files if not rl.loose]
     return write_checkpoint(
-        out, graft_specs(base, rl, plan), provenance=provenance, inputs=inputs,
-        aux_from=base.folder if base.path.is_dir() else None, force=force,
+        out, graft_specs(base, rl, plan), provenance=provenance, inputs=inputs, input_files=alone,
+        aux_from=base.folder if base.path.is_dir() else base.config_from, force=force,
         max_shard_size=max_shard_size, on_tensor=on_tensor,
     )

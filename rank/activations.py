@@ -381,15 +381,15 @@ def hidden_state_layers(layers: str, n_layers: int) -> list[int]:
     return list(range(n_layers + 1)) if chosen is None else sorted(i + 1 for i in chosen)
 
 
-def _describe(model, path) -> dict:
+def _describe(model, path, checkpoint: dict | None = None) -> dict:
     cfg = _text_config(model)
     desc = {"class": type(model).__name__, "architectures": list(getattr(model.config, "architectures", None) or []),
             "n_layers": n_decoder_layers(model), "d_model": int(getattr(cfg, "hidden_size", 0) or 0)}
-    if path is not None:
+    if checkpoint is None and path is not None:
         from ..weights import describe, open_checkpoint
 
-        desc.update(describe(open_checkpoint(Path(path))))
-    return desc
+        checkpoint = describe(open_checkpoint(Path(path)))
+    return {**desc, **(checkpoint or {})}
 
 
 def activation_ranks(
@@ -407,12 +407,14 @@ def activation_ranks(
     give_model: bool = False,
     rankme_eps: float = RANKME_EPS,
     provenance: dict | None = None,
+    checkpoint: dict | None = None,
 ) -> Result:
     """Spectral measures of the hidden states at each selected layer over ``prompts``.
 
     ``policy_or_model``: an ``agent.Policy`` (its model, tokenizer and path are used) or an HF causal LM
     with ``tokenizer``. ``on_batch(n)`` is called after each batch of n prompts. ``path``: the model's
-    folder (fingerprinted into the result; TransformerBridge's model name). Returns a ``Result`` of kind
+    folder (fingerprinted into the result; TransformerBridge's model name); ``checkpoint``: its
+    ``weights.describe`` record where it was read otherwise (a single file: pickled, over a --config). Returns a ``Result`` of kind
     ``"rank-activations"``: ``value[layer, metric]`` (``METRICS``), ``n_tokens[layer]``,
     ``block[layer]`` (decoder block whose output it is, −1 for the embedding output) and ``tol[layer]``;
     attrs carry every convention (see the module docstring).
@@ -503,7 +505,7 @@ def activation_ranks(
         "n_prompts": len(prompts),
         "batch_size": batch_size,
         "padding": "right",
-        "model": _describe(model, path),
+        "model": _describe(model, path, checkpoint),
         "seconds": time.perf_counter() - t0,
         **(provenance or {}),
     }

@@ -22,6 +22,7 @@ from ..config import CommandConfig, check_choice, no_progress, opt
 from ..errors import GraftkitError
 from ..stats import fold_episodes
 from ..store import Result, current_run, read_result, result_labels, write_result
+from ..weights.commands import ReadOptions
 from .coupling import CouplingResult
 from .results import BACKENDS, METRICS, PAIR_METRICS, TOKENS, RankResult
 
@@ -29,7 +30,7 @@ WHAT = ("weights", "delta", "activations")
 
 
 @dataclass(frozen=True, kw_only=True)
-class RankConfig(CommandConfig):
+class RankConfig(ReadOptions):
     """``graftkit rank``: spectral ranks of weights, of the RL delta, or of activations."""
 
     command = "rank"
@@ -67,6 +68,11 @@ class RankConfig(CommandConfig):
             check_choice(self.backend, BACKENDS, "--backend")
             if self.batch_size < 1:
                 raise GraftkitError(f"--batch-size {self.batch_size} must be at least 1", "use e.g. 8")
+            from ..weights.hf import single_file_config
+
+            for p in self.model or ():  # a policy run from one file is built over --config: refused before any load
+                if Path(p).is_file():
+                    single_file_config(Path(p), self.config, self.allow_pickle)
         elif self.what not in ("weights", "delta"):
             raise GraftkitError(f"--what {self.what!r} is not an option", "use weights, delta or activations")
         allowed = METRICS + (PAIR_METRICS if self.what == "delta" else ())
@@ -135,18 +141,19 @@ def run_rank(cfg: RankConfig, on_progress=no_progress) -> dict:
 
 def _rank_weights(cfg: RankConfig, models: list[Path], labels: list[str], run: Path, on_progress) -> dict:
     from . import delta_ranks, weight_ranks
-    from ..weights import band_rule, open_checkpoint, resolve_base
+    from ..weights import band_rule, notes, open_one, open_pair, resolve_base
     from ..weights.taxonomy import DECODER
 
     payload: dict = {"what": cfg.what, "layers": cfg.layers, "metrics": cfg.shown, "models": {}}
+    read = dict(allow_pickle=cfg.allow_pickle, unknown=cfg.unknown, config=cfg.config)
     for path, lab in zip(models, labels):
-        ckpt = open_checkpoint(path)
-        tax = ckpt.taxonomy()
         prov = {"config": cfg.as_dict()}
         base_ck = None
         if cfg.what == "delta":
-            base_ck = open_checkpoint(resolve_base(path, cfg.vs))
-            tax = base_ck.taxonomy()
+            base_ck, (ckpt,) = open_pair(resolve_base(path, cfg.vs), [path], **read)
+        else:
+            ckpt = open_one(path, **read)
+        tax = (base_ck or ckpt).taxonomy(cfg.unknown)
         total = (base_ck or ckpt).nbytes * (2 if base_ck else 1)
         tick = lambda n, nbytes: on_progress(f"rank {lab}", nbytes, total, "bytes")  # noqa: E731
         res = (delta_ranks(base_ck, ckpt, tax, cfg.layers, on_tensor=tick, provenance=prov) if base_ck
@@ -157,13 +164,15 @@ def _rank_weights(cfg: RankConfig, models: list[Path], labels: list[str], run: P
         payload["models"][lab] = {"path": str(path), "base": str(base_ck.path) if base_ck else None,
                                   "result_file": str(dest), "layers": view.layer_rows(cfg.shown),
                                   "outside_decoder": view.outside_rows(cfg.shown),
-                                  "skipped": len(res.attrs["skipped"]), "matrices": len(res.coords["tensor"])}
+                                  "skipped": len(res.attrs["skipped"]), "matrices": len(res.coords["tensor"]),
+                                  "notes": notes(*filter(None, (base_ck, ckpt)))}
         payload["band_rule"] = band_rule(tax.n_layers.get(DECODER, 0)) if tax.n_layers.get(DECODER) else None
     return payload
 
 
 def _rank_activations(cfg: RankConfig, models: list[Path], labels: list[str], run: Path, on_progress) -> dict:
     from ..agent import load_policy
+    from ..weights import describe, open_one
     from .activations import activation_ranks, probe_prompts, prompts_from_file
 
     prompts = prompts_from_file(cfg.probe_file) if cfg.probe_file is not None else probe_prompts(cfg.tasks, cfg.probes)
@@ -172,18 +181,20 @@ def _rank_activations(cfg: RankConfig, models: list[Path], labels: list[str], ru
                      "tokens": cfg.tokens, "centred": cfg.centred, "probes": {"n": len(prompts), **source},
                      "models": {}}
     for path, lab in zip(models, labels):
-        policy = load_policy(Path(path), allow_pickle=False)
+        policy = load_policy(Path(path), allow_pickle=cfg.allow_pickle, config=cfg.config)
+        desc = describe(open_one(path, allow_pickle=cfg.allow_pickle, config=cfg.config))
         tick = lambda n: on_progress(f"rank activations {lab}", n, len(prompts), "prompts")  # noqa: E731
         # the model was loaded for the measurement alone: TransformerBridge may rewire it in place
         res = activation_ranks(policy, None, prompts, cfg.layers, tokens=cfg.tokens, centred=cfg.centred,
                                backend=cfg.backend, batch_size=cfg.batch_size, on_batch=tick, give_model=True,
-                               provenance={"config": cfg.as_dict(), "probes": payload["probes"]})
+                               checkpoint=desc, provenance={"config": cfg.as_dict(), "probes": payload["probes"]})
         del policy
         dest = cfg.save or run / "results" / f"rank-activations-{lab}{cfg.tag}.h5"
         write_result(dest, res)
         payload["models"][lab] = {"path": str(path), "base": None, "result_file": str(dest),
                                   "layers": RankResult.from_result(res, dest).layer_rows(cfg.shown),
-                                  "outside_decoder": [], "n_prompts": len(prompts)}
+                                  "outside_decoder": [], "n_prompts": len(prompts),
+                                  "notes": desc.get("notes", [])}
         payload["band_rule"] = res.attrs["band_rule"]
     return payload
 

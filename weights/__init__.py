@@ -1,9 +1,9 @@
 """Checkpoints and what each tensor is. All checkpoint reading and writing goes through here."""
 
-from .checkpoint import PROVENANCE, Checkpoint, TensorMeta, open_checkpoint, tensor_bits
+from .checkpoint import PROVENANCE, Checkpoint, TensorMeta, match_names, open_checkpoint, tensor_bits
 from .fingerprint import fingerprint
 from .lora import apply_lora, is_lora_folder, lora_delta
-from .pair import check_pair, describe, open_rl, recorded_base, resolve_base
+from .pair import check_pair, describe, notes, open_one, open_pair, open_rl, recorded_base, resolve_base
 from .safetensors_file import SafetensorsFile, TensorEntry, code_of, dtype_name, torch_dtype
 from .taxonomy import (
     BANDS,
@@ -20,7 +20,7 @@ from .hf import ImageTextProcessor, is_vision_folder, load_model, load_vlm, read
 from .writer import OutSpec, check_destination, parse_size, write_checkpoint, write_json_atomic
 
 __all__ = [
-    "PROVENANCE", "Checkpoint", "tensor_bits", "code_of", "dtype_name", "torch_dtype", "TensorMeta", "open_checkpoint", "fingerprint", "apply_lora",
+    "PROVENANCE", "Checkpoint", "tensor_bits", "code_of", "dtype_name", "torch_dtype", "TensorMeta", "open_checkpoint", "match_names", "open_one", "open_pair", "notes", "fingerprint", "apply_lora",
     "is_lora_folder", "lora_delta", "check_pair", "describe", "open_rl", "recorded_base",
     "resolve_base", "SafetensorsFile", "TensorEntry", "BANDS", "GROUPS", "Taxonomy", "TensorRole",
     "UnknownTensors", "band_of", "band_rule", "classify", "parse_layers", "OutSpec",

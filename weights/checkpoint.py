@@ -3,8 +3,11 @@
 :func:`open_checkpoint` reads what a researcher has: an HF folder (``config.json`` with a single
 ``model.safetensors`` or shards listed by ``model.safetensors.index.json``), a single ``.safetensors``
 file, a PEFT LoRA adapter folder (only as the ``rl`` side of a pair, over its base: see
-:func:`apply_lora`), or — only with ``allow_pickle`` — pickled ``.bin``/``.pt`` weights, loaded with
-``torch.load(weights_only=True)``. Every kind answers the same questions (:class:`Checkpoint`): which
+:func:`apply_lora`), or — only with ``allow_pickle`` — pickled weights loaded with
+``torch.load(weights_only=True)``: a folder of ``.bin``/``.pt`` shards, or one training checkpoint file
+(``.ckpt``/``.pt``/``.pth``/``.bin`` of Lightning, nanoGPT, DDP or ``torch.save(model.state_dict())``),
+whose state dict and wrapper prefixes :func:`match_names` maps onto the other side's names
+(:mod:`.state_dict`). Every kind answers the same questions (:class:`Checkpoint`): which
 tensors, their dtype and shape, a tensor's values, and where its raw bytes lie when they lie in a file
 unchanged (so an exact copy never passes through Python).
 
@@ -24,11 +27,14 @@ import numpy as np
 
 from ..errors import GraftkitError
 from .safetensors_file import ITEMSIZE, NUMPY, SafetensorsFile, TensorEntry, code_of, torch_dtype
-from .taxonomy import Taxonomy, classify
+from .state_dict import PREFIXES, find_state_dict, load_pickle, rename
+from .taxonomy import Taxonomy, classify, tables
 
 INDEX = "model.safetensors.index.json"
 PICKLE_INDEX = "pytorch_model.bin.index.json"
 PROVENANCE = "graftkit.json"
+#: Suffixes of a single-file PyTorch checkpoint (read only with allow_pickle).
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,13 @@ class Checkpoint:
     provenance: dict | None = None  # the folder's graftkit.json, if any
     weight_files: tuple[Path, ...] = ()
     arrays: Callable[[str], np.ndarray] | None = None  # name -> numpy view, without torch
+    notes: tuple[str, ...] = ()  # how the file was read: container, prefixes stripped, config source
+    config_from: Path | None = None  # the folder config.json (and tokenizer files) came from, if not its own
+
+    @property
+    def loose(self) -> bool:
+        """A single pickled file: its names still need :func:`match_names` and its config another folder."""
+        return self.kind == "pickle" and self.path.is_file()
 
     @property
     def names(self) -> list[str]:
@@ -205,10 +218,11 @@ def open_checkpoint(path: str | os.PathLike, allow_pickle: bool = False) -> Chec
     if path.is_file():
         if path.suffix == ".safetensors":
             return _from_safetensors(path, "safetensors-file", [path], None)
-        if path.suffix in (".bin", ".pt", ".pth"):
+        if path.suffix in PICKLE_SUFFIXES:
             return _open_pickle(path, [path], None, allow_pickle)
         raise GraftkitError(
-            f"{path}: not a checkpoint (expected a folder, a .safetensors file, or .bin/.pt with --allow-pickle)",
+            f"{path}: not a checkpoint (expected a folder, a .safetensors file, or "
+            f"{'/'.join(PICKLE_SUFFIXES)} with --allow-pickle)",
             "point at the model folder",
         )
     if (path / "adapter_config.json").is_file():
@@ -243,16 +257,12 @@ def _open_pickle(path: Path, files: list[Path], config: dict | None, allow: bool
             f"{files[0]}: pickled weights are refused by default (loading a pickle can run arbitrary code)",
             "convert to safetensors, or pass --allow-pickle to load with torch.load(weights_only=True)",
         )
-    import torch
-
-    tensors: dict[str, torch.Tensor] = {}
+    tensors: dict = {}
+    notes = []
     for f in files:
-        try:
-            sd = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
-        except Exception as exc:  # torch raises many types for a bad or unsafe pickle
-            raise GraftkitError(f"{f}: cannot load with weights_only=True ({exc})".splitlines()[0]) from None
-        if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-            raise GraftkitError(f"{f}: not a state dict of tensors", "save model.state_dict() instead")
+        sd, where = find_state_dict(load_pickle(f), f)
+        if where:
+            notes.append(f"{f.name}: state dict under {'/'.join(map(repr, where))}")
         tensors.update(sd)
     metas = {}
     for n, t in tensors.items():
@@ -262,7 +272,77 @@ def _open_pickle(path: Path, files: list[Path], config: dict | None, allow: bool
             raise GraftkitError(f"{path}: tensor {n} has unsupported dtype {t.dtype}") from None
     prov_path = (path if path.is_dir() else path.parent) / PROVENANCE
     prov = _read_json(prov_path) if path.is_dir() and prov_path.is_file() else None
-    return Checkpoint(path, "pickle", metas, tensors.__getitem__, {}, config, prov, tuple(files))
+    return Checkpoint(path, "pickle", metas, tensors.__getitem__, {}, config, prov, tuple(files), notes=tuple(notes))
 
 
-__all__ = ["Checkpoint", "TensorMeta", "open_checkpoint", "tensor_bits", "PROVENANCE", "NUMPY"]
+def _alias_key(t) -> tuple:
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+
+
+def match_names(ck: Checkpoint, reference: Checkpoint | None = None, *, unknown: str = "error",
+                config_dir: Path | None = None) -> Checkpoint:
+    """A single-file checkpoint (:attr:`Checkpoint.loose`) under the names of ``reference`` (the other
+    side of a pair), or of the taxonomy tables when it is read alone: the wrapper prefixes that make its
+    names match are stripped (:func:`.state_dict.rename`), and its config comes from ``config_dir``, else
+    from the reference's folder. A tensor that matches nothing is an error, or with ``unknown="keep-base"``
+    left out of a pair (the base's own tensor is kept) and kept as unknown when read alone. Any other
+    checkpoint is returned as it is."""
+    if not ck.loose:
+        return ck
+    if config_dir is not None:
+        config_dir = Path(config_dir).expanduser()
+        if not (config_dir / "config.json").is_file():
+            raise GraftkitError(f"--config {config_dir}: no config.json there", "point at the HF model folder")
+        config, config_from = _read_json(config_dir / "config.json"), config_dir
+    elif reference is not None and reference.config is not None:
+        config, config_from = reference.config, reference.config_from or reference.folder
+    else:
+        config, config_from = None, None
+    if reference is not None:
+        known, against = (lambda n: n in reference.metas), str(reference.path)
+    else:
+        model_type = (config or {}).get("model_type")
+        table = next((t for t in tables() if model_type in t.model_types), None) if model_type else None
+        known = (lambda n: bool(table.matches(n))) if table else (lambda n: any(t.matches(n) for t in tables()))
+        against = f"the {table.family if table else 'taxonomy'} table" + ("" if table else "s")
+    r = rename(ck.names, known)
+    stripped = f"prefix {r.chain!r}" if r.chain else "no prefix"
+    head = ck.notes[0] if ck.notes else f"{ck.path.name}: a bare state dict"
+    notes = [f"{head}, {stripped} stripped ({len(r.names)} tensors matched to {against})"]
+    dropped = []
+    if r.unmatched and reference is not None:
+        # a tied head saved twice (state_dict() lists both names of one tensor) is the same tensor
+        matched_storage = {_alias_key(ck.read(n)) for n in r.names}
+        dropped = [n for n in r.unmatched if _alias_key(ck.read(n)) in matched_storage]
+        if dropped:
+            notes.append(f"{ck.path.name}: {', '.join(dropped)} left out (the same tensor as a matched one: tied)")
+    unmatched = [n for n in r.unmatched if n not in dropped]
+    if unmatched and (unknown == "error" or not r.names):
+        shown = ", ".join(unmatched[:5]) + (f", … ({len(unmatched) - 5} more)" if len(unmatched) > 5 else "")
+        example = f" (expected names like {next(iter(reference.metas))})" if reference is not None else ""
+        raise GraftkitError(
+            f"{ck.path}: {len(unmatched)} of {len(ck.metas)} tensors match no tensor of {against} after "
+            f"stripping {stripped} (known prefixes: {', '.join(PREFIXES)}): {shown}{example}",
+            "pass a checkpoint of the same architecture"
+            + (", or --unknown keep-base to keep those from the base" if r.names else ""),
+        )
+    names = dict(r.names)
+    if unmatched and reference is None:
+        names.update({n: n for n in unmatched})  # kept as unknown tensors: the taxonomy records them
+    elif unmatched:
+        notes.append(f"{ck.path.name}: {len(unmatched)} tensor(s) match nothing and are ignored "
+                     f"(--unknown keep-base): {', '.join(unmatched[:5])}")
+    inverse = {}
+    for old, new in names.items():
+        if new in inverse:
+            raise GraftkitError(f"{ck.path}: tensors {inverse[new]} and {old} both map to {new}",
+                                "save one state dict without wrapper duplicates")
+        inverse[new] = old
+    if config_from is not None:
+        notes[0] += f", config from {config_from}"
+    metas = {new: TensorMeta(new, ck.metas[old].code, ck.metas[old].shape) for new, old in inverse.items()}
+    return Checkpoint(ck.path, ck.kind, metas, lambda n: ck.read(inverse[n]), {}, config, ck.provenance,
+                      ck.weight_files, notes=tuple(notes), config_from=config_from)
+
+
+__all__ = ["Checkpoint", "TensorMeta", "match_names", "open_checkpoint", "tensor_bits", "PROVENANCE", "NUMPY"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..config import CommandConfig, check_choice, opt
 from ..errors import GraftkitError
-from .checkpoint import open_checkpoint
+from .pair import open_one
 from .taxonomy import DECODER, GROUPS, band_rule
 
 UNKNOWN = ("error", "keep-base")
@@ -25,9 +25,13 @@ class ReadOptions(CommandConfig):
     """How checkpoints are read (fields shared by every command that opens one)."""
 
     allow_pickle: bool = False
-    """Load pickled .bin/.pt weights (weights_only=True)."""
+    """Load pickled weights (weights_only=True): .bin/.pt folders, or one .ckpt/.pt/.pth/.bin file."""
     unknown: str = "error"
-    """Tensors no taxonomy table claims: error | keep-base."""
+    """Tensors no taxonomy table claims (or, in a single-file checkpoint, that match nothing on the other
+    side): error | keep-base."""
+    config: Path | None = None
+    """HF folder whose config.json (and tokenizer) a single-file checkpoint uses (default: the other side's
+    folder; a policy run from one file needs it)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -47,7 +51,7 @@ def run_inspect(cfg: InspectConfig) -> dict:
     """Groups, layers, bytes and tied embeddings of ``cfg.model`` (nothing is written)."""
     if not Path(cfg.model).exists():
         raise GraftkitError(f"{cfg.model}: no such file or folder", "check the MODEL path")
-    ck = open_checkpoint(cfg.model, allow_pickle=cfg.allow_pickle)
+    ck = open_one(cfg.model, allow_pickle=cfg.allow_pickle, unknown=cfg.unknown, config=cfg.config)
     tax = ck.taxonomy(cfg.unknown)
     rows = {}
     for g in [*GROUPS, "unknown"]:
@@ -58,4 +62,4 @@ def run_inspect(cfg: InspectConfig) -> dict:
     n_dec = tax.n_layers.get(DECODER, 0)
     return {"path": str(ck.path), "kind": ck.kind, "family": tax.family, "model_type": ck.model_type,
             "tied_embeddings": tax.tied, "layers": dict(tax.n_layers), "groups": rows,
-            "band_rule": band_rule(n_dec) if n_dec else None, "unknown": list(tax.unknown)}
+            "band_rule": band_rule(n_dec) if n_dec else None, "unknown": list(tax.unknown), "notes": list(ck.notes)}

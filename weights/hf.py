@@ -1,6 +1,7 @@
 """An in-memory transformers model (and its tokenizer or processor) written as an HF folder through this
 package, and HF folders loaded back as models: causal LMs (:func:`load_model`) and image-text-to-text
-models with their processor (:func:`load_vlm`).
+models with their processor (:func:`load_vlm`). Either also loads a single checkpoint file (a
+``.safetensors`` file, or a pickled training checkpoint) over the config and tokenizer of another folder.
 
 State dicts repeat tied parameters under every name (``lm_head.weight`` is ``embed_tokens.weight``);
 like ``save_pretrained``, only the first name of each shared storage is written.
@@ -84,33 +85,119 @@ def read_tensors(path: Path) -> dict:
     return {n: sf.read(n).clone() for n in sf.entries}
 
 
-def load_model(path: Path, *, allow_pickle: bool = False, dtype=None, need_tokenizer: bool = True):
+def load_model(path: Path, *, allow_pickle: bool = False, dtype=None, need_tokenizer: bool = True,
+               config_dir: Path | None = None):
     """Load an HF causal LM folder and its tokenizer: safetensors only unless ``allow_pickle``, and
-    never remote code. Returns ``(model, tokenizer)``; each failure is one clear error."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    never remote code. A single checkpoint file (``.safetensors``, or with ``allow_pickle`` a
+    ``.ckpt``/``.pt``/``.pth``/``.bin`` training checkpoint) holds no config: the model is built from
+    ``config_dir``'s config.json and its tokenizer read from there (:func:`_from_single_file`).
+    Returns ``(model, tokenizer)``; each failure is one clear error."""
+    from transformers import AutoModelForCausalLM
 
     from ..errors import GraftkitError
     from .checkpoint import open_checkpoint
 
     path = Path(path)
+    src = single_file_config(path, config_dir, allow_pickle) if path.is_file() else path
     ck = open_checkpoint(path, allow_pickle=allow_pickle)  # validates files, refuses pickles
-    if not path.is_dir() or ck.config is None:
+    if path.is_dir() and ck.config is None:
         raise GraftkitError(f"{path}: a policy needs an HF model folder with config.json", "point at the model folder")
-    tokenizer = None
-    if need_tokenizer:
-        if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-            raise GraftkitError(
-                f"{path}: no tokenizer (tokenizer.json or tokenizer_config.json)",
-                "save the tokenizer into the model folder (tokenizer.save_pretrained)",
-            )
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
-        except Exception as exc:  # transformers raises many types for a broken tokenizer folder
-            raise GraftkitError(f"{path}: cannot load its tokenizer ({exc})".splitlines()[0]) from None
+    tokenizer = _tokenizer(src) if need_tokenizer else None
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    if path.is_file():
+        return _from_single_file(AutoModelForCausalLM, ck, src, dtype, "a causal LM"), tokenizer
     return _from_pretrained(AutoModelForCausalLM, path, allow_pickle, dtype, "a causal LM"), tokenizer
+
+
+def single_file_config(path: Path, config_dir: Path | None, allow_pickle: bool = True) -> Path:
+    """The HF folder whose config.json (and tokenizer or processor) a model loaded from the single
+    checkpoint file ``path`` is built from: ``config_dir``, which must be given and hold a config.json.
+    A pickled file without ``allow_pickle`` is left to :func:`.checkpoint.open_checkpoint` to refuse."""
+    from ..errors import GraftkitError
+    from .checkpoint import PICKLE_SUFFIXES
+
+    path = Path(path)
+    if config_dir is None:
+        if path.suffix in PICKLE_SUFFIXES and not allow_pickle:
+            return path.parent  # open_checkpoint refuses the pickle first, naming --allow-pickle
+        raise GraftkitError(
+            f"{path}: a single checkpoint file holds no config.json or tokenizer, so a policy cannot be built "
+            "from it alone", "pass --config with the HF folder of its config.json and tokenizer (e.g. the SFT folder)")
+    config_dir = Path(config_dir).expanduser()
+    if not (config_dir / "config.json").is_file():
+        raise GraftkitError(f"--config {config_dir}: no config.json there", "point at the HF model folder")
+    return config_dir
+
+
+def _tokenizer(folder: Path):
+    from transformers import AutoTokenizer
+
+    from ..errors import GraftkitError
+
+    if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        raise GraftkitError(
+            f"{folder}: no tokenizer (tokenizer.json or tokenizer_config.json)",
+            "save the tokenizer into the model folder (tokenizer.save_pretrained)",
+        )
+    try:
+        return AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    except Exception as exc:  # transformers raises many types for a broken tokenizer folder
+        raise GraftkitError(f"{folder}: cannot load its tokenizer ({exc})".splitlines()[0]) from None
+
+
+def _from_single_file(auto_class, ck, config_dir: Path, dtype, what: str):
+    """``auto_class`` built from ``config_dir``'s config.json (no remote code, float32 unless a dtype is
+    asked for), its weights set from the single-file checkpoint ``ck``: the file's names are mapped onto
+    the model's own (:func:`.checkpoint.match_names`: container and wrapper prefixes, tied duplicates).
+    Every tensor of the model must come from the file, except a tied head the config shares with the
+    embedding; a tensor of the wrong shape, a missing one, or a tied pair with different values is an error."""
+    import torch
+    from transformers import AutoConfig, GenerationConfig
+
+    from ..errors import GraftkitError
+    from .checkpoint import Checkpoint, TensorMeta, _alias_key, _read_json, match_names
+    from .safetensors_file import code_of
+
+    try:
+        config = AutoConfig.from_pretrained(config_dir, trust_remote_code=False)
+        model = auto_class.from_config(config, trust_remote_code=False,
+                                       dtype=dtype if dtype is not None else torch.float32)
+    except Exception as exc:  # transformers raises many types for an unknown or broken config
+        raise GraftkitError(f"--config {config_dir}: cannot build {what} from its config.json ({exc})".splitlines()[0],
+                            "check config.json's architecture") from None
+    own = model.state_dict()  # views of the parameters: copying into them sets the model's weights
+    ref = Checkpoint(config_dir, "hf-folder", {n: TensorMeta(n, code_of(t.dtype), tuple(t.shape)) for n, t in own.items()},
+                     own.__getitem__, config=_read_json(config_dir / "config.json"))
+    named = match_names(ck, ref, config_dir=config_dir)
+    extra = [n for n in named.metas if n not in own]
+    if extra:
+        raise GraftkitError(f"{ck.path}: {len(extra)} tensor(s) the model of --config {config_dir} does not have: "
+                            f"{', '.join(extra[:5])}", "pass the config the checkpoint was trained with")
+    for n, m in named.metas.items():
+        if m.shape != tuple(own[n].shape):
+            raise GraftkitError(f"{ck.path}: tensor {n} has shape {list(m.shape)} but the model of --config "
+                                f"{config_dir} expects {list(own[n].shape)}", "pass the config the checkpoint was trained with")
+    by_storage: dict[tuple, list[str]] = {}
+    for n, t in own.items():
+        by_storage.setdefault(_alias_key(t), []).append(n)
+    for names in by_storage.values():
+        held = [n for n in names if n in named.metas]
+        if not held:
+            shown = ", ".join(names[:3])
+            raise GraftkitError(f"{ck.path}: holds no tensor for {shown} of the model --config {config_dir} describes",
+                                "save the whole model.state_dict(), or pass the config it was trained with")
+        if any(not torch.equal(named.read(held[0]), named.read(n)) for n in held[1:]):
+            raise GraftkitError(f"{ck.path}: {', '.join(held)} differ, but --config {config_dir} ties them",
+                                "pass a config with tie_word_embeddings false")
+    with torch.no_grad():
+        for names in by_storage.values():
+            n = next(n for n in names if n in named.metas)
+            own[n].copy_(named.read(n))
+    if (config_dir / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(config_dir)
+    return model.eval()
 
 
 def _from_pretrained(auto_class, path: Path, allow_pickle: bool, dtype, what: str):
@@ -177,11 +264,12 @@ def is_vision_folder(path: Path, need_processor: bool = True) -> bool:
             and (not need_processor or any((path / f).is_file() for f in PROCESSOR_FILES)))
 
 
-def load_vlm(path: Path, *, allow_pickle: bool = False, dtype=None):
+def load_vlm(path: Path, *, allow_pickle: bool = False, dtype=None, config_dir: Path | None = None):
     """Load an HF image-text-to-text folder and its processor: safetensors only unless
     ``allow_pickle``, never remote code. Returns ``(model, processor)``: the folder's own processor
     (``AutoProcessor``) where transformers can build it, else an :class:`ImageTextProcessor` of its
-    tokenizer and image processor. Each failure is one clear error."""
+    tokenizer and image processor. A single checkpoint file is built from ``config_dir`` (config.json and
+    processor), as in :func:`load_model`. Each failure is one clear error."""
     from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
@@ -189,27 +277,30 @@ def load_vlm(path: Path, *, allow_pickle: bool = False, dtype=None):
     from .checkpoint import open_checkpoint
 
     path = Path(path)
+    src = single_file_config(path, config_dir, allow_pickle) if path.is_file() else path
     ck = open_checkpoint(path, allow_pickle=allow_pickle)
-    if not path.is_dir() or ck.config is None:
+    if path.is_dir() and ck.config is None:
         raise GraftkitError(f"{path}: a policy needs an HF model folder with config.json", "point at the model folder")
-    model_type = _model_type(path)
+    model_type = _model_type(src)
     if model_type not in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
-        raise GraftkitError(f"{path}: model_type {model_type!r} is not an image-text-to-text model",
+        raise GraftkitError(f"{src}: model_type {model_type!r} is not an image-text-to-text model",
                             "point at a vision-language model folder (e.g. Qwen2-VL)")
-    if not any((path / f).is_file() for f in PROCESSOR_FILES):
-        raise GraftkitError(f"{path}: no image processor ({' or '.join(PROCESSOR_FILES)})",
+    if not any((src / f).is_file() for f in PROCESSOR_FILES):
+        raise GraftkitError(f"{src}: no image processor ({' or '.join(PROCESSOR_FILES)})",
                             "save the processor into the model folder (processor.save_pretrained)")
     processor = None
     try:
-        processor = AutoProcessor.from_pretrained(path, trust_remote_code=False)
+        processor = AutoProcessor.from_pretrained(src, trust_remote_code=False)
     except Exception:  # noqa: BLE001 — e.g. a video half that needs torchvision; assembled below instead
         pass
     if processor is None or getattr(processor, "image_processor", None) is None:
         try:
-            processor = ImageTextProcessor(AutoTokenizer.from_pretrained(path, trust_remote_code=False),
-                                           AutoImageProcessor.from_pretrained(path, trust_remote_code=False))
+            processor = ImageTextProcessor(AutoTokenizer.from_pretrained(src, trust_remote_code=False),
+                                           AutoImageProcessor.from_pretrained(src, trust_remote_code=False))
         except Exception as exc:  # transformers raises many types for a broken processor folder
-            raise GraftkitError(f"{path}: cannot load its processor ({exc})".splitlines()[0],
+            raise GraftkitError(f"{src}: cannot load its processor ({exc})".splitlines()[0],
                                 "check preprocessor_config.json and the tokenizer files") from None
+    if path.is_file():
+        return _from_single_file(AutoModelForImageTextToText, ck, src, dtype, "an image-text-to-text model"), processor
     return _from_pretrained(AutoModelForImageTextToText, path, allow_pickle, dtype,
                             "an image-text-to-text model"), processor

@@ -4,6 +4,10 @@ Grafting and delta anatomy need the two to hold the same tensors with the same s
 mismatch is one error that names the tensors and both shapes or dtypes. ``--base`` defaults to the SFT
 parent recorded in the RL checkpoint's ``graftkit.json`` (``base_model.path``) or, for a LoRA adapter,
 to its ``base_model_name_or_path`` when that is a local folder.
+
+Either side may be a single-file PyTorch checkpoint (``--allow-pickle``): :func:`open_pair` maps its
+names onto the other side's (:func:`.checkpoint.match_names`) and records what it mapped in
+:attr:`Checkpoint.notes`.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import json
 from pathlib import Path
 
 from ..errors import GraftkitError
-from .checkpoint import PROVENANCE, Checkpoint, open_checkpoint
+from .checkpoint import PROVENANCE, Checkpoint, match_names, open_checkpoint
 from .fingerprint import fingerprint
 from .lora import apply_lora, is_lora_folder
 from .safetensors_file import dtype_name
@@ -58,6 +62,31 @@ def open_rl(path: Path, base: Checkpoint, allow_pickle: bool = False) -> Checkpo
     return open_checkpoint(path, allow_pickle=allow_pickle)
 
 
+def open_one(path: Path, *, allow_pickle: bool = False, unknown: str = "error",
+             config: Path | None = None) -> Checkpoint:
+    """Open a checkpoint read alone; a single pickled file is named after the taxonomy tables."""
+    return match_names(open_checkpoint(path, allow_pickle=allow_pickle), unknown=unknown, config_dir=config)
+
+
+def open_pair(base_path: Path, rl_paths, *, allow_pickle: bool = False, unknown: str = "error",
+              config: Path | None = None) -> tuple[Checkpoint, list[Checkpoint]]:
+    """The base and every RL side, opened; a single pickled file among them is renamed onto the names of
+    the first side that is no such file (or, when all are, onto the taxonomy's) and takes its config."""
+    base = open_checkpoint(base_path, allow_pickle=allow_pickle)
+    full = [None if is_lora_folder(Path(p)) else open_checkpoint(p, allow_pickle=allow_pickle) for p in rl_paths]
+    ref = next((c for c in (base, *full) if c is not None and not c.loose), None)
+    base = match_names(base, ref, unknown=unknown, config_dir=config)
+    ref = ref or base  # all sides single files: the RL sides take the base's (taxonomy-matched) names
+    rls = [apply_lora(base, Path(p)) if c is None else match_names(c, ref, unknown=unknown, config_dir=config)
+           for p, c in zip(rl_paths, full)]
+    return base, rls
+
+
+def notes(*ckpts: Checkpoint) -> list[str]:
+    """What reading the checkpoints mapped (containers, prefixes, config sources), one line each."""
+    return [n for c in ckpts for n in c.notes]
+
+
 def check_pair(base: Checkpoint, rl: Checkpoint, taxonomy: Taxonomy) -> None:
     """Raise a one-line error unless both hold the same tensors with equal shapes and dtypes."""
     only_base = [n for n in base.metas if n not in rl.metas]
@@ -97,4 +126,5 @@ def describe(ckpt: Checkpoint) -> dict:
     cfg = ckpt.folder / "config.json"
     if ckpt.path.is_dir() and cfg.is_file():
         files.append(cfg)
-    return {"path": str(Path(ckpt.path).resolve()), "kind": ckpt.kind, "sha256": fingerprint(files)}
+    desc = {"path": str(Path(ckpt.path).resolve()), "kind": ckpt.kind, "sha256": fingerprint(files)}
+    return {**desc, "notes": list(ckpt.notes)} if ckpt.notes else desc

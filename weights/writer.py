@@ -89,9 +89,18 @@ def _inside(a: Path, b: Path) -> bool:
     return a == b or b in a.parents
 
 
-def check_destination(dest: Path, inputs: Iterable[Path], force: bool) -> Path:
-    """Refuse a destination that is, contains or lies in an input, or that exists without ``force``."""
+def check_destination(dest: Path, inputs: Iterable[Path], force: bool, files: Iterable[Path] = ()) -> Path:
+    """Refuse a destination that is, contains or lies in an input, or that exists without ``force``.
+
+    An input file stands for its folder (a model folder's ``model.safetensors``); ``files`` are inputs that
+    stand alone (a training checkpoint ``rl.ckpt``): only the file itself and the folders holding it are
+    refused."""
     dest = Path(dest).expanduser().resolve()
+    for f in files:
+        f = Path(f).expanduser().resolve()
+        if _inside(f, dest):
+            raise GraftkitError(f"output folder {dest} overlaps the input {f}",
+                                "choose an output folder outside every input")
     for i in inputs:
         i = Path(i).expanduser().resolve()
         folder = i if i.is_dir() else i.parent
@@ -285,11 +294,13 @@ def write_checkpoint(
     max_shard_size: int | str = "5GB",
     on_tensor: Callable[[OutSpec], None] = lambda s: None,
     extra_files: dict[str, bytes] | None = None,
+    input_files: Sequence[Path] = (),
 ) -> Path:
     """Write ``specs`` as a new HF folder at ``dest`` (see the module docstring); returns its path.
 
-    ``extra_files``: more files (name → bytes) to place in the folder, e.g. a training log or state."""
-    dest = check_destination(dest, inputs, force)
+    ``extra_files``: more files (name → bytes) to place in the folder, e.g. a training log or state.
+    ``input_files``: inputs that are single files standing alone (see :func:`check_destination`)."""
+    dest = check_destination(dest, inputs, force, input_files)
     shards = plan_shards(specs, parse_size(max_shard_size))
     with atomic_folder(dest) as tmp:
         for p in aux_files(aux_from):
