@@ -304,7 +304,8 @@ def match_names(ck: Checkpoint, reference: Checkpoint | None = None, *, unknown:
         model_type = (config or {}).get("model_type")
         table = next((t for t in tables() if model_type in t.model_types), None) if model_type else None
         known = (lambda n: bool(table.matches(n))) if table else (lambda n: any(t.matches(n) for t in tables()))
-        against = f"the {table.family if table else 'taxonomy'} table" + ("" if table else "s")
+        against = (f"{model_type}'s tensor names (taxonomy table {table.family})" if table
+                   else "the taxonomy tables")
     r = rename(ck.names, known)
     stripped = f"prefix {r.chain!r}" if r.chain else "no prefix"
     head = ck.notes[0] if ck.notes else f"{ck.path.name}: a bare state dict"
