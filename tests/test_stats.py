@@ -5,7 +5,12 @@ Coverage: paired outcomes are simulated from a two-level model with a known popu
 and each 95% interval must contain the truth in 93–97% of repetitions. With 1000 repetitions the
 standard error of a coverage near 0.95 is 0.7 points, so a calibrated method leaves the window about
 once in a hundred simulation seeds (six other seeds gave 93.5–96.1%); the seeds here are fixed, so the
-test is deterministic.
+test is deterministic. Coverage at the ceiling and over training seeds is in test_stats_coverage.py.
+
+Beyond coverage: equal clusters against a direct reference implementation (to 1e-12, same random
+stream), unequal clusters against the cluster-robust variance, cluster_labels against a graph search,
+the posterior fallback with few discordant pairs, headroom's layouts, regimes against their two-way
+variance formula, equivalence verdicts, and the detectable improvement.
 """
 
 from __future__ import annotations
@@ -118,11 +123,14 @@ def test_t_cdf_matches_integrated_density(df):
         assert stats._t_cdf(-t, df) == pytest.approx(0.5 - area, abs=1e-9)
 
 
-def test_identical_agents_give_a_zero_difference():
+def test_identical_agents_give_a_zero_difference_and_an_interval_around_it():
+    """No discordant pair: the difference is 0, and the interval is the posterior's, not [0, 0]."""
     a = (np.random.default_rng(0).random((6, 9)) < 0.4).astype(int)
-    boot = stats.paired_bootstrap(a, a.copy(), n_boot=500)
-    assert (boot.diff, boot.low, boot.high) == (0.0, 0.0, 0.0)
+    boot = stats.paired_bootstrap(a, a.copy(), n_boot=20_000)
+    assert boot.diff == 0.0 and boot.source == "posterior" and boot.n_discordant == 0
+    assert boot.low < 0 < boot.high and boot.low == pytest.approx(-boot.high, abs=0.01)
     bayes = stats.bayes_paired_interval(a, a.copy(), n_draws=20_000)
+    assert (boot.low, boot.high) == pytest.approx((bayes.low, bayes.high))  # same prior, draws and seed
     assert bayes.mean == 0.0 and bayes.low < 0 < bayes.high and bayes.low == pytest.approx(-bayes.high, abs=0.01)
     assert stats.mcnemar_exact(a, a).p_value == 1.0
 
@@ -164,8 +172,9 @@ def test_degenerate_shapes():
     a, b = (rng.random((30, 1)) < 0.5).astype(int), (rng.random((30, 1)) < 0.5).astype(int)
     res = stats.paired_bootstrap(a, b, n_boot=200)
     assert res.episode_scale == 0.0 and res.seed_shrink == pytest.approx(math.sqrt(30 / 29)) and res.df == 29
-    one = stats.paired_bootstrap(np.ones((1, 1), int), np.zeros((1, 1), int), n_boot=50)
-    assert (one.diff, one.low, one.high, one.df) == (-1.0, -1.0, -1.0, None)
+    one = stats.paired_bootstrap(np.ones((1, 1), int), np.zeros((1, 1), int), n_boot=500)
+    assert (one.diff, one.df, one.source) == (-1.0, None, "posterior")
+    assert -1.0 <= one.low < -0.5 and 0.0 < one.high <= 1.0  # one discordant pair says little either way
 
 
 # --------------------------------------------------------------------------------------------------
@@ -439,3 +448,507 @@ def test_other_bad_arguments():
         with pytest.raises(GraftkitError) as err:
             call()
         assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+# --------------------------------------------------------------------------------------------------
+# Equal clusters: the general code reduces to the rectangular formulas
+
+
+def reference_two_stage(a, b, level, n_boot, seed):
+    """paired_bootstrap for [seed, episode] arrays with c² > 0, written out directly: c, k from SS_B and
+    SS_W, each within-seed sum drawn by inverse CDF of its exact distribution (np.convolve), the same
+    random stream (one block: seeds, then one uniform per chosen seed)."""
+    d = b.astype(float) - a
+    n_seeds, n_eps = d.shape
+    m = d.mean(axis=1)
+    m_bar = m.mean()
+    ss_b, ss_w = n_eps * ((m - m_bar) ** 2).sum(), ((d - m[:, None]) ** 2).sum()
+    c2 = n_seeds / (n_seeds - 1) - ss_w / ((n_eps - 1) * ss_b)
+    assert c2 > 0, "the reference covers the clustered case"
+    c, k = math.sqrt(c2), math.sqrt(n_eps / (n_eps - 1))
+    cdf = []
+    for row in d:
+        pmf = np.array([1.0])
+        for _ in range(n_eps):
+            pmf = np.convolve(pmf, [(row < 0).mean(), (row == 0).mean(), (row > 0).mean()])
+        cdf.append(np.cumsum(pmf))  # index j: P(sum ≤ j − E)
+    cdf = np.array(cdf)
+    cdf[:, -1] = 1.0
+    rng = np.random.default_rng(seed)
+    pick = rng.integers(0, n_seeds, size=(n_boot, n_seeds))
+    u = rng.random((n_boot, n_seeds))
+    m_star = ((cdf[pick] <= u[..., None]).sum(axis=-1) - n_eps) / n_eps
+    theta = m_bar + (c * (m[pick] - m_bar) + k * (m_star - m[pick])).mean(axis=1)
+    tail = NormalDist().cdf(-stats._t_quantile((1 + level) / 2, n_seeds - 1))
+    return m_bar, c, k, np.quantile(theta, [tail, 1 - tail])
+
+
+def reference_posterior(a, b, level, n_draws, seed, alpha=1.0):
+    """bayes_paired_interval for [seed, episode] arrays: four cells, design effect from seed means."""
+    d = b.astype(float) - a
+    n_seeds, n = d.shape[0], d.size
+    p01, p10 = (d > 0).mean(), (d < 0).mean()
+    deff = max(1.0, d.mean(axis=1).var(ddof=1) / n_seeds / ((p01 + p10 - (p01 - p10) ** 2) / n))
+    rng = np.random.default_rng(seed)
+    draws = deff * (n_seeds - 1) / rng.chisquare(n_seeds - 1, n_draws) if deff > 1 else np.full(n_draws, deff)
+    post = alpha + np.bincount((2 * a + b).ravel(), minlength=4) / draws[:, None]
+    gam = rng.standard_gamma(post)
+    delta = (gam[:, 1] - gam[:, 2]) / gam.sum(axis=1)
+    return deff, np.quantile(delta, [(1 - level) / 2, (1 + level) / 2])
+
+
+def seed_effect_pairs(rng, n_seeds, n_eps, p_a=0.45, lift=0.12, sd=0.3):
+    """0/1 arrays [seed, episode] whose difference varies between seeds (so c² > 0)."""
+    lift_s = lift + sd * rng.standard_normal((n_seeds, 1))
+    a = (rng.random((n_seeds, n_eps)) < p_a).astype(np.int8)
+    b = (rng.random((n_seeds, n_eps)) < np.clip(p_a + lift_s, 0.02, 0.98)).astype(np.int8)
+    return a, b
+
+
+@pytest.mark.parametrize("shape", [(12, 15), (25, 4), (8, 30)])
+def test_equal_clusters_reduce_to_the_rectangular_formulas(shape):
+    rng = np.random.default_rng(sum(shape))
+    a, b = seed_effect_pairs(rng, *shape)
+    got = stats.paired_bootstrap(a, b, n_boot=3000, seed=5)
+    m_bar, c, k, (low, high) = reference_two_stage(a, b, 0.95, 3000, 5)
+    assert got.source == "bootstrap" and got.df == shape[0] - 1
+    assert (got.diff, got.seed_shrink, got.episode_scale) == pytest.approx((m_bar, c, k), abs=1e-12)
+    assert (got.low, got.high) == pytest.approx((low, high), abs=1e-12)
+    bayes = stats.bayes_paired_interval(a, b, n_draws=3000, seed=5)
+    deff, (blow, bhigh) = reference_posterior(a, b, 0.95, 3000, 5)
+    assert bayes.design_effect == pytest.approx(deff, rel=1e-12)
+    assert (bayes.low, bayes.high) == pytest.approx((blow, bhigh), abs=1e-12)
+    # The 1-d layout with one label per row is the same computation.
+    labels = np.repeat([f"seed-{i}" for i in range(shape[0])], shape[1])
+    flat = stats.compare(a.ravel(), b.ravel(), n_boot=3000, n_draws=3000, seed=5, clusters=labels)
+    assert flat == stats.compare(a, b, n_boot=3000, n_draws=3000, seed=5)
+
+
+def test_cluster_factors_pool_when_clusters_do_not_differ():
+    """MS_B < MS_W: no cluster stage, and the episode stage carries the pooled variance s²_d/N (N − 1 df)."""
+    rng = np.random.default_rng(4)
+    checked = set()
+    for _ in range(40):
+        d = (rng.random((10, 6)) < 0.3).astype(float) - (rng.random((10, 6)) < 0.3)
+        n_seeds, n_eps = d.shape
+        m = d.mean(axis=1)
+        ss_b, ss_w = n_eps * ((m - m.mean()) ** 2).sum(), ((d - m[:, None]) ** 2).sum()
+        ms_b, ms_w = ss_b / (n_seeds - 1), ss_w / (n_seeds * (n_eps - 1))
+        c, k, df = stats.cluster_bootstrap_factors(d)
+        if ms_b >= ms_w:
+            ref = (math.sqrt(n_seeds / (n_seeds - 1) - ss_w / ((n_eps - 1) * ss_b)), math.sqrt(n_eps / (n_eps - 1)), 9)
+        else:
+            ref = (0.0, math.sqrt((ss_b + ss_w) / (d.size - 1) * d.size / ss_w), d.size - 1)
+            # the bootstrap variance, k²·(plug-in within variance)/N, is the independent-episodes one
+            assert k * k * ss_w / d.size**2 == pytest.approx(d.var(ddof=1) / d.size, rel=1e-12)
+        assert (c, k) == pytest.approx(ref[:2], rel=1e-12, abs=1e-15) and df == ref[2]
+        checked.add(ms_b >= ms_w)
+    assert checked == {True, False}
+
+
+# --------------------------------------------------------------------------------------------------
+# Clusters of unequal size (1-d layout)
+
+
+def unequal_clusters(rng, n_clusters=20, low=1, high=9, lift_sd=0.2):
+    sizes = rng.integers(low, high, n_clusters)
+    labels = np.repeat([f"item-{i}" for i in range(n_clusters)], sizes)
+    lift = np.repeat(0.1 + lift_sd * rng.standard_normal(n_clusters), sizes)
+    a = (rng.random(labels.size) < 0.4).astype(np.int8)
+    b = (rng.random(labels.size) < np.clip(0.4 + lift, 0.02, 0.98)).astype(np.int8)
+    return a, b, labels, sizes
+
+
+def test_unequal_clusters_bootstrap_variance_is_the_cluster_robust_one():
+    """Var*(θ*) = S/(S − 1) Σ n_s² (m_s − d̄)² / N² when clusters differ: read at level 0.6827, the
+    half-width is t_{S−1} · that standard error."""
+    a, b, labels, sizes = unequal_clusters(np.random.default_rng(8))
+    d = b.astype(float) - a
+    m = np.array([d[labels == f"item-{i}"].mean() for i in range(sizes.size)])
+    n, s = d.size, sizes.size
+    v_clu = s / (s - 1) * (sizes**2 * (m - d.mean()) ** 2).sum() / n**2
+    assert v_clu > d.var(ddof=1) / n  # clustered: the cluster-robust variance is the one used
+    res = stats.paired_bootstrap(a, b, level=0.6827, n_boot=400_000, seed=2, clusters=labels)
+    assert res.diff == pytest.approx(b.mean() - a.mean(), abs=1e-12)
+    assert res.df == s - 1 and res.seed_shrink > 0 and res.n_episodes is None and res.episode_scale is None
+    assert res.cluster_sizes == tuple(sizes)
+    t = stats._t_quantile((1 + 0.6827) / 2, s - 1)
+    assert (res.high - res.low) / 2 == pytest.approx(t * math.sqrt(v_clu), rel=0.03)
+
+
+def test_unequal_clusters_shuffled_and_drawn_directly(monkeypatch):
+    """Episode order does not matter beyond the random stream; drawing episode indices instead of the
+    tabulated sums gives the same distribution."""
+    rng = np.random.default_rng(9)
+    a, b, labels, _ = unequal_clusters(rng)
+    res = stats.paired_bootstrap(a, b, n_boot=50_000, seed=1, clusters=labels)
+    perm = rng.permutation(a.size)
+    shuffled = stats.paired_bootstrap(a[perm], b[perm], n_boot=50_000, seed=1, clusters=labels[perm])
+    for field in ("diff", "seed_shrink", "df", "n_discordant"):
+        assert getattr(shuffled, field) == pytest.approx(getattr(res, field), abs=1e-12)
+    assert sorted(shuffled.cluster_sizes) == sorted(res.cluster_sizes)
+    assert (shuffled.low, shuffled.high) == pytest.approx((res.low, res.high), abs=0.01)
+    bayes = stats.bayes_paired_interval(a, b, clusters=labels)
+    assert stats.bayes_paired_interval(a[perm], b[perm], clusters=labels[perm]).design_effect == pytest.approx(
+        bayes.design_effect, rel=1e-12)
+    monkeypatch.setattr(stats, "_TABLE_WORK", 0)
+    direct = stats.paired_bootstrap(a, b, n_boot=50_000, seed=1, clusters=labels)
+    assert (direct.low, direct.high) == pytest.approx((res.low, res.high), abs=0.01)
+    assert (direct.low, direct.high) != (res.low, res.high)  # it did take the other path
+
+
+def test_design_effect_with_unequal_clusters():
+    """D̂ = [S/(S − 1) Σ n_s² (m_s − d̄)² / N²] / [(mean(d²) − d̄²) / N], by hand."""
+    a, b, labels, sizes = unequal_clusters(np.random.default_rng(10), lift_sd=0.3)
+    d = b.astype(float) - a
+    m = np.array([d[labels == f"item-{i}"].mean() for i in range(sizes.size)])
+    n, s = d.size, sizes.size
+    ref = (s / (s - 1) * (sizes**2 * (m - d.mean()) ** 2).sum() / n**2) / (((d * d).mean() - d.mean() ** 2) / n)
+    res = stats.bayes_paired_interval(a, b, clusters=labels)
+    assert ref > 1 and res.design_effect == pytest.approx(ref, rel=1e-12) and res.design_effect_df == s - 1
+
+
+def test_mixed_label_types_and_mcnemar_in_the_flat_layout():
+    a = np.array([0, 1, 0, 0, 1, 1])
+    b = np.array([1, 1, 1, 0, 0, 1])
+    labels = np.array([3, 3, "x", "x", 7.5, None], dtype=object)
+    res = stats.mcnemar_exact(a, b, clusters=labels)
+    assert (res.n00, res.n01, res.n10, res.n11) == (1, 2, 1, 2)
+    boot = stats.paired_bootstrap(a, b, n_boot=200, clusters=labels)
+    assert boot.cluster_sizes == (2, 2, 1, 1) and boot.n_seeds == 4
+
+
+@pytest.mark.parametrize(
+    "a, b, clusters, fragment",
+    [
+        (GOOD, GOOD, np.zeros(12), "with clusters= expected a 1-d array"),
+        (np.zeros(12), np.zeros(12), np.zeros(11), "one label per episode"),
+        (np.zeros(12), np.zeros(11), np.zeros(12), "one label per episode"),
+        (np.zeros(12), np.zeros(12), np.zeros((3, 4)), "1-d array of cluster labels"),
+        (np.zeros(3), np.array([0, 2, 1]), np.zeros(3), "found the value 2"),
+    ],
+)
+def test_bad_clusters_are_rejected(a, b, clusters, fragment):
+    for fn in (stats.paired_bootstrap, stats.bayes_paired_interval, stats.mcnemar_exact, stats.compare):
+        with pytest.raises(GraftkitError) as err:
+            fn(a, b, clusters=clusters)
+        assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_cluster_labels_merge_seeds_that_share_an_item():
+    #               seed 0    seed 1    seed 2    seed 3
+    got = stats.cluster_labels([0, 0, 1, 1, 2, 2, 3, 3], ["x", "y", "z", "x", "w", "v", "u", "u"])
+    assert got.tolist() == [0, 0, 0, 0, 1, 1, 2, 2]  # x links seeds 0 and 1; u repeats inside seed 3 only
+    chain = stats.cluster_labels(["s0", "s1", "s1", "s2", "s3"], [10, 10, 11, 11, 12])
+    assert chain.tolist() == [0, 0, 0, 0, 1]  # 0–1 share item 10, 1–2 share item 11: transitive
+    assert stats.cluster_labels([5, 5, 3, 3, 9], ["a", "b", "c", "d", "e"]).tolist() == [0, 0, 1, 1, 2]
+    with pytest.raises(GraftkitError, match="one entry per episode"):
+        stats.cluster_labels([0, 1], ["x"])
+
+
+def components_by_search(seeds, items):
+    """Reference: connected components of episodes (linked by equal seed or equal item) by graph search."""
+    n = len(seeds)
+    label = [-1] * n
+    current = 0
+    for start in range(n):
+        if label[start] >= 0:
+            continue
+        stack, label[start] = [start], current
+        while stack:
+            e = stack.pop()
+            for f in range(n):
+                if label[f] < 0 and (seeds[f] == seeds[e] or items[f] == items[e]):
+                    label[f] = current
+                    stack.append(f)
+        current += 1
+    return label
+
+
+def test_cluster_labels_match_a_graph_search():
+    rng = np.random.default_rng(13)
+    for trial in range(20):
+        seeds = rng.integers(0, 12, 60).tolist()
+        items = [f"item{v}" for v in rng.integers(0, 45, 60)]
+        assert stats.cluster_labels(seeds, items).tolist() == components_by_search(seeds, items)
+
+
+# --------------------------------------------------------------------------------------------------
+# The ceiling: few or no discordant pairs
+
+
+def test_posterior_takes_over_below_min_discordant():
+    for m, source in ((stats.MIN_DISCORDANT - 1, "posterior"), (stats.MIN_DISCORDANT, "bootstrap")):
+        a = np.ones((25, 4), dtype=np.int8)
+        t = np.arange(m)
+        a[t % 25, t // 25] = 0
+        res = stats.paired_bootstrap(a, np.ones_like(a), n_boot=2000)
+        assert res.source == source and res.n_discordant == m and res.diff == pytest.approx(m / 100)
+        assert (res.method == stats._BOOT_FALLBACK) == (source == "posterior")
+        assert 0 < res.low < res.diff < res.high  # m one-way pairs of 100: credibly positive either way
+
+
+def ceiling_pairs(rng, reps, n_seeds, n_eps, p0=0.99, delta=0.005):
+    """A at p0; b fixes each failure of a with probability delta/(1 − p0), breaks nothing."""
+    a = (rng.random((reps, n_seeds, n_eps)) < p0).astype(np.int8)
+    fixed = rng.random(a.shape) < delta / (1 - p0)
+    return a, np.maximum(a, fixed).astype(np.int8)
+
+
+def test_a_small_improvement_at_the_ceiling_is_covered(monkeypatch):
+    """p = 0.99, true +0.5 points, 25 × 2 and 25 × 20 episodes: covered ≥ 93%; the bootstrap alone
+    (MIN_DISCORDANT = 0) collapses onto [0, 0] or past the truth and covers far less."""
+    for n_eps in (2, 20):
+        a, b = ceiling_pairs(np.random.default_rng(n_eps), 300, 25, n_eps)
+        hits = 0
+        for r in range(300):
+            res = stats.paired_bootstrap(a[r], b[r], n_boot=500, seed=r)
+            hits += res.low <= 0.005 <= res.high
+        assert hits / 300 >= 0.93, (n_eps, hits / 300)
+    monkeypatch.setattr(stats, "MIN_DISCORDANT", 0)
+    a, b = ceiling_pairs(np.random.default_rng(2), 300, 25, 2)
+    hits = 0
+    for r in range(300):
+        res = stats.paired_bootstrap(a[r], b[r], n_boot=500, seed=r)
+        hits += res.low <= 0.005 <= res.high
+    assert hits / 300 < 0.5
+
+
+def test_every_difference_interval_stays_inside_minus_one_one():
+    # 29 of 30 one-episode seeds at +1: c = √(30/29) carries resamples past 1 before clipping.
+    a = np.zeros((30, 1), dtype=np.int8)
+    b = np.ones((30, 1), dtype=np.int8)
+    b[0] = 0
+    boot = stats.paired_bootstrap(a, b, n_boot=5000)
+    assert boot.source == "bootstrap" and boot.seed_shrink > 1 and boot.high == 1.0
+    unclipped = b.mean() + boot.seed_shrink * (1 - b.mean())
+    assert unclipped > 1
+    cases = [(np.zeros((5, 4)), np.ones((5, 4))), (np.ones((5, 4)), np.zeros((5, 4))), (a, b), (b, a),
+             (np.ones((1, 1)), np.zeros((1, 1))), (np.zeros((2, 2)), np.zeros((2, 2)))]
+    for x, y in cases:
+        for res in (stats.compare(x, y, n_boot=500, n_draws=500).bootstrap,
+                    stats.compare(x, y, n_boot=500, n_draws=500).bayes,
+                    stats.regime_interval([(x, y), (x, y)], n_boot=500),
+                    stats.regime_interval([(x, y)], n_boot=500)):
+            assert -1.0 <= res.low <= res.high <= 1.0
+
+
+# --------------------------------------------------------------------------------------------------
+# Headroom: k samples per episode
+
+
+def test_headroom_pairs_each_episode_with_its_samples():
+    rng = np.random.default_rng(21)
+    g = (rng.random((6, 10)) < 0.4).astype(np.int8)
+    s = (rng.random((6, 10, 4)) < 0.6).astype(np.int8)
+    kw = dict(n_boot=1000, n_draws=2000)
+    cube = stats.headroom({"t": g}, {"t": s}, **kw)["t"]
+    for greedy, sampled, extra in [
+        (np.repeat(g, 4, axis=1), s.reshape(6, -1), {"samples": 4}),  # folded, as HeadroomResult.pairs() gives
+        (g[..., None], s, {}),
+        (np.repeat(g[..., None], 4, axis=-1), s, {}),
+        (g.ravel(), s.reshape(60, 4), {"clusters": np.repeat(np.arange(6), 10)}),
+        (g.ravel(), s.reshape(60, 4), {"clusters": {"t": np.repeat(np.arange(6), 10)}}),
+    ]:
+        assert stats.headroom({"t": greedy}, {"t": sampled}, **kw, **extra)["t"] == cube
+    c = cube.comparison
+    assert c.diff == pytest.approx(s.mean() - g.mean(), abs=1e-12)
+    assert (c.rate_a.n, c.rate_b.n, c.rate_a.successes, c.rate_b.successes) == (60, 240, g.sum(), s.sum())
+    assert c.bayes.samples == 4 and c.bootstrap.n_seeds == 6 and c.bootstrap.n_episodes == 10
+    paired = stats.mcnemar_exact(np.repeat(g, 4, axis=1), s.reshape(6, -1))  # each sample against its greedy
+    assert (c.mcnemar.n01, c.mcnemar.n10, c.mcnemar.p_value) == (paired.n01, paired.n10, paired.p_value)
+    assert c.bayes.counts == pytest.approx((paired.n00 / 4, paired.n01 / 4, paired.n10 / 4, paired.n11 / 4))
+
+
+def test_headroom_posterior_over_joint_outcomes():
+    """One cluster (D = 1), K = 2: Dirichlet over cells (greedy ∈ {0, 1}) × (samples ∈ {0, 1, 2}), each
+    corner's α spread over its side; posterior mean of Σ p (j/2 − i) in closed form."""
+    g = np.array([[0, 0, 1, 1, 1, 1, 0, 1]])
+    s = np.array([[[1, 1], [0, 1], [1, 1], [1, 0], [0, 0], [1, 1], [0, 0], [1, 1]]])
+    res = stats.headroom({"t": g}, {"t": s}, n_boot=500, n_draws=200_000)["t"].comparison.bayes
+    counts = np.zeros((2, 3))
+    for gi, si in zip(g[0], s[0].sum(-1)):
+        counts[gi, si] += 1
+    prior = np.array([[1, 0.5, 0], [1, 0.5, 0]]) + np.array([[0, 0.5, 1], [0, 0.5, 1]])  # α00/α01 (row 0), α10/α11
+    prior = prior * 4 / 6
+    post = prior + counts
+    value = np.arange(3)[None, :] / 2 - np.arange(2)[:, None]
+    assert res.design_effect == 1.0 and prior.sum() == pytest.approx(4.0)
+    assert res.mean == pytest.approx((post * value).sum() / post.sum(), abs=1e-12)
+
+
+def test_headroom_verdicts_on_planted_tasks():
+    rng = np.random.default_rng(22)
+    g_low = (rng.random((10, 8)) < 0.3).astype(np.int8)
+    g_high = (rng.random((10, 8)) < 0.9).astype(np.int8)
+    greedy = {"climbs": g_low, "worse": g_high, "flat": g_low.copy()}
+    sampled = {"climbs": (rng.random((10, 8, 4)) < 0.7).astype(np.int8),
+               "worse": (rng.random((10, 8, 4)) < 0.4).astype(np.int8),
+               "flat": np.repeat(g_low[..., None], 4, axis=-1)}
+    table = stats.headroom(greedy, sampled, n_boot=2000, n_draws=4000)
+    assert [table[t].verdict for t in ("climbs", "worse", "flat")] == [
+        "headroom", "sampling credibly worse", "no credible headroom"]
+    assert table["flat"].comparison.bootstrap.source == "posterior" and table["flat"].headroom == 0
+
+
+@pytest.mark.parametrize(
+    "greedy, sampled, extra, fragment",
+    [
+        (np.zeros((2, 6)), np.zeros((2, 6)), {"samples": 4}, "with samples=4"),
+        (np.zeros((2, 3, 2)), np.zeros((2, 3, 4)), {}, "1 or 4 greedy samples"),
+        (np.zeros((2, 4)), np.zeros((2, 3, 4)), {}, "the same episodes"),
+        (np.zeros(3), np.zeros((3, 2)), {"clusters": {"other": np.zeros(3)}}, "no labels for task 't'"),
+        (np.zeros(3), np.zeros((3, 2)), {"clusters": np.zeros(4)}, "one label per episode"),
+    ],
+)
+def test_headroom_bad_layouts(greedy, sampled, extra, fragment):
+    with pytest.raises(GraftkitError) as err:
+        stats.headroom({"t": greedy}, {"t": sampled}, n_boot=10, n_draws=10, **extra)
+    assert fragment in str(err.value)
+
+
+# --------------------------------------------------------------------------------------------------
+# Regimes: training seeds
+
+
+def test_regime_with_one_run_is_the_paired_bootstrap_of_that_run():
+    a, b = seed_effect_pairs(np.random.default_rng(30), 25, 8)
+    res = stats.regime_interval([(a, b)], n_boot=3000, seed=3)
+    ref = stats.paired_bootstrap(a, b, n_boot=3000, seed=3)
+    assert (res.diff, res.low, res.high, res.df) == (ref.diff, ref.low, ref.high, ref.df) and res.run == ref
+    assert res.n_runs == 1 and res.conditional and res.design == "one run" and "conditional" in res.method
+    d = b.astype(float) - a
+    assert res.sd**2 == pytest.approx(max(d.mean(axis=1).var(ddof=1) / 25, d.var(ddof=1) / d.size), rel=1e-12)
+    labels = np.repeat(np.arange(25), 8)
+    flat = stats.regime_interval([(a.ravel(), b.ravel(), labels)], n_boot=3000, seed=3)
+    assert (flat.low, flat.high) == (ref.low, ref.high)
+
+
+def regime_runs(rng, n_runs, n_seeds=25, n_eps=8, lift=0.05, run_sd=0.05, shared=True):
+    """(a, b) per run: one SFT evaluation a shared by all runs (or one each), run r lifting by
+    lift + run_sd·z_r, episodes independent given the seed's level."""
+    level = rng.uniform(0.3, 0.6, (n_seeds, 1))
+    a = (rng.random((n_seeds, n_eps)) < level).astype(np.int8)
+    out = []
+    for _ in range(n_runs):
+        if not shared:
+            a = (rng.random((n_seeds, n_eps)) < level).astype(np.int8)
+        lift_r = lift + run_sd * rng.standard_normal()
+        out.append((a, (rng.random((n_seeds, n_eps)) < level + lift_r).astype(np.int8)))
+    return out
+
+
+def test_regime_bootstrap_variance_is_its_two_way_formula():
+    """Shared evaluation: Var*(θ*) = max(s²_R, V_int)/R + max(0, V_clu − V_int/R), by hand."""
+    runs = regime_runs(np.random.default_rng(31), 4)
+    res = stats.regime_interval(runs, n_boot=200_000, seed=1)
+    cm = np.stack([(b.astype(float) - a).mean(axis=1) for a, b in runs])  # [R, S]
+    n_runs, n_seeds = cm.shape
+    delta, col, theta = cm.mean(axis=1), cm.mean(axis=0), cm.mean()
+    resid = cm - col - delta[:, None] + theta
+    s2 = delta.var(ddof=1)
+    v_int = n_seeds / (n_seeds - 1) * (resid**2).sum() / ((n_runs - 1) * n_seeds**2)
+    v_clu = n_seeds / (n_seeds - 1) * ((col - theta) ** 2).sum() / n_seeds**2
+    parts = (max(s2, v_int) / n_runs, max(0.0, v_clu - v_int / n_runs))
+    assert res.design == "shared evaluation" and not res.conditional and res.diff == pytest.approx(theta, abs=1e-12)
+    assert res.variance == pytest.approx(parts, rel=1e-12)
+    assert res.sd**2 == pytest.approx(sum(parts), rel=0.02)
+    df1 = n_runs - 1 if s2 >= v_int else (n_runs - 1) * (n_seeds - 1)
+    nu = sum(parts) ** 2 / (parts[0] ** 2 / df1 + parts[1] ** 2 / (n_seeds - 1))
+    assert res.df == math.floor(nu) and parts[1] > 0
+    t = stats._t_quantile(0.975, res.df)
+    assert (res.low, res.high) == pytest.approx((theta - t * res.sd, theta + t * res.sd), abs=1e-12)
+
+
+def test_regime_separate_evaluations_resample_runs_then_their_clusters():
+    runs = regime_runs(np.random.default_rng(32), 3, shared=False)
+    labelled = [(a.ravel(), b.ravel(), np.repeat([f"run{i}-seed{s}" for s in range(25)], 8))
+                for i, (a, b) in enumerate(runs)]
+    res = stats.regime_interval(labelled, n_boot=200_000, seed=2)
+    delta = np.array([b.mean() - a.mean() for a, b in runs])
+    v_run = [25 / 24 * (((b.astype(float) - a).mean(axis=1) - d) ** 2).sum() / 25**2 for (a, b), d in zip(runs, delta)]
+    target = max(delta.var(ddof=1), np.mean(v_run)) / 3
+    assert res.design == "separate evaluations" and res.variance == pytest.approx((target, 0.0), rel=1e-12)
+    assert res.sd**2 == pytest.approx(target, rel=0.02)
+    assert res.run_diffs == pytest.approx(tuple(delta), abs=1e-12)
+
+
+def test_regime_tost_both_verdicts():
+    rng = np.random.default_rng(33)
+    a = (rng.random((25, 40)) < 0.6).astype(np.int8)
+    same = [(a, a ^ (rng.random(a.shape) < 0.05)) for _ in range(3)]  # flips both ways: Δ ≈ 0
+    eq = stats.regime_tost(same, margin=0.08, n_boot=4000)
+    assert eq.equivalent and eq.interval.level == pytest.approx(0.90) and eq.level == 0.95
+    assert -0.08 < eq.interval.low < eq.interval.high < 0.08
+    assert not stats.regime_tost(same, margin=0.002, n_boot=4000).equivalent  # too tight a margin
+    worse = [(a, a * (rng.random(a.shape) > 0.35)) for _ in range(3)]  # loses ≈ 21 points
+    ne = stats.regime_tost(worse, margin=0.08, n_boot=4000)
+    assert not ne.equivalent and ne.interval.high < -0.08
+    for margin, level in ((0.0, 0.95), (-0.1, 0.95), (0.1, 0.5)):
+        with pytest.raises(GraftkitError):
+            stats.regime_tost(same, margin=margin, level=level)
+
+
+def test_regime_with_almost_no_discordance_uses_the_pooled_posterior():
+    a = np.ones((25, 2), dtype=np.int8)
+    res = stats.regime_interval([(a, a.copy())] * 3, n_boot=2000)
+    assert res.conditional and res.diff == 0 and res.low < 0 < res.high and "pooled" in res.method
+    with pytest.raises(GraftkitError, match="pairs is empty"):
+        stats.regime_interval([])
+    with pytest.raises(GraftkitError, match=r"pairs\[0\]"):
+        stats.regime_interval([a])
+
+
+# --------------------------------------------------------------------------------------------------
+# Power
+
+
+def binomial_tail(n, p, m):
+    return float(sum(Fraction(math.comb(n, i)) * Fraction(p) ** i * (1 - Fraction(p)) ** (n - i)
+                     for i in range(m, n + 1)))
+
+
+def test_detectable_improvement_shrinks_with_n_and_is_capped_by_p0():
+    by_n = [stats.detectable_improvement(0.5, 25, e) for e in (2, 4, 8, 20)]
+    deltas = [r.delta for r in by_n]
+    assert all(x > y for x, y in zip(deltas, deltas[1:])), deltas
+    for r in by_n:
+        n = r.n_clusters * r.n_episodes
+        assert binomial_tail(n, r.delta, r.min_pairs) == pytest.approx(0.8, abs=1e-6)
+        # m* is the fewest one-way pairs compare() calls credibly better
+        a = np.ones((25, r.n_episodes), dtype=np.int8)
+        t = np.arange(r.min_pairs - 1)
+        a[t % 25, t // 25] = 0
+        assert stats.compare(a, np.ones_like(a), n_boot=2000, n_draws=4000).verdict != stats.BETTER
+    by_p0 = [stats.detectable_improvement(p0, 25, 8) for p0 in (0.3, 0.6, 0.9, 0.97, 0.99)]
+    assert [r.detectable for r in by_p0] == [True, True, True, False, False]
+    deltas = [r.delta for r in by_p0]
+    assert all(x <= y for x, y in zip(deltas, deltas[1:])) and deltas[0] == deltas[2]  # capped only
+    shares = [r.fixed_share for r in by_p0]
+    assert all(x < y for x, y in zip(shares, shares[1:3])) and math.isinf(shares[-1])
+    assert stats.detectable_improvement(0.9, 25, 8) == stats.detectable_improvement(0.9, 25, 8)
+    with pytest.raises(GraftkitError):
+        stats.detectable_improvement(1.0, 25, 2)
+    with pytest.raises(GraftkitError):
+        stats.detectable_improvement(0.5, 25, 2, power=1.0)
+
+
+def test_the_posterior_interval_is_widened_to_reach_its_estimate():
+    """Four episodes, all discordant one way: the prior pulls the posterior below d̄ = 1."""
+    a, b = np.zeros((2, 2), dtype=np.int8), np.ones((2, 2), dtype=np.int8)
+    bayes = stats.bayes_paired_interval(a, b, n_draws=5000)
+    boot = stats.paired_bootstrap(a, b, n_boot=5000)
+    assert bayes.high < 0.95 and boot.source == "posterior"
+    assert (boot.low, boot.high) == (bayes.low, 1.0) and boot.diff == 1.0
+
+
+def test_headroom_with_several_greedy_samples_that_differ():
+    """Greedy with k samples that disagree: both sides are success fractions, k + 1 levels each."""
+    rng = np.random.default_rng(23)
+    g = (rng.random((5, 6, 3)) < 0.5).astype(np.int8)
+    s = (rng.random((5, 6, 3)) < 0.7).astype(np.int8)
+    c = stats.headroom({"t": g}, {"t": s}, n_boot=1000, n_draws=2000)["t"].comparison
+    assert c.diff == pytest.approx(s.mean() - g.mean(), abs=1e-12) and c.rate_a.n == 90 and c.rate_b.n == 90
+    fa, fb = g.mean(-1).ravel(), s.mean(-1).ravel()
+    assert c.bayes.counts == pytest.approx(((1 - fa) @ (1 - fb), (1 - fa) @ fb, fa @ (1 - fb), fa @ fb))
+    assert -1 <= c.bayes.low < c.bayes.mean < c.bayes.high <= 1
