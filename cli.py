@@ -332,9 +332,9 @@ def eval_cmd(cfg: EvalConfig, as_json: bool):
     compared = (escape(Path(cfg.compare_to or "").name), "diff \\[bootstrap] \\[Bayes]", "McNemar p", "verdict")
     t = _table(f"{escape(str(cfg.model))}: success over {cfg.seeds} seeds × {cfg.episodes} episodes "
                f"({'sampled' if cfg.sample else 'greedy'}, {cfg.backend}, obs {cfg.obs})",
-               ("task", "success (95% Wilson)", *(compared if cfg.compare_to else ())), left=("task", "verdict"))
+               ("task", "items", "success (95% Wilson)", *(compared if cfg.compare_to else ())), left=("task", "verdict"))
     for row in run.rows:
-        cells = [escape(row["task"]), _rate_text(row["model"])]
+        cells = [escape(row["task"]), str(row.get("items", "?")), _rate_text(row["model"])]
         if cfg.compare_to:
             cells += [_rate_text(row["compare"]), _diff_text(row, "diff"), f"{row['mcnemar_p']:.3g}", row["verdict"]]
         t.add_row(*cells)
@@ -353,10 +353,10 @@ def headroom(cfg: HeadroomConfig, as_json: bool):
     if as_json:
         return _print_json(run.as_json(cfg))
     t = _table(f"headroom of {escape(str(cfg.model))}: {cfg.seeds} seeds × {cfg.episodes} episodes, k={k}, "
-               f"T={cfg.temperature:g}", ("task", "greedy", "sampled", f"pass@{k}", "headroom \\[bootstrap] \\[Bayes]",
+               f"T={cfg.temperature:g}", ("task", "items", "greedy", "sampled", f"pass@{k}", "headroom \\[bootstrap] \\[Bayes]",
                                           "verdict"), left=("task", "verdict"))
     for r in run.rows:
-        t.add_row(escape(r["task"]), f"{100 * r['greedy']:.1f}%", f"{100 * r['sampled']:.1f}%",
+        t.add_row(escape(r["task"]), str(r.get("items", "?")), f"{100 * r['greedy']:.1f}%", f"{100 * r['sampled']:.1f}%",
                   f"{100 * r[f'pass@{k}']:.1f}%", _diff_text(r, "headroom"), r["verdict"])
     out.print(t)
     _notes(run.result.notes)
@@ -540,7 +540,7 @@ def demo(cfg: StudyConfig, as_json: bool):
                ("#", "claim", "this run", "verdict"), fold=("#", "claim", "this run", "verdict"), show_lines=True)
     for f in info["findings"]:
         t.add_row(str(f["number"]), escape(f["claim"]), escape(f["statement"]), escape(f["verdict"]))
-    out.print(t)
+    out.print(t, escape(info["items_line"]), soft_wrap=True)
     rl = next((v for k, v in info["models"].items() if k.startswith("degrade")), None)
     out.print(f"report: {escape(info['report'])}  ({info['seconds'] / 60:.1f} min)")
     if rl:

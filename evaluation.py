@@ -17,10 +17,11 @@ from typing import Any, ClassVar, Mapping
 
 import numpy as np
 
-from .config import CommandConfig, OnProgress, no_progress, opt
+from .config import CommandConfig, OnProgress, check_choice, no_progress, opt
 from .errors import GraftkitError
 from .stats import compare, fold_episodes, headroom, pass_at_k, wilson_interval
 from .store import Result, current_run, write_result
+from .webenv.items import SPLIT_RULE
 
 DIMS = ("task", "seed", "episode", "sample")
 EPISODE_ARRAYS = ("success", "reward", "turns", "invalid")
@@ -61,6 +62,9 @@ class EpisodeOptions(CommandConfig):
     """Nucleus sampling mass."""
     batch_size: int = 64
     """Episodes advanced together."""
+    items: str = "heldout"
+    """heldout (only items training never draws), train (only items training draws: to choose
+    hyperparameters on) or all (every seed's own item)."""
     allow_pickle: bool = False
     """Load pickled .bin/.pt weights (weights_only=True)."""
     config: Path | None = None
@@ -73,6 +77,7 @@ class EpisodeOptions(CommandConfig):
 
         resolve_tasks(self.tasks)
         seed_list(self.seeds)
+        check_choice(self.items, ("heldout", "train", "all"), "--items")
 
     def check_models(self, *paths: Path | None) -> None:
         """Raise, before any model loads, on a single checkpoint file without ``--config`` to build it over."""
@@ -157,6 +162,8 @@ class EvalResult:
     turns: np.ndarray | None = None
     invalid: np.ndarray | None = None
     attrs: Mapping[str, Any] = field(default_factory=dict)
+    #: [task, seed, episode]: each episode's item id (None in results written before items were kept).
+    item: np.ndarray | None = None
     kind: ClassVar[str] = "eval"
 
     @classmethod
@@ -164,24 +171,66 @@ class EvalResult:
         """The view of an ``agent.EvalOutcome`` of the checkpoint ``model_desc`` (``weights.describe``)."""
         attrs = {"model": model_desc, "label": Path(model_desc.get("path", "model")).name,
                  "decode": asdict(outcome.decode), "backend": outcome.backend, "obs": outcome.obs,
-                 "episode_seed": "env seed = 1000 * seed + episode", "seconds": outcome.seconds,
-                 "success": "raw reward == 1 at the end of the episode", **more_attrs}
+                 "episode_seed": ("env seed = 1000 * seed + episode" if outcome.items == "all" else
+                                  "env seed = the first of 1000 * seed + episode + j * 2**32 (j = 0, 1, ...) whose item "
+                                  f"is {'held out' if outcome.items == 'heldout' else 'a training item'}"),
+                 "items": outcome.items, "item_split": SPLIT_RULE, "tasks_without_items": list(outcome.no_items),
+                 "seconds": outcome.seconds, "success": "raw reward == 1 at the end of the episode", **more_attrs}
         if config is not None:
             attrs["config"] = config.as_dict()
         return cls(tuple(outcome.tasks), np.array(outcome.seeds), outcome.success.astype(np.int8), outcome.reward,
-                   outcome.turns, outcome.invalid, attrs)
+                   outcome.turns, outcome.invalid, attrs,
+                   None if outcome.item is None else np.asarray(outcome.item, dtype=object))
 
     @classmethod
     def from_result(cls, res: Result):
+        item = _optional(res, "item")
         return cls(tuple(str(t) for t in res.coords["task"]), np.asarray(res.coords["seed"]),
-                   np.asarray(res["success"]), *(_optional(res, k) for k in EPISODE_ARRAYS[1:]), dict(res.attrs))
+                   np.asarray(res["success"]), *(_optional(res, k) for k in EPISODE_ARRAYS[1:]), dict(res.attrs),
+                   None if item is None else item.astype(object))
 
     def _coords(self) -> dict[str, np.ndarray]:
         return {"task": np.array(self.tasks, dtype=object), "seed": self.seeds,
                 "episode": np.arange(self.success.shape[2]), "sample": np.arange(self.success.shape[3])}
 
     def _data(self) -> dict:
-        return {k: (DIMS, v) for k in EPISODE_ARRAYS if (v := getattr(self, k)) is not None}
+        data = {k: (DIMS, v) for k in EPISODE_ARRAYS if (v := getattr(self, k)) is not None}
+        if self.item is not None:
+            data["item"] = (DIMS[:3], np.asarray(self.item, dtype=object))
+        return data
+
+    def clustered(self, tasks=None) -> tuple[np.ndarray, np.ndarray]:
+        """Outcomes of ``tasks`` (default: every task) as one entry per episode and sample, with the cluster
+        of each for paired statistics: ``task/item`` where the result kept items (an item repeated across
+        seeds is one cluster), else the evaluation seed (as :meth:`outcomes`' rows)."""
+        idx = list(range(len(self.tasks))) if tasks is None else [self.tasks.index(t) for t in tasks]
+        s = self.success[idx]
+        if self.item is not None:
+            lab = np.array([f"{self.tasks[i]}/" for i in idx], dtype=object)[:, None, None] + self.item[idx]
+        else:
+            lab = np.broadcast_to(np.array([str(x) for x in self.seeds], dtype=object)[None, :, None], s.shape[:3])
+        return s.astype(np.int8).ravel(), np.broadcast_to(lab[..., None], s.shape).astype(object).ravel()
+
+    def items_of(self, task: str) -> np.ndarray | None:
+        """The item ids of ``task``'s episodes [seed, episode] (None when the result kept none)."""
+        return None if self.item is None else self.item[self.tasks.index(task)]
+
+    def item_counts(self) -> dict[str, dict]:
+        """Per task: episodes, distinct items, how many of them training may use (``overlap``: items outside
+        the held-out split; 0 for a held-out evaluation), and whether the items are too few for the
+        evaluation (``too_few``). Empty when the result kept no items."""
+        from .webenv.items import is_heldout, too_few
+
+        out = {}
+        for t in self.tasks:
+            it = self.items_of(t)
+            if it is None:
+                return {}
+            distinct = set(str(x) for x in it.ravel())
+            n = int(it.size)
+            out[t] = {"episodes": n, "distinct": len(distinct),
+                      "overlap": sum(not is_heldout(x) for x in distinct), "too_few": too_few(len(distinct), n)}
+        return out
 
     def to_result(self) -> Result:
         return Result(self.kind, self._coords(), self._data(), dict(self.attrs))
@@ -220,9 +269,22 @@ class EvalResult:
 
     @property
     def notes(self) -> list[str]:
-        """How a single-file checkpoint was read (state dict container, prefixes stripped, config source)."""
+        """How a single-file checkpoint was read (state dict container, prefixes stripped, config source), and
+        what the items say: tasks left out for want of an evaluation item, too few items, overlap."""
         m = self.attrs.get("model")
-        return [str(n) for n in (m.get("notes") or [])] if isinstance(m, dict) else []
+        out = [str(n) for n in (m.get("notes") or [])] if isinstance(m, dict) else []
+        left_out = self.attrs.get("tasks_without_items")
+        if isinstance(left_out, (list, tuple, np.ndarray)) and len(left_out):
+            out.append(f"left out {', '.join(map(str, left_out))}: no item of the {self.attrs.get('items')} split (one or "
+                       "a few distinct first observations); --items all scores them anyway")
+        for t, c in self.item_counts().items():
+            if c["too_few"]:
+                out.append(f"{t}: {c['distinct']} distinct items over {c['episodes']} episodes — too few for this "
+                           "evaluation; its intervals cluster by item")
+            if c["overlap"]:
+                out.append(f"{t}: {c['overlap']} of its {c['distinct']} items are outside the held-out split "
+                           "(training may have used them)")
+        return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -268,9 +330,18 @@ class HeadroomResult(EvalResult):
                 {t: s[i].reshape(n_seeds, -1) for i, t in enumerate(self.tasks)})
 
     def table(self, level: float = 0.95):
-        """``stats.headroom`` of the pairs (a = greedy, b = sampled), or None when they cannot be paired."""
-        pairs = self.pairs()
-        return None if pairs is None else headroom(*pairs, level=level)
+        """``stats.headroom`` per task (a = greedy, b = sampled): the episode is the unit (its greedy outcome
+        against its k samples), clustered by item where the result kept items, else by seed; None when the
+        arrays cannot be paired (no greedy array, or greedy samples neither 1 nor k)."""
+        s, g, k = self.success, self.greedy, self.k
+        if g is None or g.shape[:3] != s.shape[:3] or g.shape[-1] not in (1, k):
+            return None
+        greedy = {t: g[i, ..., 0] for i, t in enumerate(self.tasks)}  # [seed, episode]
+        sampled = {t: s[i] for i, t in enumerate(self.tasks)}  # [seed, episode, k]
+        if self.item is None:
+            return headroom(greedy, sampled, level=level)
+        return headroom({t: v.ravel() for t, v in greedy.items()}, {t: v.reshape(-1, k) for t, v in sampled.items()},
+                        level=level, clusters={t: self.item[i].ravel() for i, t in enumerate(self.tasks)})
 
 
 def eval_result(outcome, model_desc: dict, config: CommandConfig | None = None) -> Result:
@@ -293,7 +364,7 @@ class EvalRun:
     @property
     def notes(self) -> list[str]:
         """How each role's checkpoint was read, where it is a single file."""
-        return [n for r in self.results.values() for n in r.notes]
+        return list(dict.fromkeys(n for r in self.results.values() for n in r.notes))
 
     def as_json(self, cfg: "EvalConfig") -> dict:
         """What ``graftkit eval --json`` prints."""
@@ -323,7 +394,7 @@ def _evaluate(cfg: EpisodeOptions, policy, decode, samples: int, what: str, on_p
     total = len(cfg.task_list) * cfg.seeds * cfg.episodes * samples
     return evaluate(policy, cfg.task_list, cfg.seed_list, cfg.episodes, decode, samples=samples, backend=cfg.backend,
                     batch_size=cfg.batch_size, on_episode=lambda e: on_progress(what, 1, total, "episodes"),
-                    obs=cfg.obs)
+                    obs=cfg.obs, items=cfg.items)
 
 
 def rate_dict(r) -> dict:
@@ -331,16 +402,26 @@ def rate_dict(r) -> dict:
     return {"rate": r.rate, "low": r.low, "high": r.high, "successes": r.successes, "n": r.n}
 
 
+def item_fields(counts: Mapping[str, dict], task: str) -> dict:
+    """The row fields on items: distinct items, overlap with training, and the too-few flag (pooled for ``all``)."""
+    if not counts:
+        return {}
+    rows = list(counts.values()) if task == "all" else [counts[task]]
+    return {"items": sum(r["distinct"] for r in rows), "overlap": sum(r["overlap"] for r in rows),
+            "too_few_items": any(r["too_few"] for r in rows)}
+
+
 def eval_rows(model: EvalResult, compare_to: EvalResult | None = None) -> list[dict]:
     """Per task and pooled over tasks (``all``): the model's rate, and with ``compare_to`` the paired
     comparison on identical episodes (a = ``compare_to``, b = the model)."""
-    rows = []
+    rows, counts = [], model.item_counts()
     for t in [*model.tasks, "all"]:
         pick = None if t == "all" else [t]
         a = model.outcomes(pick)
-        row = {"task": t, "model": rate_dict(wilson_interval(int(a.sum()), a.size))}
+        row = {"task": t, "model": rate_dict(wilson_interval(int(a.sum()), a.size)), **item_fields(counts, t)}
         if compare_to is not None:
-            c = compare(compare_to.outcomes(pick), a)
+            (a_flat, clusters), (b_flat, _) = compare_to.clustered(pick), model.clustered(pick)
+            c = compare(a_flat, b_flat, clusters=clusters)
             row.update({"compare": rate_dict(c.rate_a), "diff": c.diff,
                         "bootstrap": [c.bootstrap.low, c.bootstrap.high], "bayes": [c.bayes.low, c.bayes.high],
                         "mcnemar_p": c.mcnemar.p_value, "verdict": c.verdict})
@@ -370,7 +451,7 @@ def run_eval(cfg: EvalConfig, on_progress: OnProgress = no_progress) -> EvalRun:
 
 def headroom_rows(view: HeadroomResult) -> list[dict]:
     """Per task: greedy and sampled success, pass@k, and the headroom with its intervals and verdict."""
-    k, table = view.k, view.table()
+    k, table, counts = view.k, view.table(), view.item_counts()
     rows = []
     for i, t in enumerate(view.tasks):
         c = view.success[i].sum(-1)  # successes among k samples, per (seed, episode)
@@ -378,7 +459,8 @@ def headroom_rows(view: HeadroomResult) -> list[dict]:
         rows.append({"task": t, "greedy": float(view.greedy[i].mean()), "sampled": float(view.success[i].mean()),
                      f"pass@{k}": float(np.mean([pass_at_k(k, int(x), k) for x in c.ravel()])),
                      "headroom": h.headroom, "bootstrap": [h.comparison.bootstrap.low, h.comparison.bootstrap.high],
-                     "bayes": [h.comparison.bayes.low, h.comparison.bayes.high], "verdict": h.verdict})
+                     "bayes": [h.comparison.bayes.low, h.comparison.bayes.high], "verdict": h.verdict,
+                     **item_fields(counts, t)})
     return rows
 
 

@@ -1,8 +1,10 @@
 """Evaluation over tasks × evaluation seeds × episodes (× samples), every episode kept.
 
-Episode ``e`` of evaluation seed ``s`` plays the environment seed ``episode_seed(s, e) = 1000·s + e``,
-so any two models evaluated with the same seeds and episode count meet identical episodes and can be
-compared pair by pair. ``samples`` > 1 plays each episode several times with independent sampling
+Episode ``e`` of evaluation seed ``s`` plays the first environment seed from ``episode_seed(s, e) = 1000·s + e``
+on (in strides of ``webenv.items.ITEM_STRIDE``) whose item is held out for evaluation
+(:mod:`graftkit.webenv.items`; ``items="all"``: that seed itself, whatever its item), so any two models
+evaluated with the same seeds and episode count meet identical episodes and can be compared pair by pair,
+and no evaluated item is one that training draws. Every episode's item id is kept. ``samples`` > 1 plays each episode several times with independent sampling
 generators (for headroom and pass@k); greedy decoding uses one sample. ``obs`` picks the observation:
 ``"text"`` (the element list) or ``"som"`` (the Set-of-Marks screenshot, for a vision-language policy);
 both tracks play the same episodes with the same actions, so their outcomes pair up too.
@@ -28,6 +30,46 @@ MAX_EPISODES_PER_SEED = 1000
 def episode_seed(seed: int, episode: int) -> int:
     """The environment seed of episode ``episode`` under evaluation seed ``seed``."""
     return MAX_EPISODES_PER_SEED * seed + episode
+
+
+ITEM_MODES = ("heldout", "train", "all")
+
+
+def plan_episodes(tasks: Sequence[str], seeds: Sequence[int], episodes: int, items: str = "heldout",
+                  obs: str = "text") -> tuple[list[str], np.ndarray, np.ndarray, list[str]]:
+    """The environment seed and item of every (task, seed, episode), decided on the mirror (the browser
+    shows the same first observation): ``(tasks kept, env_seed [T, S, E], item [T, S, E], tasks left out)``.
+    A task is left out under ``items="heldout"`` (``"train"``) when an episode finds no evaluation (training)
+    item. ``"train"`` plays training items only: the split to choose hyperparameters on."""
+    from ..webenv import make_env
+    from ..webenv.items import NoItems, draw, item_id
+
+    if items not in ITEM_MODES:
+        raise GraftkitError(f"unknown --items {items!r}", "use heldout (evaluation items only), train (training items "
+                            "only: for choosing hyperparameters) or all")
+    kept, seeds_out, items_out, dropped = [], [], [], []
+    for t in tasks:
+        env = make_env(t)
+        es, it = np.zeros((len(seeds), episodes), np.int64), np.empty((len(seeds), episodes), object)
+        try:
+            for b, s in enumerate(seeds):
+                for e in range(episodes):
+                    if items == "all":
+                        es[b, e] = episode_seed(s, e)
+                        it[b, e] = item_id(env.reset(int(es[b, e])), obs)
+                    else:
+                        es[b, e], it[b, e], _ = draw(env, episode_seed(s, e), heldout=items == "heldout", obs_mode=obs)
+        except NoItems:
+            dropped.append(t)
+            continue
+        kept.append(t)
+        seeds_out.append(es)
+        items_out.append(it)
+    if not kept:
+        raise GraftkitError(f"{', '.join(dropped)}: no {'evaluation' if items == 'heldout' else 'training'} item "
+                            "(the task shows one or a few distinct first observations)",
+                            "evaluate tasks with many distinct items, or pass --items all to score items training may use")
+    return kept, np.stack(seeds_out), np.stack(items_out), dropped
 
 
 def resolve_tasks(spec: str | Sequence[str]) -> list[str]:
@@ -95,6 +137,13 @@ class EvalOutcome:
     backend: str = "py"
     obs: str = "text"
     extra: dict = field(default_factory=dict)
+    #: [task, seed, episode]: each episode's item id (16 hex digits) and the environment seed it played.
+    item: np.ndarray | None = None
+    env_seed: np.ndarray | None = None
+    #: ``heldout`` (evaluation items only) or ``all`` (every seed's own item).
+    items: str = "heldout"
+    #: Tasks left out because no evaluation item was found (their item space is one or a few items).
+    no_items: tuple[str, ...] = ()
 
     def rate(self, task: str | None = None) -> float:
         s = self.success if task is None else self.success[self.tasks.index(task)]
@@ -112,8 +161,10 @@ def evaluate(
     batch_size: int = 64,
     on_episode: Callable[[Episode], None] = lambda e: None,
     obs: str = "text",
+    items: str = "heldout",
 ) -> EvalOutcome:
-    """Play every (task, seed, episode, sample) and keep its outcome."""
+    """Play every (task, seed, episode, sample) and keep its outcome (episodes from :func:`plan_episodes`;
+    tasks without an evaluation item are left out and named in ``no_items``)."""
     require_vision(policy, obs)
     if not 1 <= episodes <= MAX_EPISODES_PER_SEED:
         raise GraftkitError(f"--episodes {episodes} must be in 1..{MAX_EPISODES_PER_SEED}")
@@ -121,6 +172,7 @@ def evaluate(
         raise GraftkitError(f"samples={samples}: greedy decoding plays each episode once", "sample to repeat episodes")
     if not seeds:
         raise GraftkitError("no evaluation seeds", "pass --seeds N (N ≥ 1)")
+    tasks, env_seed, item, dropped = plan_episodes(tasks, seeds, episodes, items, obs)
     shape = (len(tasks), len(seeds), episodes, samples)
     index = {}
     jobs = []
@@ -128,8 +180,8 @@ def evaluate(
         for b, s in enumerate(seeds):
             for e in range(episodes):
                 for k in range(samples):
-                    index[(t, episode_seed(s, e), k)] = (a, b, e, k)
-                    jobs.append((t, episode_seed(s, e), k))
+                    index[(t, int(env_seed[a, b, e]), k)] = (a, b, e, k)
+                    jobs.append((t, int(env_seed[a, b, e]), k))
     t0 = time.perf_counter()
     played = rollout(policy, jobs, decode, backend=backend, batch_size=batch_size, on_episode=on_episode, obs=obs,
                      keep_vision=False)
@@ -139,4 +191,5 @@ def evaluate(
         i = index[(ep.task, ep.seed, ep.sample)]
         success[i], reward[i], turns[i], invalid[i] = ep.success, ep.reward, len(ep.turns), ep.invalid
     return EvalOutcome(list(tasks), list(seeds), episodes, samples, decode, success, reward, turns, invalid,
-                       time.perf_counter() - t0, backend, obs)
+                       time.perf_counter() - t0, backend, obs, item=item, env_seed=env_seed, items=items,
+                       no_items=tuple(dropped))

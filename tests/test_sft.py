@@ -61,10 +61,10 @@ def test_decoy_rate_is_fixed_by_the_seed_and_near_the_rate(policy):
     assert 0.5 < slipped / eligible < 0.7 and 0.55 < eligible / 300 < 0.78
 
 
-def test_default_recipe_slips_only_on_the_headroom_suite():
-    assert set(DEFAULT_DECOYS) == set(SUITES["headroom"]) and all(0 < r < 1 for r in DEFAULT_DECOYS.values())
+def test_default_recipe_plants_no_bias():
+    """The default demonstrator never slips: a decoy is an explicit, controlled condition (--decoy)."""
+    assert DEFAULT_DECOYS == {} and SFTConfig(out="x").decoys == {}
     assert set(SUITES["mastered"]) | set(SUITES["headroom"]) <= set(DEFAULT_BUDGETS)
-    assert SFTConfig(out="x").decoys == DEFAULT_DECOYS
 
 
 @pytest.mark.parametrize("decoys", [{"click-link": 1.0}, {"click-link": -0.1}, {"nope": 0.5}])

@@ -44,6 +44,7 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -53,6 +54,7 @@ from .._version import __version__
 from ..agent import Decode, Episode, Policy, next_token_logits, rollout
 from ..errors import GraftkitError
 from ..webenv import make_env
+from ..webenv.items import SPLIT_RULE, NoItems, draw
 from ..webenv.render import render_text
 from ..webenv.tasks import TASKS
 from ..weights import load_model, read_tensors, save_model
@@ -63,6 +65,7 @@ from .losses import LOSSES
 GRPO_SEED_BASE = 2 * 10 ** 7  # environment seeds of GRPO prompts: disjoint from SFT demos and evaluation
 STATE = "training_state.safetensors"
 LOG = "train_log.jsonl"
+ITEMS = "train_items.tsv"
 
 
 # ------------------------------------------------------------------------------------------ batches
@@ -223,13 +226,31 @@ def trajectory_veto(rows: Rows, logp: torch.Tensor, old_logp: torch.Tensor, adv_
 # ----------------------------------------------------------------------------------------- the loop
 
 
-def _prompts(cfg: GRPOConfig, step: int) -> list[tuple[str, int]]:
-    """The task instances of ``step``: tasks cycled in order, seeds a function of (seed, step, i)."""
+@lru_cache(maxsize=None)
+def _mirror(task: str):
+    return make_env(task)
+
+
+def _prompts(cfg: GRPOConfig, step: int) -> list[tuple[str, int, str]]:
+    """The task instances of ``step`` as (task, environment seed, item): tasks cycled in order, each the first
+    training item from seed ``GRPO_SEED_BASE + 100000·seed + k`` on (:func:`~graftkit.webenv.items.draw`:
+    an item held out for evaluation is never a prompt)."""
     out = []
     for i in range(cfg.prompts_per_step):
         k = step * cfg.prompts_per_step + i
-        out.append((cfg.tasks[k % len(cfg.tasks)], GRPO_SEED_BASE + 100_000 * cfg.seed + k))
+        task = cfg.tasks[k % len(cfg.tasks)]
+        try:
+            env_seed, item, _ = draw(_mirror(task), GRPO_SEED_BASE + 100_000 * cfg.seed + k, heldout=False)
+        except NoItems:
+            raise GraftkitError(f"task {task} has no training item: its few distinct first observations are all "
+                                "held out for evaluation", "train on tasks with many distinct items") from None
+        out.append((task, env_seed, item))
     return out
+
+
+def prompt_items(cfg: GRPOConfig, steps: int) -> list[tuple[str, str]]:
+    """(task, item) of every prompt of the first ``steps`` steps, in order (what ``train_items.tsv`` lists)."""
+    return [(t, item) for s in range(steps) for t, _, item in _prompts(cfg, s)]
 
 
 def check_tokenizer_fits(policy: Policy, tasks: Sequence[str], seeds: int = 5) -> None:
@@ -335,7 +356,7 @@ def run_grpo(
             t_gen = time.perf_counter()
             first = step - step % per_stage
             plan = [_prompts(cfg, s) for s in range(first, first + per_stage)]
-            jobs = [(t, env_seed, k) for prompts in plan for (t, env_seed) in prompts for k in range(cfg.group_size)]
+            jobs = [(t, env_seed, k) for prompts in plan for (t, env_seed, _) in prompts for k in range(cfg.group_size)]
             decode = Decode(greedy=False, temperature=cfg.temperature, top_p=cfg.top_p,
                             max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 1_000_003 + first)
             model.eval()
@@ -402,6 +423,7 @@ def _save(cfg, model, policy, log, step, opt, names, dest: Path, force: bool = T
         "step": step,
         "parents": [{"role": "sft", **parent}],
         "base_model": {"path": parent["path"], "sha256": parent["sha256"]},
+        "items": {"split": SPLIT_RULE, "prompts": f"{ITEMS} (task and item of every prompt, in order)"},
     }
     extra_tensors = None
     if opt is not None:
@@ -409,5 +431,6 @@ def _save(cfg, model, policy, log, step, opt, names, dest: Path, force: bool = T
         extra_tensors.update(_rng_state())
         provenance["optimizer_scalars"] = scalars
     log_bytes = "".join(json.dumps(m) + "\n" for m in log).encode()
+    items = "".join(f"{t}\t{i}\n" for t, i in prompt_items(cfg, step)).encode()
     return save_model(dest, model, policy.tokenizer, provenance=provenance, force=force, inputs=[Path(cfg.init)],
-                      extra_files={LOG: log_bytes}, extra_tensors=extra_tensors)
+                      extra_files={LOG: log_bytes, ITEMS: items}, extra_tensors=extra_tensors)

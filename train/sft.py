@@ -1,10 +1,10 @@
 """Supervised fine-tuning on oracle demonstrations: the SFT baseline every RL run starts from.
 
-Demonstrations are the oracle's episodes on training seeds ``TRAIN_SEED_BASE + i`` (disjoint from the
-evaluation seeds, which stay below 1000·1000); each turn is one example (that turn's prompt → the
-oracle's action). Per-task budgets are pool sizes (:class:`DemoStream`): the default draws fresh episodes
-throughout for the ``mastered`` suite and reuses a small pool for the ``headroom`` suite, so the
-baseline learns the former and only partly the latter. The loss is the mean cross-entropy over action
+Demonstrations are the oracle's episodes on training items: the first training item from seed
+``TRAIN_SEED_BASE + i`` on (items held out for evaluation are never demonstrated, see ``webenv.items``);
+each turn is one example (that turn's prompt → the oracle's action). Per-task budgets are pool sizes
+(:class:`DemoStream`): the default draws fresh episodes throughout for the rich-item tasks and reuses a
+small pool for the long form tasks. The loss is the mean cross-entropy over action
 tokens only (prompt tokens are masked out), AdamW with linear warmup and cosine decay, gradient-norm
 clipping.
 """
@@ -28,27 +28,28 @@ from ..agent import Policy, next_token_logits, task_words, tiny_policy
 from ..agent.evaluate import MAX_EPISODES_PER_SEED
 from ..errors import GraftkitError
 from ..webenv import make_env
+from ..webenv.items import NoItems, SPLIT_RULE, draw
 from ..webenv.render import render_text
 from ..webenv.tasks import SUITES, TASKS
 from ..weights import load_model, save_model
 
 TRAIN_SEED_BASE = 10 * MAX_EPISODES_PER_SEED * MAX_EPISODES_PER_SEED  # far above every evaluation seed
 
-#: Demonstration pools per task in the default recipe: fresh episodes throughout for both suites and the
-#: other core tasks, a small reused pool for the long form tasks (see :class:`DemoStream`).
+#: Demonstration pools per task in the default recipe: fresh episodes throughout for every task with a rich
+#: item space (and the few-item tasks, whose items may all be held out), a small reused pool for the long
+#: form tasks (see :class:`DemoStream`). Only training items are demonstrated (``webenv.items``).
 DEFAULT_BUDGETS: dict[str, int] = {
-    **{t: 1_000_000 for t in (*SUITES["mastered"], *SUITES["headroom"], "click-button", "click-link",
-                              "click-checkboxes", "use-autocomplete")},
-    **{t: 60 for t in ("click-checkboxes-large", "login-user", "enter-password", "enter-text-2", "enter-text-long",
-                       "fill-form")},
+    **{t: 1_000_000 for t in ("click-tab", "click-button", "click-link", "click-checkboxes", "use-autocomplete",
+                              "enter-text", "enter-password", "login-user", "enter-text-2", "focus-text-2",
+                              "focus-text")},
+    **{t: 60 for t in ("click-checkboxes-large", "enter-text-long", "fill-form")},
 }
 
-#: The default recipe's demonstrator slips on the headroom suite: in this fraction of its episodes (where a slip
-#: exists) its click goes to a decoy — the first element of the target's kind (see :func:`decoy_action`), a
-#: position bias. A policy imitating it puts ~70% of its mass on the decoy, so greedy decoding picks it, while
-#: the right action keeps ~30%, which sampling finds: headroom, as a noisy demonstrator leaves it, which
-#: reward-driven training can then remove. Measured with ``graftkit headroom``: see the suites in webenv/tasks.py.
-DEFAULT_DECOYS: dict[str, float] = {t: 0.7 for t in SUITES["headroom"]}
+#: The default recipe's demonstrator never slips. ``--decoy TASK=RATE`` makes it slip as a controlled
+#: condition: in that fraction of its episodes (where a slip exists) its click goes to a decoy — the first
+#: element of the target's kind (see :func:`decoy_action`), a position bias that plants headroom (greedy
+#: picks the decoy, sampling finds the target); every output of a study using it says so.
+DEFAULT_DECOYS: dict[str, float] = {}
 
 
 @dataclass(frozen=True)
@@ -126,12 +127,13 @@ def decoy_action(obs, action: str) -> str | None:
 
 
 def episode_examples(policy: Policy, env, task: str, seed: int, decoy_rate: float = 0.0) -> list[Example]:
-    """The demonstrator's episode with environment seed ``seed``, one example per turn: the oracle's, or —
-    in a ``decoy_rate`` fraction of episodes, fixed by the seed — its first click sent to a decoy, after
-    which the episode has ended (none for an episode the task declares ambiguous: its observation does
-    not determine the answer)."""
+    """The demonstrator's episode drawn from environment seed ``seed``, one example per turn: the oracle's,
+    or — in a ``decoy_rate`` fraction of episodes, fixed by the seed — its first click sent to a decoy,
+    after which the episode has ended (none for an episode the task declares ambiguous: its observation
+    does not determine the answer). The episode is the first training item from ``seed`` on
+    (:func:`~graftkit.webenv.items.draw`): evaluation items are never demonstrated."""
     spec = TASKS[task]
-    obs = env.reset(seed)
+    seed, _, obs = draw(env, seed, heldout=False)
     if spec.ambiguous(obs):
         return []
     if decoy_rate and random.Random(seed).random() < decoy_rate:
@@ -156,7 +158,10 @@ def demonstrations(policy: Policy, budgets: Mapping[str, int]) -> list[Example]:
     for task, n in budgets.items():
         env = make_env(task)
         for i in range(n):
-            examples.extend(episode_examples(policy, env, task, TRAIN_SEED_BASE + i))
+            try:
+                examples.extend(episode_examples(policy, env, task, TRAIN_SEED_BASE + i))
+            except NoItems:  # every item of the task is held out for evaluation
+                break
     return examples
 
 
@@ -187,13 +192,23 @@ class DemoStream:
         self.weights = [min(self.pools[t], POOL_WEIGHT_CAP) for t in self.tasks]
         self.envs = {t: make_env(t) for t in self.tasks}
         self.cache: dict[tuple[str, int], list[Example]] = {}
+        self.no_items: set[str] = set()
         self.batches: list[list[Example]] = []
 
     def episode(self, task: str, i: int) -> list[Example]:
         key = (task, i)
         if key in self.cache:
             return self.cache[key]
-        ex = episode_examples(self.policy, self.envs[task], task, TRAIN_SEED_BASE + i, self.decoys.get(task, 0.0))
+        try:
+            ex = episode_examples(self.policy, self.envs[task], task, TRAIN_SEED_BASE + i, self.decoys.get(task, 0.0))
+        except NoItems:  # every item of the task is held out for evaluation: it gets no demonstrations
+            self.no_items.add(task)
+            k = self.tasks.index(task)
+            del self.tasks[k], self.weights[k]
+            if not self.tasks:
+                raise GraftkitError("no demonstrations: every item of the budgeted tasks is held out for evaluation",
+                                    "give a budget to tasks with more than a few distinct items") from None
+            return []
         if self.pools[task] <= CACHE_LIMIT:
             self.cache[key] = ex
         return ex
@@ -285,6 +300,7 @@ def run_sft(cfg: SFTConfig, on_step: Callable[[dict], None] = lambda m: None, fo
         "config": asdict(cfg),
         "demonstrations": {"pools": dict(cfg.budgets), "decoys": dict(cfg.decoys),
                            "decoy": "first click sent to the first element of the target's tag and classes when that is not the target; the episode ends", "seeds": f"{TRAIN_SEED_BASE} + i, i < pool",
+                           "items": SPLIT_RULE, "tasks_without_training_items": sorted(stream.no_items),
                            "drawn_episodes": len(stream.cache) if all(n <= CACHE_LIMIT for n in cfg.budgets.values())
                            else "on demand", "task_weight": f"min(pool, {POOL_WEIGHT_CAP})"},
         "parents": [{"role": "init", "path": str(Path(cfg.init).resolve())}] if cfg.init else [],
