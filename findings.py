@@ -1,25 +1,75 @@
 """The study's findings rules: each of DESIGN.md's four findings stated from finished results, with its
-interval and a verdict ("reproduced", "partly reproduced", "not reproduced" or "not measured").
+interval and a verdict from :data:`VERDICTS`.
 
-Each rule is written from the claim and reads results only through their typed views (eval and
-headroom results, graft sweeps, the coupling result); ``tests/test_study.py`` plants outcomes for each
-verdict. The pipeline that produces the results is :mod:`graftkit.study`.
+Each rule is written from its claim and reads results only through their typed views (eval and headroom
+results, graft sweeps, the coupling result); its docstring says when it gives each verdict, and
+``tests/test_findings.py`` plants outcomes for every one of them. The pipeline that produces the results
+is :mod:`graftkit.study`.
+
+Statistics (:mod:`graftkit.stats`), the same in every rule:
+
+- one run against SFT: :func:`~graftkit.stats.compare` on identical episodes, one entry per episode,
+  clustered by item (``task/item``: episodes that show the same first observation are one cluster) where
+  the evaluation records items, else by evaluation seed (:func:`suite_episodes`);
+- a regime, every run sharing an :attr:`RLRun.regime` whatever else of the grid varies between them
+  (training seed, KL weight, initialisation, clipping): :func:`~graftkit.stats.regime_interval`, a
+  hierarchical bootstrap over the runs and then the evaluation clusters within each, so the training seed
+  is a random effect and the estimate is the mean of the runs' changes, never the worst run's;
+- credibly below / above zero: that interval lies entirely below / above zero; equivalence within a
+  margin: :func:`~graftkit.stats.regime_tost`.
+
+Verdicts: "reproduced", "partly reproduced" (some of a claim's parts hold), "not reproduced", "not
+testable here" (this run's design could not have shown the claim: no headroom to gain, a baseline that
+cannot improve, too few runs in a direction), "not measured" (the results it reads were not produced).
+A statement names every run or the SFT policy trained with decoys.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
+from .errors import GraftkitError
 from .evaluation import EvalResult, HeadroomResult
-from .graft.experiments import RL_LABEL, label_for
+from .graft.experiments import BASE_LABEL, RL_LABEL, SweepResult
 from .rank.coupling import TRACKS_BOTH, CouplingResult
-from .stats import BETTER, WORSE, compare
+from .stats import BETTER, compare, detectable_improvement, regime_interval, regime_tost
+from .stats import headroom as headroom_table
 from .store import Result, View
 from .webenv.tasks import SUITES
+
+REPRODUCED, PARTLY, NOT_REPRODUCED = "reproduced", "partly reproduced", "not reproduced"
+NOT_TESTABLE, NOT_MEASURED = "not testable here", "not measured"
+VERDICTS = (REPRODUCED, PARTLY, NOT_REPRODUCED, NOT_TESTABLE, NOT_MEASURED)
+
+#: Finding 1 is a claim about a strong SFT baseline: greedy success on the mastered suite in this range.
+STRONG_BASELINE = (0.90, 0.97)
+#: Finding 1: a regime has collapsed when its mean success is at most this fraction of SFT's.
+COLLAPSE_FRACTION = 0.5
+#: Finding 1: power at which the smallest detectable improvement is reported.
+DETECTION_POWER = 0.8
+#: Finding 2: the mastered-suite regime whose change on the headroom suite is the control (the headroom
+#: runs use its learning rate: the same recipe, trained on other tasks).
+CONTROL_REGIME = "degrade"
+#: Finding 3: the groups the degrade regime is localised to.
+LOCALISED_GROUPS = ("attn", "mlp")
+#: Finding 3: a set of groups is sufficient when its graft alone carries at least this share of the RL
+#: change, v(S) − v(∅) ≥ SUFFICIENT_SHARE · (v(RL) − v(∅)).
+SUFFICIENT_SHARE = 0.5
+#: Finding 3: a set of groups is necessary when reverting it (grafting every other swept group) removes at
+#: least this share: v(G ∖ S) − v(∅) ≤ (1 − NECESSARY_SHARE) · (v(RL) − v(∅)).
+NECESSARY_SHARE = 0.5
+#: Finding 3: the embed-only graft is causally inert when a TOST bounds its change vs SFT within ± this.
+INERT_MARGIN = 0.02
+#: Finding 3: a group carrying more than this share of a run's squared weight movement must be swept.
+MOVED_SHARE = 0.01
+#: Finding 4: credibly improved and credibly degraded runs needed to test "both directions". With n runs of
+#: which all n agree, the 95% Wilson lower bound of the agreement is n / (n + z²), z² = 3.84: at most 1/2
+#: for n ≤ 3, so fewer than 4 runs in a direction could not show agreement whatever they did.
+MIN_RUNS_PER_DIRECTION = 4
 
 
 @dataclass(frozen=True)
@@ -27,24 +77,164 @@ class RLRun:
     """One GRPO run of the study."""
 
     name: str
+    """Label of the run: its policy folder, its eval result (``evals[name]``), its graft sweep's ``rl_label``."""
     suite: str
+    """The suite it was trained on (``mastered`` or ``headroom``)."""
     regime: str
+    """Its regime: null, degrade or collapse on the mastered suite, headroom on the headroom suite. Runs
+    that differ in another axis of the grid (seed, KL, init, clipping) share their regime."""
     lr: float
+    """Learning rate."""
     seed: int
+    """Training seed."""
+    decoy: bool = False
+    """Trained on data with decoys (planted headroom); every finding that reads the run says so."""
+
+
+# ------------------------------------------------------------------------------------------ episodes
+
+
+@dataclass(frozen=True)
+class Episodes:
+    """One policy's outcomes on a set of tasks, one entry per played episode (and sample), each with the
+    cluster that paired statistics resample."""
+
+    outcomes: np.ndarray
+    """[episode] int8 0/1, in [task, seed, episode, sample] order."""
+    clusters: np.ndarray
+    """[episode] str: ``task/item`` where the evaluation records items, else the evaluation seed."""
+    by: str
+    """What the clusters are: "item" or "seed"."""
+
+    @property
+    def rate(self) -> float:
+        return float(self.outcomes.mean())
+
+    @property
+    def n_clusters(self) -> int:
+        return int(np.unique(self.clusters).size)
+
+
+def _episodes(success: np.ndarray, item: np.ndarray | None, tasks: Sequence[str], seeds) -> Episodes:
+    """``success [task, seed, episode, sample]`` with ``item [task, seed, episode]`` (or None) as Episodes."""
+    if item is not None:
+        lab = np.array([f"{t}/" for t in tasks], dtype=object)[:, None, None] + np.asarray(item, dtype=object)
+    else:
+        lab = np.broadcast_to(np.array([str(s) for s in seeds], dtype=object)[None, :, None], success.shape[:3])
+    clusters = np.broadcast_to(lab[..., None], success.shape)
+    return Episodes(np.asarray(success, dtype=np.int8).ravel(), np.asarray(clusters, dtype=object).ravel(),
+                    "seed" if item is None else "item")
+
+
+def _view(res, cls=EvalResult):
+    return res if isinstance(res, cls) else cls.from_result(res)
+
+
+def _task_index(ev: EvalResult, tasks: Sequence[str], what: str) -> list[int]:
+    missing = [t for t in tasks if t not in ev.tasks]
+    if missing:
+        raise GraftkitError(f"{what} has no outcomes for task(s) {', '.join(missing)} (it has {', '.join(ev.tasks)})",
+                            "evaluate every policy of the study on every task of both suites")
+    return [ev.tasks.index(t) for t in tasks]
+
+
+def _items(ev: EvalResult, idx: list[int]) -> np.ndarray | None:
+    item = getattr(ev, "item", None)
+    return None if item is None else np.asarray(item, dtype=object)[idx]
+
+
+def suite_episodes(res: Result | EvalResult, tasks: Sequence[str], what: str = "an evaluation") -> Episodes:
+    """Outcomes of ``tasks`` from an eval result, one entry per episode, clustered by item where the
+    result records items (``EvalResult.item [task, seed, episode]``), else by evaluation seed."""
+    ev = _view(res)
+    idx = _task_index(ev, tasks, what)
+    return _episodes(ev.success[idx], _items(ev, idx), [ev.tasks[i] for i in idx], ev.seeds)
+
+
+def headroom_episodes(res: Result | HeadroomResult, tasks: Sequence[str]) -> tuple[Episodes, np.ndarray]:
+    """The episodes of ``tasks`` in a headroom result: greedy outcomes as Episodes (one entry per episode,
+    clustered as :func:`suite_episodes`) and the sampled outcomes ``[episode, k]`` of the same episodes,
+    the episode the unit that :func:`~graftkit.stats.headroom` compares."""
+    hv = _view(res, HeadroomResult)
+    idx = _task_index(hv, tasks, "the headroom result")
+    g, s = hv.greedy, hv.success
+    if g is None or g.shape[:3] != s.shape[:3]:
+        raise GraftkitError("the headroom result has no greedy outcomes of its sampled episodes",
+                            "measure headroom again with `graftkit headroom`")
+    greedy = _episodes(g[idx][..., :1], _items(hv, idx), [hv.tasks[i] for i in idx], hv.seeds)
+    return greedy, np.asarray(s[idx], dtype=np.int8).reshape(-1, s.shape[-1])
 
 
 def suite_outcomes(res, tasks) -> np.ndarray:
-    """Greedy outcomes of ``tasks`` from an eval result as [seed, task·episode] (rows are the clusters
-    that paired statistics resample)."""
+    """Greedy outcomes of ``tasks`` from an eval result as [seed, task·episode] (rows are the seeds)."""
     return EvalResult.from_result(res).outcomes(tasks)
+
+
+def suite_tasks(res: Result | EvalResult, suite: str) -> tuple[list[str], list[str]]:
+    """The tasks of ``suite`` that an evaluation played, and those it left out (a task with no evaluation
+    item is not played held-out; its evaluation's ``tasks_without_items`` says so)."""
+    ev = _view(res)
+    return [t for t in SUITES[suite] if t in ev.tasks], [t for t in SUITES[suite] if t not in ev.tasks]
+
+
+def _left_out(left: Sequence[str], suite: str, where: str = "the SFT evaluation") -> str:
+    return f" Left out of the {suite} suite (not in {where}): {', '.join(left)}." if left else ""
+
+
+def _pair(sft: Episodes, run: Episodes, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(SFT outcomes, run outcomes, clusters) of identical episodes, or an error naming the run."""
+    if sft.outcomes.shape != run.outcomes.shape or not np.array_equal(sft.clusters, run.clusters):
+        raise GraftkitError(f"the evaluation of {name} did not play the SFT policy's episodes "
+                            f"({run.outcomes.size} vs {sft.outcomes.size} episodes, or other {sft.by}s)",
+                            "evaluate every policy with the same tasks, seeds and episodes")
+    return sft.outcomes, run.outcomes, sft.clusters
+
+
+# --------------------------------------------------------------------------------------- statements
 
 
 def _pts(x: float) -> str:
     return "n/a" if not np.isfinite(x) else f"{100 * x:+.1f}"
 
 
-def _interval(c) -> str:
-    return f"{_pts(c.diff)} points [{_pts(c.bootstrap.low)}, {_pts(c.bootstrap.high)}]"
+def _pct(x: float) -> str:
+    return "n/a" if not np.isfinite(x) else f"{100 * x:.1f}%"
+
+
+def _iv(diff: float, low: float, high: float) -> str:
+    return f"{_pts(diff)} points [{_pts(low)}, {_pts(high)}]"
+
+
+def _share(x: float) -> str:
+    return "n/a" if not np.isfinite(x) else f"{int(round(100 * x))}%"
+
+
+def _regime_iv(ri) -> str:
+    """A regime interval as text; a conditional one (one run, or too few discordant pairs to estimate the
+    training-seed variance) says so."""
+    text = f"{_iv(ri.diff, ri.low, ri.high)} over {ri.n_runs} run{'s' * (ri.n_runs != 1)}"
+    if not ri.conditional:
+        return text
+    return text + (" (conditional on its training seed)" if ri.n_runs == 1 else
+                   " (too few discordant pairs to estimate the training-seed variance: conditional on these runs)")
+
+
+def decoy_note(runs: Sequence[RLRun], sft_decoy: bool) -> str:
+    """The sentence a finding's statement ends with when the SFT policy or any of ``runs`` was trained
+    with decoys (else '')."""
+    who = (["the SFT policy"] if sft_decoy else []) + [r.name for r in runs if r.decoy]
+    return f" Trained with decoys (planted headroom): {', '.join(who)}." if who else ""
+
+
+def _combine(parts: Sequence[bool | None], capped: bool = False) -> str:
+    """Sub-verdicts (None: not measured) → reproduced (all measured and true, unless ``capped``), partly
+    reproduced (some true), not reproduced (none true), not measured (none measured)."""
+    measured = [p for p in parts if p is not None]
+    if not measured:
+        return NOT_MEASURED
+    if len(measured) == len(parts) and all(measured) and not capped:
+        return REPRODUCED
+    return PARTLY if any(measured) else NOT_REPRODUCED
 
 
 @dataclass(frozen=True)
@@ -57,59 +247,448 @@ class Finding:
     estimate: float
     low: float
     high: float
-    verdict: str  # "reproduced", "partly reproduced", "not reproduced" or "not measured"
+    verdict: str  # one of VERDICTS
 
 
-def finding_1(evals: Mapping[str, object], runs: list[RLRun]) -> Finding:
-    """No configuration credibly improves the SFT baseline on the mastered suite; the middle learning
-    rate degrades it and the highest collapses it (success at most half of SFT's)."""
-    tasks = SUITES["mastered"]
-    sft = suite_outcomes(evals["sft"], tasks)
+def _unmeasured(number: int, claim: str, why: str) -> Finding:
+    return Finding(number, claim, why, math.nan, math.nan, math.nan, NOT_MEASURED)
+
+
+# ---------------------------------------------------------------------------------------- finding 1
+
+
+def degrades(ri, p0: float) -> bool:
+    """A regime degrades SFT (success ``p0``): its interval lies below 0 and its mean loss −diff is
+    smaller than the collapse threshold (1 − COLLAPSE_FRACTION)·p0 (it has not collapsed)."""
+    return bool(ri.high < 0 and -ri.diff < (1 - COLLAPSE_FRACTION) * p0)
+
+
+def collapses(ri, p0: float) -> bool:
+    """A regime collapses SFT: its mean success p0 + diff is at most COLLAPSE_FRACTION·p0 and its
+    interval lies below 0."""
+    return bool(ri.high < 0 and p0 + ri.diff <= COLLAPSE_FRACTION * p0)
+
+
+FINDING_1 = ("No GRPO configuration credibly improves a strong SFT baseline on mastered tasks; a middle learning "
+             "rate degrades it and a high one collapses it.")
+
+
+def finding_1(evals: Mapping[str, Result | EvalResult], runs: Sequence[RLRun], *, sft_decoy: bool = False,
+              level: float = 0.95) -> Finding:
+    """No configuration credibly improves the SFT baseline on the mastered suite; the middle learning rate
+    degrades it and the highest collapses it.
+
+    ``evals``: label → greedy eval result ("sft" and every run's name); ``runs``: the study's runs (those
+    with ``suite == "mastered"`` are read). Rule:
+
+    - improves: a mastered-suite run whose paired comparison with SFT is "credibly better" (every run of
+      the grid counts, whatever its regime);
+    - per regime (the runs' ``regime`` attribute) its change Δ from ``regime_interval`` over all its runs;
+      the "degrade" regime degrades (:func:`degrades`), the "collapse" regime collapses (:func:`collapses`);
+    - power: the smallest improvement the evaluation detects, ``detectable_improvement(p0, C, ⌊N/C⌉)``
+      at SFT's rate p0 (N episodes in C clusters) with :data:`DETECTION_POWER`; "no run improves" is a
+      test only when p0 < 1 and an improvement of at most the 1 − p0 it could gain is detectable.
+
+    Verdict: a run improves → not reproduced; else not a test of "no run improves" → not testable here;
+    else degrade and collapse both shown → reproduced; one of them → partly reproduced; neither → not
+    reproduced. The statement says when p0 lies outside :data:`STRONG_BASELINE`. Estimate: the best
+    run's change against SFT and its paired interval.
+    """
     grid = [r for r in runs if r.suite == "mastered"]
-    comps = {r.name: compare(sft, suite_outcomes(evals[r.name], tasks)) for r in grid}
+    if not grid:
+        return _unmeasured(1, FINDING_1, "no mastered-suite GRPO run")
+    tasks, left = suite_tasks(evals["sft"], "mastered")
+    if not tasks:
+        return _unmeasured(1, FINDING_1, "the SFT evaluation has no task of the mastered suite")
+    sft = suite_episodes(evals["sft"], tasks, "the SFT evaluation")
+    pairs = {r.name: _pair(sft, suite_episodes(evals[r.name], tasks, r.name), r.name) for r in grid}
+    comps = {n: compare(a, b, level=level, clusters=c) for n, (a, b, c) in pairs.items()}
     better = [n for n, c in comps.items() if c.verdict == BETTER]
     best = max(comps, key=lambda n: comps[n].diff)
-    by_regime = {}
-    for r in grid:
-        by_regime.setdefault(r.regime, []).append(comps[r.name])
-    parts = []
-    for regime, cs in by_regime.items():
-        worse = sum(c.verdict == WORSE for c in cs)
-        parts.append(f"{regime}: {worse}/{len(cs)} credibly worse, mean change {_pts(float(np.mean([c.diff for c in cs])))}")
-    sft_rate = float(sft.mean())
-    degrade_ok = all(c.verdict == WORSE for c in by_regime.get("degrade", [])) and "degrade" in by_regime
-    collapse_ok = "collapse" in by_regime and all(
-        c.verdict == WORSE and c.rate_b.rate <= 0.5 * sft_rate for c in by_regime["collapse"])
-    verdict = ("reproduced" if not better and degrade_ok and collapse_ok else
-               "partly reproduced" if not better and (degrade_ok or collapse_ok) else "not reproduced")
-    statement = (f"SFT greedy success on the mastered suite {100 * sft_rate:.1f}%. {len(better)}/{len(comps)} GRPO runs "
-                 f"credibly improve it; best run {best}: {_interval(comps[best])}. " + "; ".join(parts) + ".")
+    p0 = sft.rate
+    names = list(dict.fromkeys(r.regime for r in grid))
+    regimes = {g: regime_interval([pairs[r.name] for r in grid if r.regime == g], level=level) for g in names}
+    shown = {"degrade": "degrade" in regimes and degrades(regimes["degrade"], p0),
+             "collapse": "collapse" in regimes and collapses(regimes["collapse"], p0)}
+    # the evaluation as n_clusters clusters of its mean cluster size (the design detectable_improvement models)
+    per_cluster = max(1, round(sft.outcomes.size / sft.n_clusters))
+    power = (detectable_improvement(p0, sft.n_clusters, per_cluster, level=level, power=DETECTION_POWER)
+             if p0 < 1 else None)
+    mde = power.delta if power is not None else math.nan
+    testable = power is not None and power.detectable and mde <= 1 - p0
+
+    lo, hi = STRONG_BASELINE
+    parts = [f"SFT greedy success on the mastered suite {_pct(p0)} ({sft.outcomes.size} episodes in "
+             f"{sft.n_clusters} {sft.by} clusters)"]
+    if not lo <= p0 <= hi:
+        parts.append(f"outside the {100 * lo:.0f}–{100 * hi:.0f}% of the strong baseline the claim is about")
+    how = f"{100 * DETECTION_POWER:.0f}% power, {100 * level:.0f}% level"
+    if p0 >= 1:
+        parts.append("at 100% it cannot be improved, so 'no run improves' is no test here")
+    elif testable:
+        parts.append(f"the smallest improvement this evaluation detects ({how}) is {_pts(mde)} points")
+    else:
+        parts.append(f"this evaluation could not detect ({how}) any improvement up to the {_pts(1 - p0)} points it "
+                     "could gain, so 'no run improves' is no test here")
+    text = "; ".join(parts) + (f". {len(better)}/{len(grid)} GRPO runs credibly improve it (best, {best}: "
+                               f"{_iv(comps[best].diff, comps[best].bootstrap.low, comps[best].bootstrap.high)}). ")
+
+    def regime_text(g: str) -> str:
+        ri = regimes[g]
+        how = ("degrades" if degrades(ri, p0) else "collapses" if collapses(ri, p0) else
+               "credibly worse" if ri.high < 0 else "credibly better" if ri.low > 0 else "no credible change")
+        return f"{g}: {_regime_iv(ri)}, mean success {_pct(p0 + ri.diff)} ({how})"
+
+    text += "Regimes (training seed a random effect): " + "; ".join(regime_text(g) for g in names)
+    missing = [g for g in ("degrade", "collapse") if g not in regimes]
+    text += "." + (f" No run of the {' or '.join(missing)} regime." if missing else "")
+    text += (f" Degrade: change below 0 and success above {100 * COLLAPSE_FRACTION:.0f}% of SFT's; collapse: "
+             f"change below 0 and success at most {100 * COLLAPSE_FRACTION:.0f}% of SFT's.")
+    verdict = (NOT_REPRODUCED if better else NOT_TESTABLE if not testable else
+               REPRODUCED if all(shown.values()) else PARTLY if any(shown.values()) else NOT_REPRODUCED)
     c = comps[best]
-    return Finding(1, "No GRPO configuration credibly improves a strong SFT baseline on mastered tasks; a middle "
-                      "learning rate degrades it and a high one collapses it.",
-                   statement, c.diff, c.bootstrap.low, c.bootstrap.high, verdict)
+    text += _left_out(left, "mastered") + decoy_note(grid, sft_decoy)
+    return Finding(1, FINDING_1, text, c.diff, c.bootstrap.low, c.bootstrap.high, verdict)
 
 
-def finding_2(evals: Mapping[str, object], runs: list[RLRun], headroom_res) -> Finding:
-    """On the headroom suite (sampled success > greedy), the same recipe raises greedy success."""
-    tasks = SUITES["headroom"]
-    sft = suite_outcomes(evals["sft"], tasks)
+# ---------------------------------------------------------------------------------------- finding 2
+
+
+FINDING_2 = "On tasks with headroom (sampled success above greedy), GRPO raises success."
+
+
+def finding_2(evals: Mapping[str, Result | EvalResult], runs: Sequence[RLRun],
+              headroom: Result | HeadroomResult | None, *, sft_decoy: bool = False, level: float = 0.95) -> Finding:
+    """On the headroom suite (sampled success above greedy), the same recipe raises greedy success.
+
+    ``evals`` and ``runs`` as :func:`finding_1`; ``headroom``: the SFT policy's headroom result. Rule:
+
+    - headroom: SFT's sampled − greedy success on the headroom suite, pooled over its tasks, is "credibly
+      better" (:func:`~graftkit.stats.headroom`: each episode's greedy outcome against its k samples);
+    - gain: ``regime_interval`` of the headroom-suite runs (``suite == "headroom"``) on the headroom suite,
+      credible when it lies above 0;
+    - control: the same interval of the mastered-suite runs of :data:`CONTROL_REGIME` on the headroom
+      suite (the recipe trained on other tasks); the gain is larger than it when the gain's interval lies
+      entirely above the control's estimate (low_gain > Δ_control);
+    - reported beside them: the headroom runs' change on the mastered suite (the side effect).
+
+    Verdict: no credible headroom → not testable here; a credible gain larger than the control's →
+    reproduced; a credible gain that is not (or no control run) → partly reproduced; no credible gain →
+    not reproduced; no headroom result or no headroom-suite run → not measured. Estimate: the gain.
+    """
     hr = [r for r in runs if r.suite == "headroom"]
+    if headroom is None:
+        return _unmeasured(2, FINDING_2, "no headroom measurement of the SFT policy")
     if not hr:
-        return Finding(2, "GRPO helps only where there is headroom.", "no headroom-suite run", math.nan, math.nan,
-                       math.nan, "not measured")
-    comps = [compare(sft, suite_outcomes(evals[r.name], tasks)) for r in hr]
-    pooled = compare(np.concatenate([sft] * len(hr), 1),
-                     np.concatenate([suite_outcomes(evals[r.name], tasks) for r in hr], 1))
-    hv = HeadroomResult.from_result(headroom_res)
-    idx = [hv.tasks.index(t) for t in tasks]
-    head = float(hv.success[idx].astype(float).mean() - hv.greedy[idx].astype(float).mean())
-    statement = (f"SFT headroom on the headroom suite (sampled − greedy) {_pts(head)} points; GRPO on that suite "
-                 f"changes greedy success by {_interval(pooled)} "
-                 f"({sum(c.verdict == BETTER for c in comps)}/{len(comps)} runs credibly better).")
-    verdict = "reproduced" if pooled.verdict == BETTER else "not reproduced"
-    return Finding(2, "On tasks with headroom (sampled success above greedy), GRPO raises success.", statement,
-                   pooled.diff, pooled.bootstrap.low, pooled.bootstrap.high, verdict)
+        return _unmeasured(2, FINDING_2, "no headroom-suite GRPO run")
+    hv = _view(headroom, HeadroomResult)
+    tasks = {s: suite_tasks(evals["sft"], s) for s in ("headroom", "mastered")}
+    H = [t for t in tasks["headroom"][0] if t in hv.tasks]
+    if not H or not tasks["mastered"][0]:
+        return _unmeasured(2, FINDING_2, "the SFT evaluation or its headroom result has no task of a suite")
+    greedy, sampled = headroom_episodes(hv, H)
+    room = headroom_table({"headroom suite": greedy.outcomes}, {"headroom suite": sampled}, level=level,
+                          clusters=greedy.clusters).rows[0]
+    has_room = room.has_headroom
+    played = {"headroom": H, "mastered": tasks["mastered"][0]}
+    sft = {s: suite_episodes(evals["sft"], played[s], "the SFT evaluation") for s in played}
+
+    def interval(suite: str, rs: Sequence[RLRun]):
+        return regime_interval([_pair(sft[suite], suite_episodes(evals[r.name], played[suite], r.name), r.name)
+                                for r in rs], level=level)
+
+    gain, side = interval("headroom", hr), interval("mastered", hr)
+    ctrl_runs = [r for r in runs if r.suite == "mastered" and r.regime == CONTROL_REGIME]
+    control = interval("headroom", ctrl_runs) if ctrl_runs else None
+    credible = gain.low > 0
+    beyond = control is not None and gain.low > control.diff
+    text = (f"SFT headroom on the headroom suite ({', '.join(H)}; sampled − greedy, k = {hv.k}): "
+            f"{_iv(room.headroom, room.comparison.bootstrap.low, room.comparison.bootstrap.high)} ({room.verdict}). "
+            f"GRPO on that suite changes its greedy success by {_regime_iv(gain)}, and the mastered suite's by "
+            f"{_regime_iv(side)} (side effect). Control, the {CONTROL_REGIME} runs trained on the mastered suite, "
+            f"on the headroom suite: "
+            + (_regime_iv(control) if control is not None else f"no {CONTROL_REGIME}-regime run")
+            + ". Reproduced when the gain lies above 0 and above the control's estimate: gain "
+            + ("credible" if credible else "not credible")
+            + ("" if control is None else f", {'above' if beyond else 'not above'} the control's {_pts(control.diff)}")
+            + ".")
+    verdict = (NOT_TESTABLE if not has_room else REPRODUCED if credible and beyond else PARTLY if credible
+               else NOT_REPRODUCED)
+    left = [t for t in SUITES["headroom"] if t not in H]
+    text += (_left_out(left, "headroom", "the SFT evaluation or its headroom result")
+             + _left_out(tasks["mastered"][1], "mastered"))
+    return Finding(2, FINDING_2, text + decoy_note([*hr, *ctrl_runs], sft_decoy), gain.diff, gain.low, gain.high,
+                   verdict)
+
+
+# ---------------------------------------------------------------------------------------- finding 3
+
+
+def subset_labels(sweep: SweepResult) -> dict[frozenset, str]:
+    """The sweep's plain subset configurations (all layers, α = 1), by set of grafted groups: ∅ is the
+    base, the RL reference is the set of every group the model has."""
+    out: dict[frozenset, str] = {}
+    alphas = sweep.array("config_alpha")
+    alphas = np.ones(len(sweep.configs)) if alphas is None else alphas
+    for label, groups, role, layers, alpha in zip(sweep.configs, sweep.strings("config_groups"),
+                                                  sweep.strings("config_role"), sweep.strings("config_layers", "all"),
+                                                  alphas):
+        plain = role in ("base", "rl") or (alpha == 1 and layers == "all" and not label.startswith("rl−"))
+        if plain:
+            out.setdefault(frozenset(g for g in groups.split(",") if g), label)
+    return out
+
+
+def _flat(sweep: SweepResult, label: str) -> np.ndarray:
+    return np.asarray(sweep.outcomes(label), dtype=np.int8).ravel()
+
+
+def _seed_clusters(sweep: SweepResult) -> np.ndarray:
+    shape = sweep.outcomes(sweep.configs[0]).shape  # [task, seed, episode]
+    seeds = np.array([str(s) for s in sweep.result.coords["seed"]], dtype=object)
+    return np.broadcast_to(seeds[None, :, None], shape).ravel()
+
+
+def config_label(sweep: SweepResult, groups) -> str | None:
+    """The label of the plain graft of ``groups`` in ``sweep`` (RL_LABEL: the RL reference), None if absent."""
+    if groups == RL_LABEL:
+        return RL_LABEL if RL_LABEL in sweep.configs else None
+    return subset_labels(sweep).get(frozenset(groups))
+
+
+def complement(sweep: SweepResult, groups: Sequence[str]) -> frozenset:
+    """The sweep's groups other than ``groups``: their graft is the RL model with ``groups`` reverted."""
+    return frozenset(sweep.groups) - frozenset(groups)
+
+
+def graft_pairs(sweeps: Sequence[SweepResult], groups) -> list[tuple]:
+    """Per sweep (base outcomes, outcomes of the graft of ``groups``, seed clusters), the pairs that
+    :func:`~graftkit.stats.regime_interval` takes."""
+    return [(_flat(sw, BASE_LABEL), _flat(sw, config_label(sw, groups)), _seed_clusters(sw)) for sw in sweeps]
+
+
+def has_configs(sweeps: Sequence[SweepResult], *group_sets) -> bool:
+    """Whether every sweep has the base and the plain graft of every one of ``group_sets`` (a callable
+    entry is applied to the sweep first, for sets that depend on its groups)."""
+    return bool(sweeps) and all(
+        BASE_LABEL in sw.configs and config_label(sw, gs(sw) if callable(gs) else gs) is not None
+        for sw in sweeps for gs in group_sets)
+
+
+def change(sweep: SweepResult, groups) -> float:
+    """v(S) − v(∅): success of the graft of ``groups`` (RL_LABEL: the RL model) minus the base's."""
+    return sweep.success(config_label(sweep, groups)) - sweep.success(BASE_LABEL)
+
+
+def shares(sweeps: Sequence[SweepResult], groups: Sequence[str]) -> tuple[float, float]:
+    """(carried, kept) of the groups S = ``groups``: mean over the sweeps of v(S) − v(∅), and of
+    v(G ∖ S) − v(∅) (G: the sweep's groups), each over the mean of v(RL) − v(∅). S is sufficient when
+    carried ≥ SUFFICIENT_SHARE, necessary when kept ≤ 1 − NECESSARY_SHARE (reverting S removes at least
+    NECESSARY_SHARE); NaN when the RL change is 0."""
+    rl = float(np.mean([change(sw, RL_LABEL) for sw in sweeps]))
+    if rl == 0:
+        return math.nan, math.nan
+    carried = float(np.mean([change(sw, groups) for sw in sweeps]))
+    kept = float(np.mean([change(sw, complement(sw, groups)) for sw in sweeps]))
+    return carried / rl, kept / rl
+
+
+def movement_of(sweep: SweepResult, movement: Mapping[str, Mapping[str, float]] | None
+                ) -> tuple[dict[str, float], float] | None:
+    """(group → share of the run's squared weight movement, share not assigned to a named group) of the
+    swept run: from ``movement[rl_label]`` (every group, delta anatomy) when given, else from the sweep's
+    own ``movement_share`` (its groups only: the rest is what groups outside the sweep moved); None when
+    neither records it."""
+    label = str(sweep.attrs.get("rl_label", ""))
+    known = dict(movement[label]) if movement is not None and label in movement else sweep.movement_share
+    if known is None:
+        return None
+    return known, max(0.0, 1.0 - float(sum(known.values())))
+
+
+def unswept(sweep: SweepResult, moved: tuple[dict[str, float], float]) -> dict[str, float]:
+    """Groups (and "groups outside the sweep", their unassigned share) carrying more than MOVED_SHARE of
+    the run's movement that the sweep does not graft."""
+    known, rest = moved
+    out = {g: s for g, s in known.items() if g not in sweep.groups and s > MOVED_SHARE}
+    if rest > MOVED_SHARE:
+        out["groups outside the sweep"] = rest
+    return out
+
+
+def dominates(moved: tuple[dict[str, float], float], group: str = "embed") -> bool:
+    """``group`` has the largest movement share of all groups: above every other named group's and above
+    the unassigned share (which bounds any single unnamed group's)."""
+    known, rest = moved
+    mine = known.get(group, 0.0)
+    return all(mine > s for g, s in known.items() if g != group) and mine > rest
+
+
+FINDING_3 = ("Grafting localises the degrade regime to attention + MLP; the collapse regime is not traceable to any "
+             "single group; the embedding change dominates weight movement yet is causally inert.")
+
+
+def sweep_list(sweeps: "Sweeps") -> list[SweepResult]:
+    """A regime's sweeps as a list: None is no sweep, one SweepResult is one."""
+    return [] if sweeps is None else [sweeps] if isinstance(sweeps, SweepResult) else list(sweeps)
+
+
+Sweeps = SweepResult | Sequence[SweepResult] | None
+
+
+def finding_3(degrade: Sweeps, collapse: Sweeps, *,
+              movement: Mapping[str, Mapping[str, float]] | None = None, runs: Sequence[RLRun] = (),
+              sft_decoy: bool = False, level: float = 0.95) -> Finding:
+    """Grafting localises the degrade regime to attention + MLP; the collapse regime is not traceable to
+    any single group; the embedding dominates weight movement yet is causally inert.
+
+    ``degrade`` / ``collapse``: the factorial graft sweeps of the regime's runs (one per swept run; one
+    sweep, or None / empty for none: :func:`sweep_list`); ``movement``: run label (a sweep's ``rl_label``)
+    → group → share of that run's squared weight movement over every group (delta anatomy; default: each
+    sweep's own ``movement_share``);
+    ``runs``: the study's runs (for the decoy note). v(S): success of the graft of groups S into SFT, the
+    RL change v(RL) − v(∅); shares are of means over a regime's sweeps (:func:`shares`). Sub-rules:
+
+    - localised (degrade): the RL change's ``regime_interval`` lies below 0, and attn+mlp is sufficient
+      (its graft carries ≥ SUFFICIENT_SHARE of the change) and necessary (reverting it, the graft of every
+      other swept group, removes ≥ NECESSARY_SHARE of it);
+    - not traceable (collapse): the RL change lies below 0 and no single group is sufficient or necessary;
+    - inert (degrade): the embed-only graft is equivalent to SFT (``regime_tost`` over every swept run,
+      margin ± INERT_MARGIN) and the embedding has the largest movement share of all groups (lm_head
+      included) in every swept run (:func:`dominates`);
+    - coverage: a group moving more than MOVED_SHARE of a swept run's movement but not in its sweep (an
+      untied lm_head left out) is named, and then the finding cannot be "reproduced"; without movement
+      shares coverage is unknown, with the same consequence.
+
+    Verdict: every sub-rule measured and true, coverage complete → reproduced; some true → partly
+    reproduced; none → not reproduced; none measurable (no sweeps, configurations missing) → not
+    measured. Estimate: the degrade regime's attn+mlp graft change against SFT (regime interval).
+    """
+    degrade, collapse = sweep_list(degrade), sweep_list(collapse)
+    if not degrade and not collapse:
+        return _unmeasured(3, FINDING_3, "no graft sweep of a degrade- or collapse-regime run")
+    parts, est, gaps = [], (math.nan,) * 3, []
+    localised = traceless = inert = None
+    labels = [str(sw.attrs.get("rl_label", "") or sw.path or "?") for sw in degrade + collapse]
+
+    def n_runs(sweeps) -> str:
+        return f"{len(sweeps)} swept run{'s' * (len(sweeps) != 1)}"
+
+    am_set = LOCALISED_GROUPS
+    if has_configs(degrade, RL_LABEL, am_set, lambda sw: complement(sw, am_set)):
+        rl = regime_interval(graft_pairs(degrade, RL_LABEL), level=level)
+        am = regime_interval(graft_pairs(degrade, am_set), level=level)
+        carried, kept = shares(degrade, am_set)
+        est = (am.diff, am.low, am.high)
+        localised = bool(rl.high < 0 and carried >= SUFFICIENT_SHARE and kept <= 1 - NECESSARY_SHARE)
+        parts.append(f"degrade regime ({n_runs(degrade)}): RL changes success by {_regime_iv(rl)}; the attn+mlp "
+                     f"graft alone by {_iv(am.diff, am.low, am.high)}, {_share(carried)} of it (sufficient: ≥ "
+                     f"{100 * SUFFICIENT_SHARE:.0f}%); reverting attn+mlp leaves {_share(kept)} (necessary: ≤ "
+                     f"{100 * (1 - NECESSARY_SHARE):.0f}%) — "
+                     + ("localised to attn+mlp" if localised else
+                        "no credible change to localise" if rl.high >= 0 else "not localised to attn+mlp"))
+    else:
+        parts.append("degrade regime: no factorial sweep with the attn+mlp graft and its complement, so "
+                     "localisation is not measured")
+
+    singles = sorted(set.intersection(*(set(sw.groups) for sw in collapse)), key=collapse[0].groups.index) \
+        if collapse else []
+    if singles and has_configs(collapse, RL_LABEL, *((g,) for g in singles),
+                               *(lambda sw, g=g: complement(sw, (g,)) for g in singles)):
+        rl = regime_interval(graft_pairs(collapse, RL_LABEL), level=level)
+        rows = {g: shares(collapse, (g,)) for g in singles}
+        top = max(rows, key=lambda g: rows[g][0] if np.isfinite(rows[g][0]) else -math.inf)
+        need = min(rows, key=lambda g: rows[g][1] if np.isfinite(rows[g][1]) else math.inf)
+        traceless = bool(rl.high < 0 and all(c < SUFFICIENT_SHARE and k > 1 - NECESSARY_SHARE
+                                             for c, k in rows.values()))
+        parts.append(f"collapse regime ({n_runs(collapse)}): RL changes success by {_regime_iv(rl)}; the "
+                     f"strongest single-group graft ({top}) carries {_share(rows[top][0])} of it, reverting one "
+                     f"group leaves at least {_share(rows[need][1])} ({need}) — "
+                     + ("not traceable to a single group" if traceless else
+                        "no credible change to trace" if rl.high >= 0 else "traceable to a single group"))
+    else:
+        parts.append("collapse regime: no factorial sweep with every single-group graft and its complement, so "
+                     "traceability is not measured")
+
+    moved = [movement_of(sw, movement) for sw in degrade + collapse]
+    if has_configs(degrade, ("embed",)):
+        tost = regime_tost(graft_pairs(degrade, ("embed",)), INERT_MARGIN, level=level)
+        dmoved = moved[:len(degrade)]
+        n_dom = sum(m is not None and dominates(m) for m in dmoved)
+        embed = [f"{100 * m[0].get('embed', 0.0):.0f}%" for m in dmoved if m is not None]
+        inert = bool(tost.equivalent and n_dom == len(degrade))
+        parts.append(f"embed: {', '.join(embed) or 'unrecorded'} of the weight movement (the largest of all groups in "
+                     f"{n_dom}/{len(degrade)} degrade runs); the embed-only graft vs SFT [{_pts(tost.interval.low)}, "
+                     f"{_pts(tost.interval.high)}] points, {'within' if tost.equivalent else 'not within'} "
+                     f"±{100 * INERT_MARGIN:.0f} (TOST over every swept degrade run) — "
+                     + ("dominant yet inert" if inert else "not shown dominant and inert"))
+    if inert is None:
+        parts.append("embed: no embed-only graft of a degrade run, so inertness is not measured")
+
+    for label, sw, m in zip(labels, degrade + collapse, moved):
+        if m is None:
+            gaps.append(f"{label}: movement shares not recorded, so whether every moving group was swept is unknown")
+        elif left := unswept(sw, m):
+            out = ", ".join(f"{g} ({100 * x:.1f}% of the movement)" for g, x in left.items())
+            gaps.append(f"{label}: the sweep leaves out {out}")
+    text = "; ".join(parts) + "."
+    if gaps:
+        text += " Not every moving group is in the attribution (so not reproduced as a whole): " + "; ".join(gaps) + "."
+    swept = [r for r in runs if r.name in labels]
+    verdict = _combine([localised, traceless, inert], capped=bool(gaps))
+    return Finding(3, FINDING_3, text + decoy_note(swept, sft_decoy), float(est[0]), float(est[1]), float(est[2]),
+                   verdict)
+
+
+# ---------------------------------------------------------------------------------------- finding 4
+
+
+FINDING_4 = "Late-layer effective rank tracks capability in both directions (at 4B; at 8B the two come apart)."
+
+
+def finding_4(coupling: CouplingResult | None, *, runs: Sequence[RLRun] = (), sft_decoy: bool = False) -> Finding:
+    """Late-layer effective rank tracks capability in both directions.
+
+    ``coupling``: the study's coupling result with its both-directions arrays (None if not computed);
+    ``runs``: the study's runs (for the decoy note). Rule: "both directions" is testable when the late band
+    has at least :data:`MIN_RUNS_PER_DIRECTION` credibly improved AND credibly degraded runs (the counts
+    the both-directions test used); then reproduced when the late band's Spearman interval lies above zero
+    and its both-directions verdict is 'tracks in both directions', partly reproduced when one of the two
+    holds, not reproduced when neither. Fewer runs in a direction → not testable here; no coupling result,
+    no late band or no both-directions arrays → not measured. Estimate: the late band's Spearman ρ.
+    """
+    if coupling is None:
+        return _unmeasured(4, FINDING_4, "no coupling result")
+    res = coupling
+    if "late" not in res.bands:
+        return _unmeasured(4, FINDING_4, "the model has no late layer band")
+    b = res.bands.index("late")
+    rho = res.corr("band")[b, res.stats.index("spearman")]
+    used = [r for r in runs if r.name in res.runs]
+    text = (f"late-band activation {res.metric} vs greedy success across {len(res.runs)} policies: Spearman ρ "
+            f"{rho[0]:+.2f} [{rho[1]:+.2f}, {rho[2]:+.2f}]")
+    if not res.has_both:
+        text += "; the both-directions test was not computed."
+        return Finding(4, FINDING_4, text + decoy_note(used, sft_decoy), float(rho[0]), float(rho[1]), float(rho[2]),
+                       NOT_MEASURED)
+    agree, total = res.both("agree", "band")[b], res.both("total", "band")[b]
+    dirs = res.directions
+    n_up, n_down = int(total[dirs.index("improved")]), int(total[dirs.index("degraded")])
+    verdict_band = str(res.both("verdict", "band")[b])
+    text += (f"; {n_up} credibly improved and {n_down} credibly degraded runs (the test needs "
+             f"{MIN_RUNS_PER_DIRECTION} of each: with fewer, even full agreement is not credible)")
+    if min(n_up, n_down) < MIN_RUNS_PER_DIRECTION:
+        return Finding(4, FINDING_4, text + "." + decoy_note(used, sft_decoy), float(rho[0]), float(rho[1]),
+                       float(rho[2]), NOT_TESTABLE)
+    text += (f"; sign of Δrank agrees with Δsuccess in {int(agree[dirs.index('improved')])}/{n_up} improved and "
+             f"{int(agree[dirs.index('degraded')])}/{n_down} degraded runs ({verdict_band}).")
+    checks = [bool(rho[1] > 0), verdict_band == TRACKS_BOTH]
+    verdict = REPRODUCED if all(checks) else PARTLY if any(checks) else NOT_REPRODUCED
+    return Finding(4, FINDING_4, text + decoy_note(used, sft_decoy), float(rho[0]), float(rho[1]), float(rho[2]),
+                   verdict)
+
+
+# ------------------------------------------------------------------------------------------ results
 
 
 def findings_result(findings: list[Finding], cfg) -> Result:
@@ -120,7 +699,10 @@ def findings_result(findings: list[Finding], cfg) -> Result:
                   {"claim": (("finding",), arr("claim", object)), "statement": (("finding",), arr("statement", object)),
                    "estimate": (("finding",), arr("estimate")), "low": (("finding",), arr("low")),
                    "high": (("finding",), arr("high")), "verdict": (("finding",), arr("verdict", object))},
-                  {"config": cfg.as_dict(), "interval": "95% paired bootstrap over evaluation seeds, then episodes",
+                  {"config": cfg.as_dict(),
+                   "interval": "95%: one run vs SFT, paired bootstrap over evaluation clusters (items, else seeds); "
+                               "a regime, hierarchical bootstrap over its runs, then clusters within each run",
+                   "verdicts": list(VERDICTS),
                    "units": "estimate/low/high: success-rate difference (fraction) unless the statement says otherwise"})
 
 
@@ -150,77 +732,3 @@ class FindingsResult(View):
     def notes(self) -> str:
         return "; ".join(str(self.result.attrs[k]) for k in ("units", "interval")
                          if isinstance(self.result.attrs.get(k), str))
-
-
-def finding_3(degrade, collapse) -> Finding:
-    """Grafting localises the degrade regime to attention + MLP; the collapse regime is not traceable to
-    any single group; the embedding dominates weight movement yet is causally inert (``degrade``,
-    ``collapse``: the factorial sweeps as :class:`~graftkit.graft.experiments.SweepResult`, None if not run).
-
-    Rules: (a) in the degraded run, the attn+mlp graft alone is credibly worse than base and carries at
-    least half of the full RL change; (b) in the collapsed run, no single-group graft carries half of the
-    change; (c) the embedding has the largest movement share and its Shapley interval contains zero.
-    """
-    claim = ("Grafting localises the degrade regime to attention + MLP; the collapse regime is not traceable to any "
-             "single group; the embedding change dominates weight movement yet is causally inert.")
-    if degrade is None:
-        return Finding(3, claim, "no graft sweep of a degraded run", math.nan, math.nan, math.nan, "not measured")
-    parts, checks = [], []
-    full = degrade.diff(RL_LABEL)
-    am = degrade.diff(label_for(("attn", "mlp")))
-    groups = degrade.groups
-    if am is not None and full is not None:
-        share = am[0] / full[0] if full[0] else math.nan
-        parts.append(f"degraded run: RL changes success by {_pts(full[0])} [{_pts(full[1])}, {_pts(full[2])}], "
-                     f"the attn+mlp graft alone by {_pts(am[0])} [{_pts(am[1])}, {_pts(am[2])}] "
-                     f"({100 * share:.0f}% of it)" if np.isfinite(share) else "")
-        checks.append(am[2] < 0 and np.isfinite(share) and share >= 0.5)
-    sh, ms = degrade.array("shapley"), degrade.array("movement_share")
-    if sh is not None:
-        parts.append("Shapley " + ", ".join(f"{g} {_pts(sh[i, 0])} [{_pts(sh[i, 1])}, {_pts(sh[i, 2])}]"
-                                            for i, g in enumerate(groups)))
-    if collapse is not None:
-        cf = collapse.diff(RL_LABEL)
-        singles = {g: collapse.diff(label_for((g,))) for g in collapse.groups}
-        best = max((g for g in singles if singles[g] is not None), key=lambda g: abs(singles[g][0]), default=None)
-        if cf is not None and best is not None:
-            frac = singles[best][0] / cf[0] if cf[0] else math.nan
-            parts.append(f"collapsed run: RL changes success by {_pts(cf[0])} [{_pts(cf[1])}, {_pts(cf[2])}]; the "
-                         f"strongest single-group graft ({best}) carries {100 * frac:.0f}% of it")
-            checks.append(np.isfinite(frac) and abs(frac) < 0.5)
-    if ms is not None and "embed" in groups and sh is not None:
-        e = groups.index("embed")
-        parts.append(f"embed: {100 * ms[e]:.0f}% of the weight movement, Shapley effect {_pts(sh[e, 0])} "
-                     f"[{_pts(sh[e, 1])}, {_pts(sh[e, 2])}]")
-        checks.append(int(np.argmax(ms)) == e and sh[e, 1] <= 0 <= sh[e, 2])
-    verdict = ("reproduced" if checks and all(checks) else "partly reproduced" if any(checks) else "not reproduced")
-    est = am if am is not None else (math.nan,) * 3
-    return Finding(3, claim, "; ".join(p for p in parts if p) + ".", float(est[0]), float(est[1]), float(est[2]),
-                   verdict)
-
-
-def finding_4(coupling: CouplingResult | None) -> Finding:
-    """Late-layer effective rank tracks capability in both directions.
-
-    Rule: reproduced when the late band's Spearman interval lies above zero and the both-directions
-    verdict of the late band is 'tracks in both directions'; partly when only one of the two holds
-    (``coupling``: the study's coupling result, None if it was not computed)."""
-    claim = "Late-layer effective rank tracks capability in both directions (at 4B; at 8B the two come apart)."
-    if coupling is None:
-        return Finding(4, claim, "no coupling result", math.nan, math.nan, math.nan, "not measured")
-    res = coupling
-    if "late" not in res.bands:
-        return Finding(4, claim, "the model has no late layer band", math.nan, math.nan, math.nan, "not measured")
-    b = res.bands.index("late")
-    rho = res.corr("band")[b, res.stats.index("spearman")]
-    parts = [f"late-band activation {res.metric} vs greedy success across {len(res.runs)} policies: "
-             f"Spearman ρ {rho[0]:+.2f} [{rho[1]:+.2f}, {rho[2]:+.2f}]"]
-    verdicts = res.both("verdict", "band")
-    verdict_band = None if verdicts is None else str(verdicts[b])
-    if res.has_both:
-        a, t = res.both("agree", "band")[b], res.both("total", "band")[b]
-        parts.append(f"sign of Δrank agrees with Δsuccess in {int(a[0])}/{int(t[0])} improved and "
-                     f"{int(a[1])}/{int(t[1])} degraded runs ({verdict_band})")
-    checks = [bool(rho[1] > 0), verdict_band == TRACKS_BOTH]
-    verdict = "reproduced" if all(checks) else "partly reproduced" if any(checks) else "not reproduced"
-    return Finding(4, claim, "; ".join(parts) + ".", float(rho[0]), float(rho[1]), float(rho[2]), verdict)

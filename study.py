@@ -1,10 +1,11 @@
 """The study in miniature: what ``graftkit demo`` runs, end to end, on the embedded default.
 
-SFT on oracle demonstrations → headroom of the SFT policy → a GRPO grid on the ``mastered`` suite
-(learning rates from null to collapse, several seeds) plus GRPO on the ``headroom`` suite → greedy
-evaluation of every policy on identical episodes (25 seeds) with paired tests against SFT → delta
-anatomy → graft sweeps (full factorial over groups) on a degraded and a collapsed run, with their double
-dissociation → weight, delta and activation ranks and their coupling to success → the four findings of
+SFT on oracle demonstrations → headroom of the SFT policy → the control grid on the ``mastered`` suite
+(18 runs: learning rates null / degrade / collapse at 3 training seeds, 6 at the middle rate, KL weight,
+a second initialisation, clipping) plus GRPO on the ``headroom`` suite (3 seeds) → greedy evaluation of
+every policy on identical held-out items (25 seeds × 2 episodes; training never draws them) with paired
+tests against SFT → delta anatomy → graft sweeps (full factorial over every group that moves) on three
+degraded and three collapsed runs, with a double dissociation → weight, delta and activation ranks and their coupling to success → the four findings of
 DESIGN.md, each stated with its interval, whatever it came out as → the HTML report.
 
 Each stage writes its outputs (a policy folder, or one result file) atomically and is skipped when its
@@ -33,11 +34,41 @@ from .webenv.tasks import SUITES
 #: (its graftkit.json records the exact config), shipped so the demo starts from a strong baseline in seconds.
 EMBEDDED_SFT = Path(__file__).resolve().parent / "assets" / "sft"
 
-#: GRPO learning-rate regimes of the mastered-suite grid, measured on the embedded tiny policy with
-#: ``graftkit eval --compare`` (40 steps, temperature 1.5, 25 seeds × 2 episodes): 1e-3 and 2e-3 left the
-#: mastered suite unchanged (100% → 100%, 99%), 3e-3 collapsed it (enter-text 100% → 2%); the transition
-#: is sharp, so the middle regime sits just below it and the high one above it.
-REGIMES: dict[str, float] = {"null": 1e-4, "degrade": 2e-3, "collapse": 5e-3}
+#: GRPO learning-rate regimes of the mastered-suite grid (40 steps, temperature 1.5), chosen on TRAINING items
+#: (``graftkit eval --items train``, so the evaluation items never informed them): see ``REGIME_CALIBRATION``.
+#: Measured on the embedded policy (seed 0, click-tab, 25 seeds × 2 training-item episodes): 1e-4 100% → 100%,
+#: 2e-3 → 82% (credibly worse), 5e-3 → 50%, 1e-2 → 0%.
+REGIMES: dict[str, float] = {"null": 1e-4, "degrade": 2e-3, "collapse": 1e-2}
+
+#: How the regimes were chosen (recorded in every study's config so a reader can check it).
+REGIME_CALIBRATION = ("GRPO runs of the embedded SFT policy (seed 0, 40 steps, T 1.5) evaluated on training items "
+                      "(eval --items train): lr 1e-4 -> +0 points, 2e-3 -> -18, 5e-3 -> -50, 1e-2 -> -100")
+
+#: One-knob variants of the grid, each a run at a regime's learning rate with one setting changed (the
+#: study's control axes beyond learning rate and seed): name → (regime whose lr it uses, GRPO overrides,
+#: the regime it counts in). Initialisation is a random draw like the training seed, so an init-b run
+#: counts in its learning-rate regime; a KL weight or a clipping range is a fixed change of recipe.
+VARIANTS: dict[str, tuple[str, dict, str]] = {
+    "kl0.04": ("degrade", {"beta": 0.04}, "recipe"),
+    "kl0.2": ("degrade", {"beta": 0.2}, "recipe"),
+    "init-b-null": ("null", {"init": "sft-b"}, "null"),
+    "init-b-degrade": ("degrade", {"init": "sft-b"}, "degrade"),
+    "clip0.1": ("degrade", {"epsilon": 0.1}, "recipe"),
+    "clip-high0.3": ("degrade", {"epsilon_high": 0.3}, "recipe"),
+}
+
+
+@dataclass(frozen=True)
+class GridRun:
+    """One GRPO run of the study's grid: its finding-side description and the settings it changes."""
+
+    rl: RLRun
+    init: str = "sft"
+    overrides: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.rl.name
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,14 +92,22 @@ class StudyConfig(CommandConfig):
     """GRPO steps of every run."""
     regimes: Mapping[str, float] = opt(default_factory=lambda: dict(REGIMES), cli=False)
     """Learning-rate regimes of the mastered-suite grid (name → lr)."""
-    seeds: tuple[int, ...] = opt((0, 1), cli=False)
-    """Training seeds of the mastered-suite grid."""
+    seeds: tuple[int, ...] = opt((0, 1, 2), cli=False)
+    """Training seeds of every learning-rate regime of the mastered-suite grid."""
+    degrade_seeds: tuple[int, ...] = opt((0, 1, 2, 3, 4, 5), cli=False)
+    """Training seeds at the middle (degrade) learning rate: more, as the study ran it."""
+    variants: tuple[str, ...] = opt(tuple(VARIANTS), cli=False)
+    """One-knob variants of the grid (KL weight, second initialisation, clipping): names in VARIANTS."""
+    sft_b_steps: int = opt(300, cli=False)
+    """Steps of the second initialisation: the SFT policy trained further on fresh demonstrations, seed 1."""
+    swept_seeds: int = opt(3, cli=False)
+    """Graft sweeps per regime (degrade, collapse): on its runs of the first seeds."""
     grpo_temperature: float = opt(1.5, cli=False)
     """Sampling temperature of GRPO rollouts: above 1, so that a policy near 100% on the mastered suite still
     samples failures and its groups carry a learning signal (at 1, nearly every group has equal rewards)."""
     headroom_lr: float = opt(2e-3, cli=False)
     """Learning rate of GRPO on the headroom suite (the degrade regime's: the same recipe)."""
-    headroom_seeds: tuple[int, ...] = opt((0,), cli=False)
+    headroom_seeds: tuple[int, ...] = opt((0, 1, 2), cli=False)
     """Training seeds of GRPO on the headroom suite."""
     eval_seeds: int = opt(25, cli=False)
     """Evaluation seeds (every policy plays identical episodes)."""
@@ -76,8 +115,9 @@ class StudyConfig(CommandConfig):
     """Episodes per evaluation seed and task."""
     headroom_k: int = opt(8, cli=False)
     """Samples per episode when measuring headroom."""
-    graft_groups: tuple[str, ...] = opt(("embed", "attn", "mlp", "norm"), cli=False)
-    """Groups of the graft factorial (2^k configurations per swept run)."""
+    graft_groups: tuple[str, ...] = opt(("embed", "attn", "mlp", "norm", "lm_head"), cli=False)
+    """Groups of the graft factorial (2^k configurations per swept run): every group that moves (lm_head
+    when the head is untied; a tied head moves with embed)."""
     graft_seeds: int = opt(25, cli=False)
     """Evaluation seeds of each graft configuration."""
     probes: int = opt(64, cli=False)
@@ -90,8 +130,9 @@ class StudyConfig(CommandConfig):
     @classmethod
     def preset(cls, out: str, quick: bool = False, **overrides) -> "StudyConfig":
         if quick:
-            base = cls(out=out, quick=True, sft_steps=600, grpo_steps=12, seeds=(0, 1), eval_seeds=6,
-                       eval_episodes=1, headroom_k=4, graft_groups=("embed", "attn", "mlp"), graft_seeds=6,
+            base = cls(out=out, quick=True, sft_steps=600, grpo_steps=12, seeds=(0, 1), degrade_seeds=(0, 1),
+                       variants=("init-b-degrade",), sft_b_steps=40, swept_seeds=1, headroom_seeds=(0,), eval_seeds=6,
+                       eval_episodes=1, headroom_k=4, graft_groups=("embed", "attn", "mlp", "lm_head"), graft_seeds=6,
                        probes=16)
         else:
             base = cls(out=out)
@@ -104,11 +145,23 @@ class StudyConfig(CommandConfig):
                 object.__setattr__(self, name, os.fspath(getattr(self, name)))
 
 
-def rl_runs(cfg: StudyConfig) -> list[RLRun]:
-    runs = [RLRun(f"{regime}-s{s}", "mastered", regime, lr, s) for regime, lr in cfg.regimes.items()
-            for s in cfg.seeds]
-    runs += [RLRun(f"headroom-s{s}", "headroom", "headroom", cfg.headroom_lr, s) for s in cfg.headroom_seeds]
+def grid(cfg: StudyConfig) -> list[GridRun]:
+    """Every GRPO run: each learning-rate regime at its training seeds (the middle one at ``degrade_seeds``),
+    the one-knob variants, then the headroom-suite runs."""
+    runs = [GridRun(RLRun(f"{regime}-s{s}", "mastered", regime, lr, s)) for regime, lr in cfg.regimes.items()
+            for s in (cfg.degrade_seeds if regime == "degrade" else cfg.seeds)]
+    for name in cfg.variants:
+        if name not in VARIANTS:
+            raise GraftkitError(f"unknown grid variant {name!r}", f"choose from {', '.join(VARIANTS)}")
+        lr_of, overrides, regime = VARIANTS[name]
+        knobs = {k: v for k, v in overrides.items() if k != "init"}
+        runs.append(GridRun(RLRun(name, "mastered", regime, cfg.regimes[lr_of], 0), overrides.get("init", "sft"), knobs))
+    runs += [GridRun(RLRun(f"headroom-s{s}", "headroom", "headroom", cfg.headroom_lr, s)) for s in cfg.headroom_seeds]
     return runs
+
+
+def rl_runs(cfg: StudyConfig) -> list[RLRun]:
+    return [g.rl for g in grid(cfg)]
 
 
 def all_tasks() -> list[str]:
@@ -140,6 +193,10 @@ class Study:
     @property
     def sft(self) -> Path:
         return self.root / "sft"
+
+    @property
+    def sft_b(self) -> Path:
+        return self.root / "sft-b"
 
     def rl(self, run: RLRun) -> Path:
         return self.root / run.name
@@ -225,17 +282,37 @@ def stage_grpo(st: Study) -> None:
     from .training import run_train_grpo
 
     cfg = st.cfg
-    for run in rl_runs(cfg):
-        gcfg = GRPOConfig(init=str(st.sft), out=str(st.rl(run)), tasks=SUITES[run.suite], steps=cfg.grpo_steps,
-                          lr=run.lr, seed=run.seed, threads=cfg.threads, temperature=cfg.grpo_temperature,
-                          checkpoint_every=max(1, cfg.grpo_steps // 4))
+    for g in grid(cfg):
+        run = g.rl
+        gcfg = GRPOConfig(init=str(st.sft_b if g.init == "sft-b" else st.sft), out=str(st.rl(run)),
+                          tasks=SUITES[run.suite], steps=cfg.grpo_steps, lr=run.lr, seed=run.seed, threads=cfg.threads,
+                          temperature=cfg.grpo_temperature, checkpoint_every=max(1, cfg.grpo_steps // 4),
+                          **dict(g.overrides))
 
         def go(gcfg=gcfg, run=run):
             run_train_grpo(gcfg, resume=latest_checkpoint(gcfg) is not None, force=True, results=st.results,
                            on_step=lambda m: st.on_work(f"grpo {run.name}", m["step"], gcfg.steps))
 
+        knobs = "".join(f", {k} {v:g}" for k, v in g.overrides.items()) + (", init sft-b" if g.init == "sft-b" else "")
         st.stage(f"grpo {run.name}", [st.results / f"train-grpo-{run.name}.h5", st.rl(run) / "graftkit.json"], go,
-                 f"{run.suite} suite, lr {run.lr:g}, seed {run.seed}")
+                 f"{run.suite} suite, lr {run.lr:g}, seed {run.seed}{knobs}")
+
+
+def stage_sft_b(st: Study) -> None:
+    """The second initialisation: the SFT policy trained ``sft_b_steps`` further on fresh demonstrations with
+    another seed (a different SFT checkpoint of the same recipe, as a second SFT run would give)."""
+    cfg = st.cfg
+    if not any(g.init == "sft-b" for g in grid(cfg)):
+        return
+
+    def run():
+        from .training import TrainSFTConfig, run_train_sft
+
+        run_train_sft(TrainSFTConfig(out=st.sft_b, init=st.sft, steps=cfg.sft_b_steps, lr=cfg.sft_lr / 3,
+                                     seed=1, threads=cfg.threads), force=True, results=st.results,
+                      on_step=lambda m: st.on_work("sft-b", m["step"], cfg.sft_b_steps))
+
+    st.stage("sft-b", [st.sft_b / "graftkit.json"], run, f"second initialisation: {cfg.sft_b_steps} more SFT steps, seed 1")
 
 
 def models(st: Study) -> dict[str, Path]:
@@ -267,19 +344,11 @@ def stage_delta(st: Study) -> Path:
 # -------------------------------------------------------------------------------------- graft, rank
 
 
-def regime_run(cfg: StudyConfig, regime: str, results: Path | None = None) -> RLRun | None:
-    """The run of a learning-rate regime that the graft sweeps take apart: the seed with the lowest greedy
-    success on the mastered suite (the regime's clearest case) once evaluations exist, else the first."""
-    runs = [r for r in rl_runs(cfg) if r.regime == regime]
-    if not runs:
-        return None
-    if results is not None and all((results / f"eval-{r.name}-greedy.h5").exists() for r in runs):
-        from .store import read_result
-
-        rate = {r.name: suite_outcomes(read_result(results / f"eval-{r.name}-greedy.h5"), SUITES["mastered"]).mean()
-                for r in runs}
-        return min(runs, key=lambda r: (rate[r.name], r.seed))
-    return runs[0]
+def swept_runs(cfg: StudyConfig, regime: str) -> list[RLRun]:
+    """The runs of a learning-rate regime that the graft sweeps take apart: its first ``swept_seeds`` training
+    seeds (fixed in advance, never picked by their evaluation)."""
+    return [g.rl for g in grid(cfg) if g.rl.regime == regime and g.init == "sft" and not g.overrides
+            and g.rl.suite == "mastered"][: cfg.swept_seeds]
 
 
 def stage_grafts(st: Study) -> list[Path]:
@@ -298,16 +367,17 @@ def stage_grafts(st: Study) -> list[Path]:
     n_configs = len(expand_sweep("factorial", groups, present))
     sweep = partial(GraftConfig, base=st.sft, sweep="factorial", groups=",".join(groups), tasks="mastered",
                     seeds=cfg.graft_seeds, episodes=1, results=st.results)
-    swept = [r for r in (regime_run(cfg, "degrade", st.results), regime_run(cfg, "collapse", st.results)) if r is not None]
-    files = [st.results / f"graft-factorial-{run.name}.h5" for run in swept]
-    for run, dest in zip(swept, files):
+    degrade, collapse = swept_runs(cfg, "degrade"), swept_runs(cfg, "collapse")
+    files = [st.results / f"graft-factorial-{run.name}.h5" for run in (*degrade, *collapse)]
+    for run, dest in zip((*degrade, *collapse), files):
         st.stage(f"graft {run.name}", [dest],
                  lambda run=run: run_graft_experiments(sweep(rl=st.rl(run)), _episodes(st, f"graft {run.name}")),
                  f"factorial over {'+'.join(groups)} = {n_configs} configurations")
-    if len(swept) == 2:
-        dest = st.results / f"graft-dissociation-{swept[0].name}-vs-{swept[1].name}.h5"
-        st.stage("dissociation", [dest], lambda: run_graft_experiments(sweep(rl=st.rl(swept[0]), vs=st.rl(swept[1]))),
-                 f"{swept[0].name} vs {swept[1].name}")
+    if degrade and collapse:
+        a, b = degrade[0], collapse[0]
+        dest = st.results / f"graft-dissociation-{a.name}-vs-{b.name}.h5"
+        st.stage("dissociation", [dest], lambda: run_graft_experiments(sweep(rl=st.rl(a), vs=st.rl(b))),
+                 f"{a.name} vs {b.name}")
         files.append(dest)
     return files
 
@@ -335,6 +405,48 @@ def stage_ranks(st: Study) -> None:
 # ---------------------------------------------------------------------------------------------- run
 
 
+def sft_has_decoy(folder: Path) -> bool:
+    """Whether the SFT policy's demonstrations slipped to decoys (its graftkit.json says so)."""
+    try:
+        prov = json.loads((Path(folder) / "graftkit.json").read_text())
+    except (OSError, ValueError):
+        return False
+    decoys = (prov.get("demonstrations") or {}).get("decoys") or {}
+    return any(float(v) > 0 for v in decoys.values())
+
+
+def item_audit(st: Study) -> dict:
+    """What the evaluations saw and whether training saw it: per task, the distinct evaluation items and
+    whether they are too few; the overlap of the evaluation items with every GRPO run's prompts (from its
+    ``train_items.tsv``) and with the split the SFT demonstrations draw from (items outside the held-out
+    split) — all 0 in a sound study."""
+    from .evaluation import EvalResult
+    from .store import read_result
+
+    sft = EvalResult.from_result(read_result(st.results / "eval-sft-greedy.h5"))
+    counts = sft.item_counts()
+    held = {t: set(str(x) for x in sft.items_of(t).ravel()) for t in sft.tasks} if counts else {}
+    grpo = {}
+    for run in rl_runs(st.cfg):
+        f = st.rl(run) / "train_items.tsv"
+        if not f.is_file():
+            grpo[run.name] = None
+            continue
+        pairs = [line.split("\t") for line in f.read_text().splitlines() if line]
+        grpo[run.name] = sum(1 for t, i in {tuple(p) for p in pairs} if i in held.get(t, ()))
+    return {"tasks": counts, "sft_overlap": sum(c["overlap"] for c in counts.values()), "grpo_overlap": grpo,
+            "rule": str(sft.attrs.get("item_split", ""))}
+
+
+def items_line(audit: Mapping) -> str:
+    """One line on the items: distinct evaluation items per task, and the overlap with training (SFT split, GRPO)."""
+    tasks = ", ".join(f"{t} {c['distinct']}/{c['episodes']}" + (" (too few)" if c["too_few"] else "")
+                      for t, c in audit["tasks"].items())
+    grpo = [v for v in audit["grpo_overlap"].values() if v is not None]
+    return (f"evaluation items (distinct/episodes): {tasks}; overlap with training: SFT split {audit['sft_overlap']}, "
+            f"GRPO prompts {sum(grpo)} over {len(grpo)} runs")
+
+
 def stage_findings(st: Study) -> list:
     """The four findings, each as this run found it, written to results/findings.h5 (always recomputed:
     it is cheap and reads only finished results)."""
@@ -342,16 +454,25 @@ def stage_findings(st: Study) -> list:
     from .rank.coupling import CouplingResult
     from .store import read_result
 
+    from .graft.anatomy import DeltaResult
+
     cfg, runs = st.cfg, rl_runs(st.cfg)
     evals = {label: read_result(st.results / f"eval-{label}-greedy.h5") for label in models(st)}
     headroom_res = read_result(st.results / "headroom-sft.h5")
-    sweeps = {regime: (SweepResult.read(p) if (p := st.results / f"graft-factorial-{r.name}.h5").exists() else None)
-              for regime in ("degrade", "collapse") if (r := regime_run(cfg, regime, st.results)) is not None}
+    sweeps = {g: [SweepResult.read(p) for r in swept_runs(cfg, g)
+                  if (p := st.results / f"graft-factorial-{r.name}.h5").exists()] for g in ("degrade", "collapse")}
+    delta = DeltaResult.read(st.results / "delta.h5")
+    movement = {lab: delta.group_shares(i) for i, lab in enumerate(delta.runs)}
+    sft_decoy = sft_has_decoy(st.sft)
     coupling = st.results / f"coupling-activations-{COUPLING_METRIC}.h5"
-    found = [finding_1(evals, runs), finding_2(evals, runs, headroom_res),
-             finding_3(sweeps.get("degrade"), sweeps.get("collapse")),
-             finding_4(CouplingResult.read(coupling) if coupling.exists() else None)]
-    _write(st.results / "findings.h5", findings_result(found, cfg))
+    found = [finding_1(evals, runs, sft_decoy=sft_decoy),
+             finding_2(evals, runs, headroom_res, sft_decoy=sft_decoy),
+             finding_3(sweeps["degrade"], sweeps["collapse"], movement=movement, runs=runs, sft_decoy=sft_decoy),
+             finding_4(CouplingResult.read(coupling) if coupling.exists() else None, runs=runs, sft_decoy=sft_decoy)]
+    res = findings_result(found, cfg)
+    res.attrs["items"] = json.dumps(item_audit(st))
+    res.attrs["regime_calibration"] = REGIME_CALIBRATION
+    _write(st.results / "findings.h5", res)
     return found
 
 
@@ -384,6 +505,7 @@ def run_study(cfg: StudyConfig, on_progress: OnProgress = no_progress,
     t0 = time.perf_counter()
     stage_sft(st)
     stage_headroom(st)
+    stage_sft_b(st)
     stage_grpo(st)
     stage_eval(st)
     stage_delta(st)
@@ -392,7 +514,8 @@ def run_study(cfg: StudyConfig, on_progress: OnProgress = no_progress,
     stage_coupling(st)
     found = stage_findings(st)
     report = stage_report(st)
-    return {"out": str(st.root), "report": str(report), "findings": [asdict(f) for f in found],
+    return {"out": str(st.root), "report": str(report), "findings": [asdict(f) for f in found], "items": (audit := item_audit(st)),
+            "items_line": items_line(audit),
             "models": {k: str(v) for k, v in models(st).items()}, "seconds": time.perf_counter() - t0,
             "stage_seconds": st.timings}
 

@@ -154,7 +154,7 @@ class TrainSFTConfig(CommandConfig):
     budget: tuple[str, ...] = ()
     """Demonstration pool of a task: TASK=N episodes (repeatable)."""
     decoy: tuple[str, ...] = ()
-    """Demonstrator slip rate of a task: TASK=RATE (repeatable; default: 0.7 on the headroom suite, 0 elsewhere)."""
+    """Demonstrator slip rate of a task: TASK=RATE (repeatable; default: none — a decoy plants a position bias)."""
     size: str = "micro"
     """Tiny policy size: nano, micro, small."""
     init: Path | None = None

@@ -165,7 +165,7 @@ def check_prompt_plan(policy_dir: Path, s: Setting) -> str:
         return f"unchecked (graftkit.train.grpo: {e})"
     cfg = GRPOConfig(init=str(policy_dir), out=str(WORK / "unused"), tasks=(s.task,), steps=s.steps,
                      prompts_per_step=s.prompts_per_step, group_size=s.group_size, seed=s.seed)
-    theirs = [p for step in range(s.steps) for p in _prompts(cfg, step)]
+    theirs = [(t, seed) for step in range(s.steps) for t, seed, _ in _prompts(cfg, step)]
     ours = [(s.task, seed) for seed in s.env_seeds()]
     if theirs != ours:
         raise ToolFailed(f"graftkit's trainer draws other prompts than the harness: {theirs[:3]} vs {ours[:3]}")

@@ -61,7 +61,14 @@ class Setting:
     def env_seeds(self) -> list[int]:
         """Environment seed of every prompt of the run, in order (step s takes the s-th slice)."""
         n = self.steps * self.prompts_per_step
-        return [GRPO_SEED_BASE + 100_000 * self.seed + k for k in range(n)]
+        bases = [GRPO_SEED_BASE + 100_000 * self.seed + k for k in range(n)]
+        try:  # the trainer takes the first training item from each base on (graftkit.webenv.items.draw)
+            from graftkit.webenv import make_env
+            from graftkit.webenv.items import draw
+        except ImportError:
+            return bases
+        env = make_env(self.task)
+        return [draw(env, b, heldout=False)[0] for b in bases]
 
 
 def policy_dir(work: Path, s: Setting) -> Path:

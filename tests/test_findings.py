@@ -1,10 +1,386 @@
-"""The findings result's typed view gives back the findings that were written."""
+"""The four findings' rules on planted outcomes, each of their verdicts, and the findings result's view.
+
+Outcomes are planted through the classes the study writes (eval and headroom results, graft sweeps, the
+coupling result). Every model of a test plays the same episodes and meets them in one fixed order per task,
+so a model with a higher planted rate succeeds on a superset of the episodes (changes are exact)."""
 
 from __future__ import annotations
 
-from graftkit.findings import Finding, FindingsResult, findings_result
-from graftkit.store import read_result, write_result
+import numpy as np
+import pytest
+
+from graftkit.agent.evaluate import EvalOutcome
+from graftkit.agent.rollout import Decode
+from graftkit.errors import GraftkitError
+from graftkit.evaluation import EvalResult, eval_result
+from graftkit.findings import (
+    MIN_RUNS_PER_DIRECTION, NOT_MEASURED, NOT_REPRODUCED, NOT_TESTABLE, PARTLY, REPRODUCED, Finding,
+    FindingsResult, RLRun, finding_1, finding_2, finding_3, finding_4, findings_result, suite_episodes,
+)
+from graftkit.graft.experiments import SweepResult, expand_sweep, label_for, sweep_result
+from graftkit.rank.coupling import CouplingResult, both_directions, coupling, coupling_result
+from graftkit.stats import BETTER, NO_CHANGE, WORSE, wilson_interval
+from graftkit.store import Result, read_result, write_result
 from graftkit.study import StudyConfig
+from graftkit.webenv.tasks import SUITES
+
+S, E = 25, 8
+#: The suites the rules are planted on, fixed here so the planted outcomes do not depend on the shipped suites.
+MASTERED, HEADROOM = ("enter-text", "click-tab", "click-checkboxes"), ("click-button", "click-link")
+TASKS = [*MASTERED, *HEADROOM]
+
+
+@pytest.fixture(autouse=True)
+def planted_suites(monkeypatch):
+    monkeypatch.setitem(SUITES, "mastered", MASTERED)
+    monkeypatch.setitem(SUITES, "headroom", HEADROOM)
+
+
+# ------------------------------------------------------------------------------------------ planting
+
+
+#: Per task, the fixed order in which episodes succeed as a model's rate rises (shared by every model).
+_ORDER = np.stack([np.random.default_rng(i).permutation(S * E).reshape(S, E) for i in range(len(TASKS))])
+
+
+def planted(rates, default: float = 0.5) -> np.ndarray:
+    """success [task, seed, episode]: task t succeeds on exactly round(rate_t · S·E) episodes."""
+    k = np.array([round(min(1.0, max(0.0, rates.get(t, default))) * S * E) for t in TASKS])
+    return (_ORDER < k[:, None, None]).astype(np.int8)
+
+
+def items(n: int) -> np.ndarray:
+    """item [task, seed, episode]: ``n`` distinct first observations per task, repeating across seeds."""
+    return np.array([[[f"{(s * E + e) % n:016x}" for e in range(E)] for s in range(S)] for _ in TASKS], dtype=object)
+
+
+def eval_of(rates, name: str = "m", item: np.ndarray | None = None, tasks=TASKS) -> Result:
+    keep = [TASKS.index(t) for t in tasks]
+    success = planted(rates)[keep][..., None]
+    z = np.zeros(success.shape)
+    o = EvalOutcome(list(tasks), list(range(S)), E, 1, Decode(greedy=True), success, z, z.astype(np.int32),
+                    z.astype(np.int32), 1.0, item=None if item is None else item[keep])
+    return eval_result(o, {"path": f"/runs/x/{name}"})
+
+
+def study(sft: dict, runs: dict[str, tuple[str, str, dict]], decoys=(), **eval_kw):
+    """evals and RLRuns: ``runs[name] = (suite, regime, rates)``, rates as changes from ``sft``'s."""
+    evals, out = {"sft": eval_of(sft, "sft", **eval_kw)}, []
+    for i, (name, (suite, regime, change)) in enumerate(runs.items()):
+        out.append(RLRun(name, suite, regime, 1e-3, i, decoy=name in decoys))
+        evals[name] = eval_of({t: sft.get(t, 0.5) + change.get(t, 0.0) for t in TASKS}, name, **eval_kw)
+    return evals, out
+
+
+def mastered_grid(changes: dict[str, list[float]], extra: dict[str, tuple[str, float]] | None = None):
+    """Runs ``<regime>-s<i>`` on the mastered suite with the given changes on every mastered task, plus
+    ``extra[name] = (regime, change)`` (runs of the grid's other axes)."""
+    named = [(f"{g}-s{i}", g, d) for g, ds in changes.items() for i, d in enumerate(ds)]
+    named += [(n, g, d) for n, (g, d) in (extra or {}).items()]
+    return {n: ("mastered", g, {t: d for t in MASTERED}) for n, g, d in named}
+
+
+def headroom_of(greedy: float, sampled: float, k: int = 4) -> Result:
+    g = planted({t: greedy for t in TASKS})[..., None]
+    s = np.concatenate([planted({t: sampled for t in TASKS})[..., None]] * k, axis=-1)
+    coords = {"task": np.array(TASKS, dtype=object), "seed": np.arange(S), "episode": np.arange(E),
+              "sample": np.arange(k), "greedy_sample": np.arange(1)}
+    return Result("headroom", coords, {"success": (("task", "seed", "episode", "sample"), s),
+                                       "greedy_success": (("task", "seed", "episode", "greedy_sample"), g)}, {})
+
+
+SFT = {t: 0.90 for t in MASTERED} | {t: 0.30 for t in HEADROOM}
+GRID = {"null": [0.0, 0.0, -0.01], "degrade": [-0.30, -0.25, -0.35], "collapse": [-0.85, -0.80, -0.90]}
+
+
+# ----------------------------------------------------------------------------------------- finding 1
+
+
+def test_finding_1_reproduced_when_no_run_improves_and_regimes_degrade_then_collapse():
+    evals, runs = study(SFT, mastered_grid(GRID, {"kl0.1-s0": ("degrade", -0.3)}))
+    f = finding_1(evals, runs)
+    assert f.verdict == REPRODUCED, f.statement
+    assert f.low <= f.estimate <= f.high and f.high < 0.05
+    assert "90.0%" in f.statement and "0/10 GRPO runs credibly improve" in f.statement
+    assert "smallest improvement this evaluation detects" in f.statement
+    assert "degrade: " in f.statement and "over 4 runs" in f.statement  # the KL run counts in its regime
+    assert "outside" not in f.statement and "decoys" not in f.statement
+
+
+def test_finding_1_not_reproduced_when_any_run_of_the_grid_improves():
+    evals, runs = study(SFT, mastered_grid(GRID, {"clip-s0": ("null", 0.08)}))
+    f = finding_1(evals, runs)
+    assert f.verdict == NOT_REPRODUCED and f.low > 0 and "best, clip-s0" in f.statement
+
+
+@pytest.mark.parametrize("changes, verdict", [
+    ({"degrade": [-0.30, -0.25, -0.35], "collapse": [-0.30, -0.30, -0.35]}, PARTLY),   # collapse only degrades
+    ({"degrade": [-0.80, -0.85, -0.80], "collapse": [-0.85, -0.80, -0.90]}, PARTLY),   # degrade collapses too
+    ({"degrade": [-0.30, -0.25, -0.35], "collapse": [-0.90, -0.10, -0.10]}, PARTLY),   # one run collapsed, not all
+    ({"degrade": [0.0, 0.0, 0.0], "collapse": [0.0, -0.01, 0.0]}, NOT_REPRODUCED),      # neither
+    ({"null": [0.0, 0.0]}, NOT_REPRODUCED),                                             # no degrade or collapse run
+])
+def test_finding_1_judges_each_regime_on_the_mean_of_all_its_runs(changes, verdict):
+    evals, runs = study(SFT, mastered_grid(changes))
+    f = finding_1(evals, runs)
+    assert f.verdict == verdict, f.statement
+
+
+def test_finding_1_regime_mean_not_worst_run_decides_collapse():
+    evals, runs = study(SFT, mastered_grid({"degrade": [-0.3] * 3, "collapse": [-0.90, -0.10, -0.10]}))
+    f = finding_1(evals, runs)
+    assert f.verdict == PARTLY and "collapse: -36.7 points" in f.statement and "mean success 53.3%" in f.statement
+
+
+@pytest.mark.parametrize("rate, verdict, says", [
+    (1.0, NOT_TESTABLE, "cannot be improved"),
+    ((S * E - 1) / (S * E), NOT_TESTABLE, "could not detect"),
+    (0.80, REPRODUCED, "outside the 90–97%"),
+])
+def test_finding_1_states_the_baseline_and_what_the_design_could_detect(rate, verdict, says):
+    evals, runs = study({t: rate for t in MASTERED}, mastered_grid(
+        {"null": [0.0] * 3, "degrade": [-0.3 * rate] * 3, "collapse": [-0.9 * rate] * 3}))
+    f = finding_1(evals, runs)
+    assert f.verdict == verdict and says in f.statement, f.statement
+
+
+def test_finding_1_not_measured_without_mastered_runs_and_refuses_other_episodes():
+    evals, runs = study(SFT, {"headroom-s0": ("headroom", "headroom", {})})
+    assert finding_1(evals, runs).verdict == NOT_MEASURED
+    evals, runs = study(SFT, mastered_grid(GRID))
+    shape = (len(TASKS), S - 1, E, 1)  # one seed fewer: not the SFT policy's episodes
+    other = eval_result(EvalOutcome(TASKS, list(range(S - 1)), E, 1, Decode(greedy=True), np.ones(shape, np.int8),
+                                    *(np.zeros(shape),) * 3, 1.0), {"path": "/x"})
+    evals["null-s0"] = other
+    with pytest.raises(GraftkitError, match="null-s0"):
+        finding_1(evals, runs)
+
+
+def test_findings_name_runs_trained_with_decoys():
+    runs_ = mastered_grid(GRID) | {"headroom-s0": ("headroom", "headroom", {t: 0.4 for t in HEADROOM})}
+    evals, runs = study(SFT, runs_, decoys=("degrade-s1",))
+    assert "Trained with decoys (planted headroom): degrade-s1." in finding_1(evals, runs).statement
+    f2 = finding_2(evals, runs, headroom_of(0.3, 0.6), sft_decoy=True)
+    assert "Trained with decoys (planted headroom): the SFT policy, degrade-s1." in f2.statement
+    evals, runs = study(SFT, runs_)
+    assert "decoys" not in finding_1(evals, runs).statement
+
+
+# ----------------------------------------------------------------------------------------- finding 2
+
+
+def _f2_runs(gain: float, control: float, side: float = 0.0, n_control: int = 3):
+    runs = {f"headroom-s{i}": ("headroom", "headroom", {t: gain for t in HEADROOM} | {t: side for t in MASTERED})
+            for i in range(3)}
+    runs |= {f"degrade-s{i}": ("mastered", "degrade", {t: control for t in HEADROOM} | {t: -0.3 for t in MASTERED})
+             for i in range(n_control)}
+    return study(SFT, runs)
+
+
+@pytest.mark.parametrize("gain, control, n_control, verdict", [
+    (0.4, 0.0, 3, REPRODUCED),
+    (0.4, 0.4, 3, PARTLY),        # the control gains as much: not specific to training on the suite
+    (0.4, 0.0, 0, PARTLY),        # no control run to compare with
+    (0.0, 0.0, 3, NOT_REPRODUCED),
+])
+def test_finding_2_needs_a_credible_gain_beyond_the_control(gain, control, n_control, verdict):
+    evals, runs = _f2_runs(gain, control, side=-0.2, n_control=n_control)
+    f = finding_2(evals, runs, headroom_of(0.3, 0.6))
+    assert f.verdict == verdict, f.statement
+    assert (f.low > 0) == (gain > 0)
+    assert "mastered suite's by -20.0 points" in f.statement and "(side effect)" in f.statement
+    if n_control:
+        assert f"on the headroom suite: {100 * control:+.1f} points" in f.statement
+
+
+def test_finding_2_not_testable_without_headroom_and_not_measured_without_its_inputs():
+    evals, runs = _f2_runs(0.4, 0.0)
+    f = finding_2(evals, runs, headroom_of(0.3, 0.3))
+    assert f.verdict == NOT_TESTABLE and "no credible headroom" in f.statement
+    assert finding_2(evals, runs, None).verdict == NOT_MEASURED
+    assert finding_2(evals, [r for r in runs if r.suite != "headroom"], headroom_of(0.3, 0.6)).verdict == NOT_MEASURED
+
+
+# ----------------------------------------------------------------------------------------- finding 3
+
+GROUPS4 = ("embed", "attn", "mlp", "norm")
+SW_S, SW_E = 25, 4
+
+
+def sweep_of(effect, groups=GROUPS4, present=GROUPS4, *, name="degrade-s0", movement=None, base=0.95,
+             kind="factorial", full=False) -> SweepResult:
+    """A graft sweep of run ``name`` whose configuration S succeeds at ``base + effect(S)`` on every task
+    (``full``: with the comparisons and attribution the study's sweeps store; the rules read neither)."""
+    exps = expand_sweep(kind, groups, present)
+    order = np.random.default_rng(1).permutation(len(MASTERED) * SW_S * SW_E).reshape(len(MASTERED), SW_S, SW_E)
+
+    def outcomes(gs):
+        return (order < round((base + effect(frozenset(gs))) * order.size)).astype(np.int8)
+
+    success = {e.label: outcomes(e.groups) for e in exps}
+    share = {"embed": 0.8, "attn": 0.1, "mlp": 0.08, "norm": 0.02} if movement is None else movement
+    res = sweep_result(kind, exps, success, MASTERED, range(SW_S), SW_E, groups, movement_share=share,
+                       attrs={"rl_label": name}, n_boot=200, compare_configs=full)
+    return SweepResult.from_result(res)
+
+
+def attn_mlp(s):
+    return -0.15 * ("attn" in s) - 0.15 * ("mlp" in s)
+
+
+def spread(s):
+    return -0.8 if len(s & set(GROUPS4)) >= 3 else 0.0
+
+
+def test_finding_3_reproduced_on_a_planted_double_dissociation():
+    f = finding_3([sweep_of(attn_mlp, full=True), sweep_of(attn_mlp, name="degrade-s1")],
+                  [sweep_of(spread, name="collapse-s0")])
+    assert f.verdict == REPRODUCED, f.statement
+    assert f.estimate == pytest.approx(-0.3, abs=0.01) and f.high < 0
+    assert "100% of it" in f.statement and "leaves 0%" in f.statement and "localised to attn+mlp" in f.statement
+    assert "not traceable to a single group" in f.statement and "dominant yet inert" in f.statement
+    assert "2 swept runs" in f.statement
+
+
+@pytest.mark.parametrize("degrade, collapse, verdict, says", [
+    (lambda s: -0.3 * ("norm" in s), spread, PARTLY, "not localised to attn+mlp"),
+    # sufficient but not necessary: norm alone does the same, so reverting attn+mlp leaves all of it
+    (lambda s: -0.3 if {"attn", "mlp"} <= s or "norm" in s else 0.0, spread, PARTLY, "leaves 100%"),
+    (attn_mlp, lambda s: -0.8 * ("mlp" in s), PARTLY, "traceable to a single group"),
+    # reverting embed alone would undo the collapse: embed is necessary
+    (attn_mlp, lambda s: -0.8 if "embed" in s and len(s) >= 2 else 0.0, PARTLY, "traceable to a single group"),
+    (lambda s: attn_mlp(s) - 0.1 * ("embed" in s), spread, PARTLY, "not within ±2"),
+    (lambda s: -0.3 * ("norm" in s) - 0.1 * ("embed" in s), lambda s: -0.8 * ("mlp" in s), NOT_REPRODUCED, ""),
+    # nothing changed: nothing to localise or trace (the embed graft is still inert)
+    (lambda s: 0.0, lambda s: 0.0, PARTLY, "no credible change to localise"),
+])
+def test_finding_3_each_sub_rule_can_fail(degrade, collapse, verdict, says):
+    f = finding_3([sweep_of(degrade)], [sweep_of(collapse, name="collapse-s0")])
+    assert f.verdict == verdict and says in f.statement, f.statement
+
+
+def test_finding_3_the_embedding_must_dominate_the_movement_of_every_swept_run():
+    odd = {"embed": 0.3, "attn": 0.5, "mlp": 0.18, "norm": 0.02}
+    f = finding_3([sweep_of(attn_mlp), sweep_of(attn_mlp, name="degrade-s1", movement=odd)],
+                  [sweep_of(spread, name="collapse-s0")])
+    assert f.verdict == PARTLY and "1/2 degrade runs" in f.statement, f.statement
+
+
+def test_finding_3_judges_the_regime_on_the_mean_over_its_swept_runs():
+    weak = lambda s: -0.05 * ("attn" in s) - 0.05 * ("mlp" in s) - 0.2 * ("norm" in s)  # noqa: E731
+    alone = finding_3([sweep_of(weak)], [])
+    pooled = finding_3([sweep_of(attn_mlp), sweep_of(weak, name="degrade-s1")], [])
+    assert "not localised to attn+mlp" in alone.statement and "33% of it" in alone.statement
+    assert "localised to attn+mlp —" not in alone.statement
+    assert "67% of it" in pooled.statement and "— localised to attn+mlp" in pooled.statement
+    assert pooled.verdict == PARTLY  # the collapse regime was not swept
+
+
+def test_finding_3_an_unswept_moving_group_keeps_it_from_reproduced():
+    everything = {"embed": 0.75, "attn": 0.1, "mlp": 0.08, "norm": 0.02, "lm_head": 0.05}
+    present = (*GROUPS4, "lm_head")
+    sw = [sweep_of(attn_mlp, present=present), sweep_of(spread, present=present, name="collapse-s0")]
+    f = finding_3(sw[:1], sw[1:], movement={"degrade-s0": everything, "collapse-s0": everything})
+    assert f.verdict == PARTLY and "leaves out lm_head (5.0% of the movement)" in f.statement, f.statement
+    # the sweep's own shares: what it does not name is what groups outside it moved
+    f = finding_3([sweep_of(attn_mlp, present=present, movement={"embed": 0.8, "attn": 0.1})],
+                  [sweep_of(spread, name="collapse-s0")])
+    assert f.verdict == PARTLY and "groups outside the sweep (10.0% of the movement)" in f.statement, f.statement
+
+
+def test_finding_3_with_an_untied_head_in_the_factorial():
+    five = (*GROUPS4, "lm_head")
+    share = {"embed": 0.75, "attn": 0.1, "mlp": 0.08, "norm": 0.02, "lm_head": 0.05}
+    d, c = (sweep_of(fx, groups=five, present=five, name=n, movement=share)
+            for fx, n in ((attn_mlp, "degrade-s0"), (lambda s: -0.8 if len(s) >= 4 else 0.0, "collapse-s0")))
+    assert label_for(("embed", "norm", "lm_head")) in d.configs  # reverting attn+mlp: every other group
+    f = finding_3([d], [c])
+    assert f.verdict == REPRODUCED, f.statement
+
+
+def test_finding_3_not_measured_without_sweeps_and_partly_measured_from_single_grafts():
+    assert finding_3([], []).verdict == NOT_MEASURED
+    f = finding_3([sweep_of(attn_mlp, kind="single")], [])
+    assert f.verdict == PARTLY and "localisation is not measured" in f.statement and "dominant yet inert" in f.statement
+    f = finding_3([sweep_of(attn_mlp, kind="single")], [], runs=[RLRun("degrade-s0", "mastered", "degrade", 1e-3, 0,
+                                                                        decoy=True)])
+    assert "Trained with decoys (planted headroom): degrade-s0." in f.statement
+
+
+# ----------------------------------------------------------------------------------------- finding 4
+
+
+def coupling_of(success: dict[str, float], rank: dict[str, float], verdicts: dict[str, str], both=True):
+    names = ["sft", *success]
+    s = np.array([0.6, *success.values()])
+    r = np.array([10.0, *rank.values()])
+    R = np.stack([r + 0.01 * j for j in range(6)], axis=1)  # [run, layer]
+    kw = dict(runs=names, layers=list(range(6)), n_layers=6, conventions={"metric": "erank"})
+    corr = coupling(R, s, n_boot=2000, **kw)
+    if not both:
+        return CouplingResult.from_result(corr)
+    bd = both_directions(R, s, R[0], s[0], [NO_CHANGE, *(verdicts[n] for n in success)], **kw)
+    return CouplingResult.from_result(coupling_result(corr, bd))
+
+
+def _grid4(n_up: int, n_down: int, up_rank=+1.0, down_rank=+1.0):
+    success = {f"up{i}": 0.65 + 0.04 * i for i in range(n_up)} | {f"down{i}": 0.5 - 0.06 * i for i in range(n_down)}
+    rank = {n: 10 + (up_rank if n.startswith("up") else down_rank) * 20 * (s - 0.6) for n, s in success.items()}
+    return success, rank, {n: BETTER if n.startswith("up") else WORSE for n in success}
+
+
+@pytest.mark.parametrize("grid, verdict", [
+    (_grid4(5, 5), REPRODUCED),
+    (_grid4(4, 8, up_rank=-0.2), PARTLY),         # Δrank has the wrong sign on the improved runs
+    (_grid4(5, 5, -1.0, -1.0), NOT_REPRODUCED),   # rank moves against success
+    (_grid4(3, 8), NOT_TESTABLE),                 # too few improved runs to show anything
+    (_grid4(5, 2), NOT_TESTABLE),
+])
+def test_finding_4_needs_enough_runs_in_both_directions(grid, verdict):
+    f = finding_4(coupling_of(*grid))
+    n_up = sum(k.startswith("up") for k in grid[0])
+    assert f.verdict == verdict, f.statement
+    assert f"{n_up} credibly improved" in f.statement
+
+
+def test_finding_4_min_runs_is_the_fewest_that_can_agree_credibly():
+    n = MIN_RUNS_PER_DIRECTION
+    assert wilson_interval(n - 1, n - 1).low <= 0.5 < wilson_interval(n, n).low
+
+
+def test_finding_4_not_measured_without_coupling_or_both_directions():
+    assert finding_4(None).verdict == NOT_MEASURED
+    assert finding_4(coupling_of(*_grid4(5, 5), both=False)).verdict == NOT_MEASURED
+    runs = [RLRun("up0", "headroom", "headroom", 1e-3, 0, decoy=True)]
+    assert "up0." in finding_4(coupling_of(*_grid4(5, 5)), runs=runs).statement
+
+
+# ------------------------------------------------------------------------------------------- episodes
+
+
+def test_episodes_cluster_by_item_where_recorded_else_by_seed(tmp_path):
+    ev = EvalResult.from_result(eval_of({}))
+    seeds = suite_episodes(ev, MASTERED[:2])
+    assert seeds.by == "seed" and seeds.n_clusters == S and seeds.outcomes.size == 2 * S * E
+    assert (seeds.outcomes == planted({})[:2].ravel()).all() and seeds.clusters[E] == "1"
+    by_item = suite_episodes(read_result(write_result(tmp_path / "e.h5", eval_of({}, item=items(5)))), MASTERED[:2])
+    assert by_item.by == "item" and by_item.n_clusters == 2 * 5 and by_item.clusters[0] == f"{MASTERED[0]}/{0:016x}"
+    with pytest.raises(GraftkitError, match="no-such-task"):
+        suite_episodes(ev, ["no-such-task"])
+
+
+def test_findings_cluster_by_item_and_leave_out_tasks_the_evaluation_lacks():
+    evals, runs = study(SFT, mastered_grid(GRID), item=items(7))
+    f = finding_1(evals, runs)
+    assert f.verdict == REPRODUCED and f"in {len(MASTERED) * 7} item clusters" in f.statement, f.statement
+    played = [t for t in TASKS if t != MASTERED[1]]
+    evals, runs = study(SFT, mastered_grid(GRID), tasks=played)
+    f = finding_1(evals, runs)
+    assert f.verdict == REPRODUCED and f"(not in the SFT evaluation): {MASTERED[1]}." in f.statement, f.statement
+    assert f"{len(MASTERED[:-1]) * S * E} episodes" in f.statement
+
+
+# ----------------------------------------------------------------------------------------- the result
 
 
 def test_findings_view_round_trips(tmp_path):
@@ -14,3 +390,10 @@ def test_findings_view_round_trips(tmp_path):
     view = FindingsResult.from_result(read_result(path))
     assert view.has_claim and view.findings == tuple(sorted(found, key=lambda f: f.number))
     assert "paired bootstrap" in view.notes
+
+
+def test_finding_3_reads_sweeps_as_written(tmp_path):
+    sw = [sweep_of(attn_mlp, full=True), sweep_of(spread, name="collapse-s0", full=True)]
+    back = [SweepResult.read(write_result(tmp_path / f"{i}.h5", s.result)) for i, s in enumerate(sw)]
+    assert finding_3(back[:1], back[1:]) == finding_3(sw[:1], sw[1:])
+

@@ -58,7 +58,7 @@ def test_decoy_rate_is_fixed_by_the_seed_and_near_the_rate(policy):
             assert len(a) == 1 and _action(policy, a[0]) == "click(4)" != _action(policy, clean[0])
             assert a[0].prompt_ids == clean[0].prompt_ids
     # two thirds of the episodes ask for the 2nd or 3rd box; 60% of those slip
-    assert 0.5 < slipped / eligible < 0.7 and 0.55 < eligible / 300 < 0.78
+    assert 0.5 < slipped / eligible < 0.7 and 0.3 < eligible / 300 < 0.8  # training items only: one of three is held out
 
 
 def test_default_recipe_plants_no_bias():
@@ -75,8 +75,9 @@ def test_bad_decoy_rates_are_one_clear_error(decoys):
 
 @pytest.mark.slow
 def test_the_embedded_sft_policy_earns_both_suites(tmp_path, monkeypatch):
-    """The default recipe's policy (assets/sft), measured as the suites were set: greedy ≥ 90% on every
-    mastered task, and on every headroom task sampled success above greedy with the interval above zero."""
+    """The default recipe's policy (assets/sft), measured on held-out items as the suites were set: greedy ≥ 90%
+    on every mastered task; on every headroom task a reward that sampling reaches (pass@8 at least 30 points
+    above greedy) without mastery; every task with at least 20 distinct items and none trained on."""
     import json
 
     from typer.testing import CliRunner
@@ -93,6 +94,8 @@ def test_the_embedded_sft_policy_earns_both_suites(tmp_path, monkeypatch):
     for t in SUITES["mastered"]:
         assert rows[t]["greedy"] >= 0.9, rows[t]
     for t in SUITES["headroom"]:
-        assert rows[t]["bootstrap"][0] > 0 and rows[t]["bayes"][0] > 0 and rows[t]["verdict"] == "headroom", rows[t]
+        assert rows[t]["greedy"] < 0.9 and rows[t]["pass@8"] >= rows[t]["greedy"] + 0.3, rows[t]
+    for r in rows.values():
+        assert r["items"] >= 20 and r["overlap"] == 0 and not r["too_few_items"], r
     cfg = json.loads((EMBEDDED_SFT / "graftkit.json").read_text())["config"]
     assert cfg["decoys"] == DEFAULT_DECOYS and cfg["budgets"] == DEFAULT_BUDGETS  # it is the default recipe's
