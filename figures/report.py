@@ -222,6 +222,9 @@ def _success(loaded: Sequence[Loaded]) -> Section:
     if not refs:
         named = [x for x in drawable if "sft" in x.label.lower()]
         refs = named if len({_model_path(x.result.attrs) for x in named}) == 1 else []
+    for item in refs or drawable[:1]:
+        if line := success.item_line(item.result):
+            sec.notes.append(f"{item.label}: {line}")
     by_ref: dict[str, list[tuple[str, dict[str, Comparison]]]] = {}
     for item in drawable:
         if item in refs:
@@ -238,7 +241,7 @@ def _success(loaded: Sequence[Loaded]) -> Section:
         sec.panels.append(Panel(success.paired_differences(ref_label, rows),
                                 f"Paired difference in success against the SFT model {ref_label} on identical "
                                 "episodes (same tasks, seeds and episodes), with the 95% paired bootstrap interval "
-                                "(seeds, then episodes); the verdict needs both the bootstrap and the Bayesian "
+                                "(clusters of episodes: by item where the results kept items, else by seed); the verdict needs both the bootstrap and the Bayesian "
                                 "interval to exclude zero."))
     return sec
 

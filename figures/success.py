@@ -39,18 +39,39 @@ def task_rates(res: Result, level: float = 0.95) -> dict[str, RateInterval]:
 def paired_vs(reference: Result, model: Result, level: float = 0.95) -> dict[str, Comparison]:
     """``model`` against ``reference`` per shared task (and pooled) on identical episodes.
 
-    Empty when the two were not evaluated on the same seeds, episodes and samples per episode (then no
-    pairing exists and nothing is claimed)."""
+    Empty when the two were not evaluated on the same seeds, episodes and samples per episode, or on
+    different items (then no pairing exists and nothing is claimed). Intervals cluster by item where the
+    results kept items (``EvalResult.clustered``), else by seed."""
     a, b = EvalResult.from_result(reference), EvalResult.from_result(model)
     if not np.array_equal(a.seeds, b.seeds) or a.success.shape[2:] != b.success.shape[2:]:
         return {}
     shared = [t for t in b.tasks if t in a.tasks]
-    if not shared:
+    if not shared or any(_items_differ(a, b, t) for t in shared):
         return {}
-    out = {t: compare(a.outcomes([t]), b.outcomes([t]), level=level) for t in shared}
+
+    def one(tasks):
+        (x, clusters), (y, _) = a.clustered(tasks), b.clustered(tasks)
+        return compare(x, y, level=level, clusters=clusters)
+
+    out = {t: one([t]) for t in shared}
     if len(shared) > 1:
-        out[ALL_TASKS] = compare(a.outcomes(shared), b.outcomes(shared), level=level)
+        out[ALL_TASKS] = one(shared)
     return out
+
+
+def _items_differ(a: EvalResult, b: EvalResult, task: str) -> bool:
+    ia, ib = a.items_of(task), b.items_of(task)
+    return ia is not None and ib is not None and not np.array_equal(ia, ib)
+
+
+def item_line(res: Result) -> str | None:
+    """One line on an evaluation's items: distinct items / episodes per task, and the overlap with training."""
+    counts = EvalResult.from_result(res).item_counts()
+    if not counts:
+        return None
+    parts = [f"{t} {c['distinct']}/{c['episodes']}" + (" (too few)" if c["too_few"] else "") for t, c in counts.items()]
+    return (f"Evaluation items (distinct / episodes): {', '.join(parts)}; items outside the held-out split: "
+            f"{sum(c['overlap'] for c in counts.values())}.")
 
 
 def headroom_of(res: Result, level: float = 0.95) -> HeadroomTable | None:

@@ -93,3 +93,29 @@ def test_grpo_prompts_are_training_items():
     assert len(items) == 120 and not any(is_heldout(i) for _, i in items)
     held = set(plan_episodes(["enter-text"], range(25), 2)[2].ravel())
     assert not held & {i for t, i in items if t == "enter-text"}
+
+
+def _eval_with_items(items, success):
+    from graftkit.evaluation import EvalResult
+
+    tasks = ("click-tab",)
+    return EvalResult(tasks, np.arange(items.shape[0]), success[None, ..., None].astype(np.int8),
+                      attrs={"items": "heldout"}, item=items[None].astype(object)).to_result()
+
+
+def test_report_states_items_and_refuses_to_pair_other_items():
+    from graftkit.figures.success import item_line, paired_vs
+
+    held = [f"{4 * k:016x}" for k in range(40)]  # digests ≡ 0 mod 4: held out
+    items = np.array(held[:20]).reshape(10, 2)
+    a = _eval_with_items(items, np.ones((10, 2)))
+    b = _eval_with_items(items, np.zeros((10, 2)))
+    line = item_line(a)
+    assert "click-tab 20/20" in line and "held-out split: 0" in line
+    assert paired_vs(a, b)["click-tab"].diff == -1.0
+    other = _eval_with_items(np.array(held[20:]).reshape(10, 2), np.zeros((10, 2)))
+    assert paired_vs(a, other) == {}  # other items: no pairing, nothing claimed
+    few = _eval_with_items(np.array([held[0]] * 20).reshape(10, 2), np.ones((10, 2)))
+    assert "click-tab 1/20 (too few)" in item_line(few)
+    trained = _eval_with_items(np.array([f"{4 * k + 1:016x}" for k in range(20)]).reshape(10, 2), np.ones((10, 2)))
+    assert "held-out split: 20" in item_line(trained)
