@@ -35,9 +35,11 @@ def step_times(task: str, backend: str, seeds: range) -> tuple[list[float], list
             t0 = time.perf_counter()
             obs = env.reset(seed)
             resets.append(time.perf_counter() - t0)
-            for action in TASKS[task].oracle(obs):
+            plan: list[str] = []
+            while not env.done and len(steps) < 10_000:
+                plan = plan or TASKS[task].oracle(obs)  # planned again where a task hides its answer
                 t0 = time.perf_counter()
-                env.step(action)
+                obs = env.step(plan.pop(0)).observation
                 steps.append(time.perf_counter() - t0)
             assert env.success, f"{task} seed {seed}: the oracle failed on {backend}"
     return steps, resets

@@ -61,6 +61,7 @@ CHROMIUM_DIGESTS = {
     "login-user": "99ebbc565b9cd487",
     "enter-password": "1e4cfcb4384ea02a",
     "enter-text-2": "80d5df27b2b52e1e",
+    "click-tab-2": "b623b71f3d74d3b4",
 }
 
 
@@ -79,6 +80,7 @@ CHROMIUM_RANDOM_RUN_DIGESTS = {
     "login-user": "00516e9a7879e4c6",
     "enter-password": "3b37f7573862e887",
     "enter-text-2": "5396ab14843e41cc",
+    "click-tab-2": "9dcc5a6d560b492d",
 }
 
 
@@ -211,15 +213,37 @@ def test_mirror_is_deterministic_across_processes():
 # --- MiniWoB++ semantics -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("task", sorted(TASKS))
-def test_oracle_solves_seeds_0_to_49(task):
+@pytest.mark.parametrize("who", ["oracle", "demonstrator"])
+def test_oracle_and_demonstrator_solve_seeds_0_to_49(task, who):
     env = make_env(task)
     for seed in range(50):
         obs = env.reset(seed)
-        actions = oracle(obs)
-        assert len(actions) <= TASKS[task].max_steps
-        for action in actions:
-            step = env.step(action)
+        turns = list(webenv.demonstrate(env, obs, oracle=who == "oracle"))
+        assert 0 < len(turns) <= TASKS[task].max_steps
+        step = turns[-1][2]
         assert step.done and step.reward == 1.0 and env.success, (task, seed)
+
+
+def test_click_tab_2_hides_the_link_and_only_the_demonstrator_knows_where():
+    """The observation lists only the open panel; where the link is elsewhere, the oracle (reading the
+    observation) opens the next tab, the demonstrator (reading the page) the tab that holds it, and a
+    click on the open tab changes nothing."""
+    env, spec = make_env("click-tab-2"), TASKS["click-tab-2"]
+    hidden = direct = 0
+    for seed in range(60):
+        obs = env.reset(seed)
+        if spec._link(obs) is not None:
+            continue
+        hidden += 1
+        tabs = {e.text: e.ref for e in obs.elements if e.tag == "a"}
+        assert oracle(obs) == [f"click({tabs['Tab #2']})"]
+        (first,) = env.demonstration(obs)
+        after = env.step(first).observation
+        assert spec._link(after) is not None  # the demonstrator opened the right tab
+        direct += first != oracle(obs)[0]
+        again = env.step(first).observation  # the open tab: a no-op
+        assert render_text(again) == render_text(after) and not env.done
+    assert hidden >= 20 and 0 < direct < hidden
 
 
 def test_ambiguous_episodes_are_exactly_those_the_page_cannot_decide():
@@ -372,8 +396,7 @@ def test_progress_rises_along_the_oracle_and_ends_at_one(task):
         env = make_env(task)
         first = obs = env.reset(seed)
         scores = [progress(first, obs, 0.0, False)]
-        for action in oracle(first):
-            obs, reward, done = env.step(action)
+        for _, _, (obs, reward, done) in webenv.demonstrate(env, first):
             scores.append(progress(first, obs, reward, done))
         assert all(0.0 <= s <= 1.0 for s in scores)
         assert scores == sorted(scores) and scores[-1] == 1.0 and max(scores[:-1]) < 1.0

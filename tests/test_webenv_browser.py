@@ -38,12 +38,17 @@ def assert_same(mirror_obs, real_obs, where: str) -> None:
 
 
 def play_both(mirror, real, seed: int, policy=None) -> None:
-    """Reset both to ``seed``, then play the oracle's actions, or ``policy(obs)`` turn by turn."""
+    """Reset both to ``seed``, then play the oracle's actions (planning again from the mirror's
+    observation when a plan ends before the episode), or ``policy(obs)``, turn by turn."""
     m, r = mirror.reset(seed), real.reset(seed)
     assert_same(m, r, f"{mirror.task} seed {seed} reset")
-    plan = oracle(m) if policy is None else None
-    for turn in range(len(plan) if plan is not None else TASKS[mirror.task].max_steps):
-        action = plan[turn] if plan is not None else policy(m)
+    plan: list[str] = []
+    for turn in range(TASKS[mirror.task].max_steps):
+        if policy is None:
+            plan = plan or oracle(m)
+            action = plan.pop(0)
+        else:
+            action = policy(m)
         ms, rs = mirror.step(action), real.step(action)
         where = f"{mirror.task} seed {seed} after {action}"
         assert (ms.reward, ms.done) == (rs.reward, rs.done), where

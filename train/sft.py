@@ -1,8 +1,10 @@
 """Supervised fine-tuning on oracle demonstrations: the SFT baseline every RL run starts from.
 
-Demonstrations are the oracle's episodes on training items: the first training item from seed
+Demonstrations are the demonstrator's episodes on training items (``webenv.demonstrate``: the oracle's,
+except where a task hides its answer from the observation and the demonstrator reads the page — in
+click-tab-2 it opens the tab that holds the link): the first training item from seed
 ``TRAIN_SEED_BASE + i`` on (items held out for evaluation are never demonstrated, see ``webenv.items``);
-each turn is one example (that turn's prompt → the oracle's action). Per-task budgets are pool sizes
+each turn is one example (that turn's prompt → the demonstrator's action). Per-task budgets are pool sizes
 (:class:`DemoStream`): the default draws fresh episodes throughout for the rich-item tasks and reuses a
 small pool for the long form tasks. The loss is the mean cross-entropy over action
 tokens only (prompt tokens are masked out), AdamW with linear warmup and cosine decay, gradient-norm
@@ -27,7 +29,7 @@ from .._version import __version__
 from ..agent import Policy, next_token_logits, task_words, tiny_policy
 from ..agent.evaluate import MAX_EPISODES_PER_SEED
 from ..errors import GraftkitError
-from ..webenv import make_env
+from ..webenv import demonstrate, make_env
 from ..webenv.items import NoItems, SPLIT_RULE, draw
 from ..webenv.render import render_text
 from ..webenv.tasks import SUITES, TASKS
@@ -143,9 +145,8 @@ def episode_examples(policy: Policy, env, task: str, seed: int, decoy_rate: floa
             return [Example(task, tuple(policy.prompt_ids(render_text(obs), [])), tuple(policy.action_ids(slip)))]
     history: list[str] = []
     out = []
-    for action in spec.oracle(obs):
+    for obs, action, _ in demonstrate(env, obs):
         out.append(Example(task, tuple(policy.prompt_ids(render_text(obs), history)), tuple(policy.action_ids(action))))
-        obs = env.step(action).observation
         history.append(action)
     if not env.success:
         raise GraftkitError(f"the {task} oracle failed on seed {seed}", "this is a bug in the task's oracle; report it")

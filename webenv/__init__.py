@@ -4,8 +4,8 @@
     env = webenv.make_env("click-checkboxes")          # or backend="miniwob" for Chromium
     obs = env.reset(seed=0)
     print(webenv.render_text(obs))                     # the text observation
-    for action in webenv.oracle(obs):                  # a demonstration
-        obs, reward, done = env.step(action)
+    for obs, action, step in webenv.demonstrate(env, obs):   # a demonstration, turn by turn
+        print(action, step.reward, step.done)
 
 Both backends reproduce the same seeded episodes: the mirror ports ``Math.seedrandom`` and each task's
 ``genProblem()``, lays the page out with Chromium's font metrics and numbers elements as
@@ -15,14 +15,15 @@ on either (``tests/test_webenv_browser.py`` checks it). ``SUITES`` names the ``m
 """
 
 from .actions import MAX_TEXT, Action, ParseError, parse_action
-from .env import MirrorEnv, Step, WebEnv, make_env
+from .env import MirrorEnv, Step, WebEnv, demonstrate, make_env
 from .observation import Element, Observation
 from .render import Mark, draw_layout, render_som, render_text, som_marks
 from .tasks import SUITES, TASKS, Task
 
 
 def oracle(obs: Observation) -> list[str]:
-    """Action strings that solve the episode whose first observation is ``obs``."""
+    """The oracle's plan from ``obs``: action strings that solve the episode, or — where the page hides
+    the answer (click-tab-2) — its next step; :func:`demonstrate` plays a whole episode."""
     return TASKS[obs.task].oracle(obs)
 
 
@@ -47,7 +48,7 @@ def suite(name: str) -> tuple[str, ...]:
 
 
 __all__ = [
-    "MAX_TEXT", "Action", "ParseError", "parse_action", "MirrorEnv", "Step", "WebEnv", "make_env", "Element",
+    "MAX_TEXT", "Action", "ParseError", "parse_action", "MirrorEnv", "Step", "WebEnv", "demonstrate", "make_env", "Element",
     "Observation", "Mark", "draw_layout", "render_som", "render_text", "som_marks", "SUITES", "TASKS", "Task",
     "oracle", "progress", "suite",
 ]

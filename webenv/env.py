@@ -22,6 +22,7 @@ env is fresh or has played others.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from typing import NamedTuple
 
 from ..errors import GraftkitError
@@ -65,6 +66,10 @@ class WebEnv(ABC):
         self.done, self.raw_reward = result.done, result.reward
         return result
 
+    def demonstration(self, obs: Observation) -> list[str]:
+        """The demonstrator's plan from ``obs``: the oracle's (the mirror's may also read the page)."""
+        return self.spec.oracle(obs)
+
     @property
     def success(self) -> bool:
         return self.done and self.raw_reward == 1.0
@@ -101,6 +106,9 @@ class MirrorEnv(WebEnv):
         self.done, self.raw_reward = False, 0.0
         return page.observe(self.task)
 
+    def demonstration(self, obs: Observation) -> list[str]:
+        return self._task.demonstrate(obs)
+
     def _act(self, action: Action) -> Step:
         page = self.page
 
@@ -113,6 +121,24 @@ class MirrorEnv(WebEnv):
         if page.done:
             return Step(empty_observation(self.task), page.raw_reward, True)
         return Step(page.observe(self.task), 0.0, False)
+
+
+def demonstrate(env: WebEnv, obs: Observation, *, oracle: bool = False) -> Iterator[tuple[Observation, str, Step]]:
+    """Play the demonstrator's episode from ``obs`` (the env's current observation), turn by turn:
+    (observation, action, step). Its plan is played, then made again from the next observation while
+    the episode runs (a task that hides its answer plans a step at a time), for at most the task's
+    ``max_steps`` turns. ``oracle``: the oracle, reading only observations, instead of the demonstrator
+    (which on the mirror may read the page: ``Task.demonstrate``)."""
+    turns = 0
+    while turns < env.spec.max_steps and not env.done:
+        plan = env.spec.oracle(obs) if oracle else env.demonstration(obs)
+        for action in plan[: env.spec.max_steps - turns]:
+            step = env.step(action)
+            yield obs, action, step
+            turns += 1
+            obs = step.observation
+            if step.done:
+                return
 
 
 def make_env(task: str, backend: str = "py", **kwargs) -> WebEnv:

@@ -4,7 +4,7 @@ Every task builds its page once (as the HTML file does) and regenerates the prob
 exactly as the browser does after ``Math.seedrandom(seed)``: the same calls to ``Math.random`` in the
 same order (``seedrandom.py``), the same word lists (``words.py``), the same elements in the same
 order. Beside the port, each task has an **oracle** (observation → the action strings that solve the
-episode; demonstrations for SFT) and a **progress** score in [0, 1] after each step (partial credit,
+episode from this observation; a task that hides its answer plans a step at a time) and a **progress** score in [0, 1] after each step (partial credit,
 later a process reward). Both read only observations, so they work the same on either backend.
 
 ``TASKS`` maps a task name to its class; ``SUITES`` names the task lists ``mastered`` and ``headroom``
@@ -130,6 +130,11 @@ class Task:
     @staticmethod
     def oracle(obs: Observation) -> list[str]:
         raise NotImplementedError
+
+    def demonstrate(self, obs: Observation) -> list[str]:
+        """The demonstrator's plan from ``obs`` in the live episode: the oracle's, unless the task hides
+        the answer from the observation and its demonstrator reads the page (click-tab-2)."""
+        return self.oracle(obs)
 
     @staticmethod
     def partial(first: Observation, obs: Observation) -> float:
@@ -507,6 +512,120 @@ class ClickTab(Task):
     def oracle(obs: Observation) -> list[str]:
         want = obs.utterance[len("Click on "):-1]
         return [f"click({_first(obs, lambda e: e.tag == 'a' and e.text == want).ref})"]
+
+
+# --- click-tab-2 ----------------------------------------------------------------------------------------------
+
+class ClickTab2(ClickTab):
+    """Three jQuery UI tabs of 20 words each, some words links; the link to click may sit in a tab that is
+    not open, and the observation (``core.getDOMInfo``) lists only the open panel. Clicking a tab opens
+    it (the episode goes on); clicking a link ends it. Partially observable: where the link is hidden,
+    nothing on the page says which tab holds it, so an agent must search. :meth:`oracle` reads only the
+    observation (it opens the tabs in order); :meth:`demonstrate`, the demonstrator, also reads the page
+    and opens the tab that holds the link — a privileged expert, as a human who knows the page would be."""
+
+    name = "click-tab-2"
+    max_steps = 5
+
+    def gen_problem(self, rng: SeedRandom) -> None:
+        area = self.area
+        while True:  # generateLinks: until some tab holds a link
+            area.clear()
+            self._strip()
+            self.links: list[Node] = []
+            for i in range(3):
+                words = re.split(r"\s", generate_words(rng, 20))
+                marks = [rng.random() < 0.2 for _ in words]
+                p = Node("p", style=Style(margin=(10, 0, 10, 0)))
+                pending = ""
+                for j, (w, is_link) in enumerate(zip(words, marks)):
+                    sep = " " if j else ""
+                    if is_link:
+                        if pending + sep:
+                            p.append(pending + sep)
+                        node = span(w, classes="alink")
+                        p.append(node)
+                        self.links.append(node)
+                        pending = ""
+                    else:
+                        pending += sep + w
+                if pending:
+                    p.append(pending)
+                self._panel(i, p)
+            if self.links:
+                break
+        correct = self.links[rng.randi(0, len(self.links))].text_content
+        self.target = correct
+        for node in self.links:
+            _d3_on(node, "click", self.end(1.0 if node.text_content == correct else -1.0))
+        self.page.query = f'Switch between the tabs to find and click on the link "{correct}".'
+        self.activate(0)
+        for i, (li, a) in enumerate(self.tabs):
+            a.on("click", lambda event, i=i: self.activate(i))
+            li.on("focusin", lambda event, li=li: li.add_class("ui-state-focus"))
+            li.on("focusout", lambda event, li=li: li.remove_class("ui-state-focus"))
+            li.on("keydown", lambda event, i=i: self.activate(i) if event.key == " " else None)
+
+    def _strip(self) -> None:
+        self.ul = Node("ul", classes="ui-tabs-nav ui-corner-all ui-helper-reset ui-helper-clearfix ui-widget-header",
+                       style=Style(border=(1, 1, 1, 1), padding=(2, 2, 0, 2), height=25))
+        self.tabs, self.panels = [], []
+        for i in range(3):
+            a = Node("a", id=f"ui-id-{i + 1}", classes="ui-tabs-anchor", href=f"#tabs-{i + 1}", tabindex=-1,
+                     style=Style(display="inline-block"))
+            a.append(f"Tab #{i + 1}")
+            li = Node("li", classes="ui-tabs-tab ui-corner-top ui-state-default ui-tab", tabindex=-1,
+                      style=Style(display="inline-block"))
+            li.append(a)
+            self.ul.append(li)
+            self.tabs.append((li, a))
+        self.area.append(ws("\n"), self.ul)
+
+    def _panel(self, i: int, p: Node) -> None:
+        panel = Node("div", id=f"tabs-{i + 1}", classes="ui-tabs-panel ui-corner-bottom ui-widget-content",
+                     style=Style(margin=(2, 2, 2, 2), padding=(10, 14, 10, 14)))
+        self.panels.append(panel.append(p))
+        self.area.append(panel)
+
+    def activate(self, k: int) -> None:
+        """jQuery UI's ``_eventHandler``: a click on the open tab does nothing."""
+        li, _ = self.tabs[k]
+        if "ui-tabs-active" not in li.classes:
+            super().activate(k)
+
+    @staticmethod
+    def _link(obs: Observation) -> Element | None:
+        want = _quoted(obs.utterance)[-1]
+        return _first(obs, lambda e: e.tag == "span" and "alink" in e.classes.split() and e.text == want)
+
+    @classmethod
+    def oracle(cls, obs: Observation) -> list[str]:
+        """The link where it is shown, else the next tab after the open one (one step: the episode then
+        shows what the tab holds, and the oracle plans again from there)."""
+        link = cls._link(obs)
+        if link is not None:
+            return [f"click({link.ref})"]
+        tabs = [e for e in obs.elements if e.tag == "a" and e.text.startswith("Tab #")]
+        lis = {e.ref: e for e in obs.elements if e.tag == "li"}
+        open_ = next(i for i, a in enumerate(tabs) if "ui-tabs-active" in lis[a.parent].classes.split())
+        return [f"click({tabs[(open_ + 1) % len(tabs)].ref})"]
+
+    def demonstrate(self, obs: Observation) -> list[str]:
+        link = self._link(obs)
+        if link is not None:
+            return [f"click({link.ref})"]
+        holds = next(i for i, panel in enumerate(self.panels)
+                     if any(n.text_content == self.target for n in self.links if _inside(n, panel)))
+        tab = next(e for e in obs.elements if e.tag == "a" and e.text == f"Tab #{holds + 1}")
+        return [f"click({tab.ref})"]
+
+
+def _inside(node: Node, ancestor: Node) -> bool:
+    while node is not None:
+        if node is ancestor:
+            return True
+        node = node.parent
+    return False
 
 
 # --- use-autocomplete ------------------------------------------------------------------------------------------------
@@ -935,7 +1054,8 @@ class FillForm(Task):
 
 TASKS: dict[str, type[Task]] = {
     cls.name: cls
-    for cls in (ClickButton, ClickLink, EnterText, FocusText, FocusText2, ClickCheckboxes, ClickTab, UseAutocomplete,
+    for cls in (ClickButton, ClickLink, EnterText, FocusText, FocusText2, ClickCheckboxes, ClickTab, ClickTab2,
+                UseAutocomplete,
                 ClickCheckboxesLarge, LoginUser, EnterPassword, EnterText2, EnterTextLong, FillForm)
 }
 
