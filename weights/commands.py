@@ -48,7 +48,8 @@ class InspectConfig(ReadOptions):
 
 
 def run_inspect(cfg: InspectConfig) -> dict:
-    """Groups, layers, bytes and tied embeddings of ``cfg.model`` (nothing is written)."""
+    """Groups, layers, bytes and tied embeddings of ``cfg.model``, and its taxonomy table (``family``) with
+    how it was found (``matched_by``: model_type, names or generic); nothing is written."""
     if not Path(cfg.model).exists():
         raise GraftkitError(f"{cfg.model}: no such file or folder", "check the MODEL path")
     ck = open_one(cfg.model, allow_pickle=cfg.allow_pickle, unknown=cfg.unknown, config=cfg.config)
@@ -60,6 +61,6 @@ def run_inspect(cfg: InspectConfig) -> dict:
             rows[g] = {"tensors": len(names), "params": sum(ck.metas[n].numel for n in names),
                        "bytes": sum(ck.metas[n].nbytes for n in names)}
     n_dec = tax.n_layers.get(DECODER, 0)
-    return {"path": str(ck.path), "kind": ck.kind, "family": tax.family, "model_type": ck.model_type,
-            "tied_embeddings": tax.tied, "layers": dict(tax.n_layers), "groups": rows,
+    return {"path": str(ck.path), "kind": ck.kind, "family": tax.family, "matched_by": tax.matched_by,
+            "model_type": ck.model_type, "tied_embeddings": tax.tied, "layers": dict(tax.n_layers), "groups": rows,
             "band_rule": band_rule(n_dec) if n_dec else None, "unknown": list(tax.unknown), "notes": list(ck.notes)}

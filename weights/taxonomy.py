@@ -9,10 +9,31 @@ name with four kinds of placeholder, so tables read like the names they match:
 - ``{a,b,c}``        one of the alternatives (an alternative may be empty or contain dots);
 - ``*``              one name segment (no dots); ``**`` anything, dots included.
 
-A table may set ``"fallback_priority"`` (default 10; lower wins) to decide between tables that all
-claim a checkpoint whose config names no model type. Every tensor must be matched by exactly one pattern of its family's table: none is an
-:class:`UnknownTensors` error that lists the names, more than one is a bug in the table (the tests prove
-the partition on a tiny model of every covered architecture).
+A table may also set ``"fallback_priority"`` (default 10; lower wins, see below), ``"generic": true``
+(the one table of no family, below) and ``"notes"`` (why its tensors sit in the groups they do).
+
+Which table classifies a checkpoint, recorded as :attr:`Taxonomy.matched_by` (one of ``MATCHED_BY``):
+
+1. ``"model_type"``: the table that lists the config's ``model_type``; it is authoritative, so a tensor
+   it does not claim is an error even if another table would claim it;
+2. ``"names"``: else (no model type, or one no table lists) the family table that claims every tensor,
+   the lowest ``fallback_priority`` first, then the one that leaves the fewest of its patterns unused.
+   Tables with no model types (``mistral_consolidated``: files without a config.json) are found only so;
+3. ``"generic"``: else ``generic.json``, the decoder conventions most families share
+   (``model.layers.{layer}.self_attn.**``, ``.mlp.**``, ``*norm``, ``embed_tokens``, ``lm_head``), if
+   it claims every tensor. A checkpoint it does not claim fully is refused.
+
+Every tensor must be matched by exactly one pattern of its table: none is an :class:`UnknownTensors`
+error that lists the names, more than one is a bug in the table (the tests prove the partition on a
+tiny model of every covered architecture).
+
+Conventions every table keeps (so tables that claim the same name agree, as the tests check):
+everything under a layer's attention module is ``attn``, its norms included (``q_norm``/``k_norm``,
+DeepSeek's MLA ``q_a_layernorm``/``kv_a_layernorm`` between the latent down- and up-projections);
+experts, shared experts and the router (``gate``, ``e_score_correction_bias``) are ``mlp``; the norms
+around the sublayers and the final norm are ``norm``; a vision tower is ``vision`` whole (its
+embeddings, norms and pooling head included; its blocks are the vision stack) and the multimodal
+projector is ``projector`` whole (its norms, LLaVA-NeXT's ``image_newline``).
 
 Layer bands: for a stack of ``n`` layers, layer ``i`` is in band ``⌊3i/n⌋`` (0 = early, 1 = mid,
 2 = late), so the thirds differ in size by at most one and ``late`` is never larger than ``early``.
@@ -32,6 +53,7 @@ from ..errors import GraftkitError
 GROUPS: tuple[str, ...] = ("embed", "attn", "mlp", "norm", "lm_head", "vision", "projector")
 BANDS: tuple[str, ...] = ("early", "mid", "late")
 DECODER, VISION = "decoder", "vision"
+MATCHED_BY: tuple[str, ...] = ("model_type", "names", "generic")
 _TABLE_DIR = Path(__file__).parent / "architectures"
 
 
@@ -93,9 +115,14 @@ class Table:
     model_types: tuple[str, ...]
     rules: tuple[tuple[str, str, re.Pattern[str]], ...]  # (group, pattern, regex)
     priority: int = 10  # "fallback_priority": which table wins when names alone must decide
+    generic: bool = False  # the table of no family, tried last (see the module docstring)
 
     def matches(self, name: str) -> list[tuple[str, str, re.Match[str]]]:
         return [(g, p, m) for g, p, rx in self.rules if (m := rx.match(name))]
+
+    def unclaimed(self, names: Iterable[str]) -> list[str]:
+        """The names no pattern of this table matches."""
+        return [n for n in names if not self.matches(n)]
 
     def role(self, name: str) -> TensorRole | None:
         hits = self.matches(name)
@@ -125,21 +152,30 @@ def tables() -> tuple[Table, ...]:
         bad = set(raw["groups"]) - set(GROUPS)
         if bad:
             raise GraftkitError(f"{path}: unknown group(s) {sorted(bad)}", f"use one of {GROUPS}")
+        generic = bool(raw.get("generic", False))
+        if generic and raw["model_types"]:
+            raise GraftkitError(
+                f"{path}: a generic table lists model types {raw['model_types']}",
+                "list them in a family table; the generic one applies only to model types no table lists",
+            )
         rules = tuple(
             (group, p, compile_pattern(p)) for group, patterns in raw["groups"].items() for p in patterns
         )
-        out.append(Table(raw["family"], tuple(raw["model_types"]), rules, int(raw.get("fallback_priority", 10))))
+        out.append(Table(raw["family"], tuple(raw["model_types"]), rules,
+                         int(raw.get("fallback_priority", 10)), generic))
     return tuple(out)
 
 
-def table_for(model_type: str | None, names: Iterable[str]) -> Table:
-    """The table listing ``model_type``; without one, the best-fitting table that claims every name."""
+def table_for(model_type: str | None, names: Iterable[str]) -> tuple[Table, str]:
+    """The table that classifies a checkpoint, and how it was found (one of ``MATCHED_BY``): the table
+    listing ``model_type``; else the best-fitting family table that claims every name; else the generic
+    table if it claims every name (the order of the module docstring)."""
     if model_type:
         for t in tables():
             if model_type in t.model_types:
-                return t
+                return t, "model_type"
     names = list(names)
-    complete = [t for t in tables() if all(t.matches(n) for n in names)]
+    complete = [t for t in tables() if not t.generic and not t.unclaimed(names)]
     if complete:
         # Several tables may claim every name (their groups agree, as the tests prove): the family
         # is the one with the lowest "fallback_priority" (Llama's, the most common), then the one
@@ -147,10 +183,20 @@ def table_for(model_type: str | None, names: Iterable[str]) -> Table:
         def fit(t: Table) -> tuple[int, int]:
             return t.priority, sum(1 for _, _, rx in t.rules if not any(rx.match(n) for n in names))
 
-        return min(complete, key=fit)
+        return min(complete, key=fit), "names"
+    generic = sorted((t for t in tables() if t.generic), key=lambda t: t.priority)
+    for t in generic:
+        if not t.unclaimed(names):
+            return t, "generic"
     known = sorted({mt for t in tables() for mt in t.model_types})
+    left = ""
+    if generic:
+        missing = generic[0].unclaimed(names)
+        shown = ", ".join(missing[:5]) + (f", … ({len(missing) - 5} more)" if len(missing) > 5 else "")
+        left = f"; the generic table leaves {len(missing)} of {len(names)} unclaimed: {shown}"
+    subject = f"model_type '{model_type}'" if model_type else "this checkpoint (no model_type)"
     raise GraftkitError(
-        f"no taxonomy table covers model_type '{model_type}' and no table claims all its tensors",
+        f"no taxonomy table covers {subject} and no table claims all its tensors{left}",
         f"add weights/architectures/<family>.json (known model types: {', '.join(known)})",
     )
 
@@ -164,6 +210,7 @@ class Taxonomy:
     tied: bool
     unknown: tuple[str, ...] = ()
     n_layers: Mapping[str, int] = field(default_factory=dict)  # per stack: max index + 1
+    matched_by: str = "model_type"  # how the table was found: one of MATCHED_BY
 
     def group_names(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {g: [] for g in GROUPS}
@@ -188,7 +235,7 @@ def classify(
     if unknown not in ("error", "keep-base"):
         raise GraftkitError(f"--unknown {unknown!r} is not an option", "use 'error' or 'keep-base'")
     names = list(names)
-    table = table_for(model_type, names)
+    table, matched_by = table_for(model_type, names)
     roles: dict[str, TensorRole] = {}
     missing: list[str] = []
     for n in names:
@@ -205,7 +252,7 @@ def classify(
             n_layers[r.stack] = max(n_layers.get(r.stack, 0), r.layer + 1)
     has_head = any(r.group == "lm_head" for r in roles.values())
     return Taxonomy(
-        table.family, roles, tied if tied is not None else not has_head, tuple(missing), n_layers
+        table.family, roles, tied if tied is not None else not has_head, tuple(missing), n_layers, matched_by
     )
 
 
