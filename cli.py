@@ -161,7 +161,7 @@ def inspect(cfg: InspectConfig, as_json: bool):
     if as_json:
         return _print_json(info)
     n_dec = info["layers"].get("decoder", 0)
-    t = _table(f"{escape(info['path'])} — {info['family']}, {n_dec} decoder layers, "
+    t = _table(f"{escape(info['path'])} — {info['family']} table (matched by {info['matched_by']}), {n_dec} decoder layers, "
                f"{'tied' if info['tied_embeddings'] else 'untied'} embeddings", ("group", "tensors", "params", "bytes"),
                left=("group",))
     for g, r in info["groups"].items():
@@ -459,7 +459,7 @@ def rank(cfg: RankConfig, as_json: bool):
             _notes(m["notes"])
             out.print(f"saved {escape(m['result_file'])} ({m['n_prompts']} prompts)")
             continue
-        t = _table(f"{escape(lab)}: {cfg.what} ranks per layer (mean over the layer's matrices; layers "
+        t = _table(f"{escape(lab)}: {cfg.what} ranks per layer (every measure a mean over one set of the layer's matrices, named in --json; layers "
                    f"{escape(cfg.layers)})", ("layer", *shown), fold=("layer",))
         for r in m["layers"]:
             t.add_row(str(r["layer"]), *(f"{r[k]:.4g}" for k in shown))

@@ -107,6 +107,15 @@ class CommandConfig:
         return dataclasses.replace(self, **changes)
 
 
+@dataclass(frozen=True, kw_only=True)
+class RunOption(CommandConfig):
+    """The run folder of a command that writes results (mixed into its config)."""
+
+    run: Path | None = opt(None, flags=("--run",))
+    """Run folder whose results/ this command reads and writes (default: the run named in runs/.current, which
+    graftkit demo writes, else runs/)."""
+
+
 def _strip_optional(tp: Any) -> tuple[Any, bool]:
     args = typing.get_args(tp)
     if typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType", ())) and type(None) in args:

@@ -17,10 +17,10 @@ from typing import Any, ClassVar, Mapping
 
 import numpy as np
 
-from .config import CommandConfig, OnProgress, check_choice, no_progress, opt
+from .config import CommandConfig, OnProgress, RunOption, check_choice, no_progress, opt
 from .errors import GraftkitError
 from .stats import compare, fold_episodes, headroom, pass_at_k, wilson_interval
-from .store import Result, current_run, write_result
+from .store import Result, current_run, result_labels, write_result
 from .webenv.items import SPLIT_RULE
 
 DIMS = ("task", "seed", "episode", "sample")
@@ -40,12 +40,15 @@ def check_obs(obs: str, backend: str) -> None:
 
 
 @dataclass(frozen=True, kw_only=True)
-class EpisodeOptions(CommandConfig):
+class EpisodeOptions(RunOption):
     """Which policy plays which episodes, and how (the fields ``eval`` and ``headroom`` share)."""
 
     model: Path = opt(flags=("--model",))
-    """Policy: an HF causal LM folder with its tokenizer, or an image-text-to-text folder with its processor
-    (for --obs som)."""
+    """Policy: an HF causal LM folder with its tokenizer, an image-text-to-text folder with its processor
+    (for --obs som), a PEFT LoRA adapter (merged into --base in memory), or a trainer's output_dir (its last
+    checkpoint)."""
+    base: Path | None = opt(None, flags=("--base",))
+    """Base model folder of a LoRA adapter policy (default: the adapter's base_model_name_or_path, when local)."""
     tasks: str = "mastered"
     """Suite (mastered, headroom, all) or comma list of tasks."""
     seeds: int = 25
@@ -429,22 +432,35 @@ def eval_rows(model: EvalResult, compare_to: EvalResult | None = None) -> list[d
     return rows
 
 
+def _describe(cfg: EpisodeOptions, path: Path) -> dict:
+    """The fingerprinted description of a policy's checkpoint (a LoRA adapter: with its base's files)."""
+    from .weights import describe, open_one
+    from .weights.lora import is_lora_folder, open_adapted
+
+    if is_lora_folder(Path(path)):
+        return describe(open_adapted(Path(path), cfg.base, "--base"))
+    return describe(open_one(path, allow_pickle=cfg.allow_pickle, config=cfg.config))
+
+
 def run_eval(cfg: EvalConfig, on_progress: OnProgress = no_progress) -> EvalRun:
     """Evaluate ``cfg.model`` (and ``cfg.compare_to`` on the identical episodes), write one eval result per
     policy (``cfg.save``, else ``RUN/results/eval-NAME-greedy|sampled[-som].h5``) and summarise them."""
     from .agent import Decode, load_policy
-    from .weights import describe, open_one
+
+    from .weights.runs import resolve_models
 
     decode = Decode(greedy=not cfg.sample, temperature=cfg.temperature, top_p=cfg.top_p)
     roles = {"model": cfg.model, **({"compare": cfg.compare_to} if cfg.compare_to else {})}
+    roles = {role: resolve_models(p)[0] for role, p in roles.items()}  # a trainer's output_dir: its last checkpoint
+    labels = dict(zip(roles, result_labels(roles.values())))
     results, files = {}, {}
     for role, path in roles.items():
-        policy = load_policy(Path(path), allow_pickle=cfg.allow_pickle, obs=cfg.obs, config=cfg.config)
+        policy = load_policy(Path(path), allow_pickle=cfg.allow_pickle, obs=cfg.obs, config=cfg.config, base=cfg.base)
         outcome = _evaluate(cfg, policy, decode, 1, f"eval {Path(path).name}", on_progress)
-        desc = describe(open_one(path, allow_pickle=cfg.allow_pickle, config=cfg.config))
+        desc = _describe(cfg, path)
         results[role] = EvalResult.from_outcome(outcome, desc, cfg)
-        name = f"eval-{Path(path).name}-{'sampled' if cfg.sample else 'greedy'}{'-som' if cfg.obs == 'som' else ''}.h5"
-        dest = cfg.save if role == "model" and cfg.save else current_run() / "results" / name
+        name = f"eval-{labels[role]}-{'sampled' if cfg.sample else 'greedy'}{'-som' if cfg.obs == 'som' else ''}.h5"
+        dest = cfg.save if role == "model" and cfg.save else current_run(cfg.run) / "results" / name
         files[role] = write_result(dest, results[role].to_result())
     return EvalRun(tuple(eval_rows(results["model"], results.get("compare"))), results, files)
 
@@ -468,16 +484,17 @@ def run_headroom(cfg: HeadroomConfig, on_progress: OnProgress = no_progress) -> 
     """Play every episode of ``cfg.model`` greedily once and sampled ``cfg.k`` times, write one headroom
     result (``cfg.save``, else ``RUN/results/headroom-NAME[-som].h5``) and summarise it."""
     from .agent import Decode, load_policy
-    from .weights import describe, open_one
+    from .weights.runs import resolve_models
 
-    policy = load_policy(Path(cfg.model), allow_pickle=cfg.allow_pickle, obs=cfg.obs, config=cfg.config)
+    cfg = cfg.replace(model=resolve_models(cfg.model)[0])  # a trainer's output_dir: its last checkpoint
+    policy = load_policy(Path(cfg.model), allow_pickle=cfg.allow_pickle, obs=cfg.obs, config=cfg.config, base=cfg.base)
     greedy = _evaluate(cfg, policy, Decode(greedy=True), 1, "greedy", on_progress)
     sampled = _evaluate(cfg, policy, Decode(greedy=False, temperature=cfg.temperature, top_p=cfg.top_p), cfg.k,
                         "sampled", on_progress)
-    desc = describe(open_one(cfg.model, allow_pickle=cfg.allow_pickle, config=cfg.config))
+    desc = _describe(cfg, cfg.model)
     view = HeadroomResult.from_outcomes(greedy, sampled, desc, cfg, k=cfg.k, temperature=cfg.temperature,
                                         top_p=cfg.top_p)
     rows = headroom_rows(view)
-    name = f"headroom-{Path(cfg.model).name}{'-som' if cfg.obs == 'som' else ''}.h5"
-    dest = cfg.save or current_run() / "results" / name
+    name = f"headroom-{result_labels([cfg.model])[0]}{'-som' if cfg.obs == 'som' else ''}.h5"
+    dest = cfg.save or current_run(cfg.run) / "results" / name
     return HeadroomRun(tuple(rows), view, write_result(dest, view.to_result()))

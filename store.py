@@ -33,6 +33,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
@@ -170,9 +171,57 @@ def _json_default(o: Any) -> Any:
     return str(o)
 
 
-def write_result(path: str | os.PathLike, result: Result) -> Path:
-    """Write ``result`` to ``path`` atomically; returns the path."""
+def subject(attrs: Mapping[str, Any]) -> tuple[str, ...]:
+    """The checkpoints a result is about: the sorted content fingerprints (``sha256``) of every checkpoint
+    description (a mapping with ``path`` and ``sha256``, as ``weights.describe`` writes) in its provenance."""
+    found: set[str] = set()
+
+    def walk(o: Any) -> None:
+        if isinstance(o, Mapping):
+            if isinstance(o.get("sha256"), str) and "path" in o:
+                found.add(o["sha256"])
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, (list, tuple)):
+            for v in o:
+                walk(v)
+
+    walk(attrs)
+    return tuple(sorted(found))
+
+
+def stored_subject(path: str | os.PathLike) -> tuple[str, ...] | None:
+    """:func:`subject` of the result file at ``path`` (read from its attributes only); None when there is no
+    readable result there."""
+    try:
+        with h5py.File(path, "r") as f:
+            return subject(json.loads(f.attrs["attrs"]))
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def free_result_path(path: str | os.PathLike, result: Result) -> Path:
+    """Where ``result`` may be written without replacing another model's: ``path`` when it is free or holds
+    a result about the same checkpoints (a re-run, replaced), else ``path`` with the first 8 hex digits of
+    a digest of this result's checkpoints before the suffix (``eval-checkpoint-6-1a2b3c4d.h5``). Two
+    trainers' ``checkpoint-6`` folders never share a result file, whatever their labels."""
+    import hashlib
+
     path = Path(path)
+    if not path.exists():
+        return path
+    mine, theirs = subject(result.attrs), stored_subject(path)
+    if theirs is not None and mine == theirs:
+        return path
+    tag = hashlib.sha256("\n".join(mine).encode()).hexdigest()[:8] if mine else "unkeyed"
+    return path.with_name(f"{path.stem}-{tag}{path.suffix}")
+
+
+def write_result(path: str | os.PathLike, result: Result) -> Path:
+    """Write ``result`` atomically to ``path``, or — where ``path`` holds a result about other checkpoints —
+    beside it (:func:`free_result_path`): an earlier result of another model is never replaced. Returns the
+    path written."""
+    path = free_result_path(path, result)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -294,20 +343,33 @@ def runs_root() -> Path:
     return Path(os.environ.get("GRAFTKIT_RUNS", "runs"))
 
 
-def current_run() -> Path:
-    """The run that commands default to: the one named in ``runs/.current``, else ``runs/demo``."""
+def current_run(run: str | os.PathLike | None = None) -> Path:
+    """The run folder a command writes to and reads from: ``run`` (its ``--run``) when given, else the run
+    named in ``runs/.current`` (``graftkit demo`` writes it), else ``runs/`` itself."""
+    if run is not None:
+        return Path(run)
     marker = runs_root() / ".current"
     if marker.is_file():
         return Path(marker.read_text().strip())
-    return runs_root() / "demo"
+    return runs_root()
+
+
+#: Folder names that say nothing about which run they belong to: a trainer's step folders
+#: (``checkpoint-500``, TRL and transformers' Trainer; ``global_step500``, DeepSpeed) and final ones.
+_GENERIC_NAME = re.compile(r"(checkpoint|ckpt|step|global_step|epoch)[-_]?\d+|final|last|best|model|merged|"
+                           r"adapter|output|outputs|hf|huggingface", re.IGNORECASE)
 
 
 def result_labels(paths) -> list[str]:
-    """One distinct label per checkpoint path (its folder or file name; the parent's name where two
-    share a name), used to name its results and to label it in tables and figures."""
+    """One distinct label per checkpoint path, used to name its results and to label it in tables and
+    figures: its folder or file name, prefixed by its parent's where the name says nothing of the run
+    (``grpo-lora-checkpoint-6``, not ``checkpoint-6``; see ``_GENERIC_NAME``) or two paths share it."""
     labels: list[str] = []
     for p in paths:
-        lab = Path(p).name.removesuffix(".safetensors") or str(p)
+        p = Path(p)
+        lab = p.name.removesuffix(".safetensors") or str(p)
+        if _GENERIC_NAME.fullmatch(lab) and p.resolve().parent.name:
+            lab = f"{p.resolve().parent.name}-{lab}"
         if lab in labels:
             lab = f"{Path(p).parent.name}-{lab}"
         while lab in labels:

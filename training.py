@@ -16,12 +16,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .config import CommandConfig, OnProgress, no_progress
+from .config import CommandConfig, OnProgress, RunOption, no_progress
 from .errors import GraftkitError
-from .store import Result, View, current_run, write_result
+from .store import Result, View, current_run, result_labels, write_result
 from .train.configs import GRPOConfig, SweepConfig
 
-TRAIN_KINDS = ("train-sft", "train-grpo")
+TRAIN_KINDS = ("train-sft", "train-grpo", "train-trainer")
 
 
 # ------------------------------------------------------------------------------------ training curves
@@ -39,7 +39,7 @@ class TrainingCurves(View):
 
     @property
     def kind(self) -> str:
-        """``sft`` or ``grpo``."""
+        """``sft``, ``grpo`` or ``trainer`` (another trainer's ``trainer_state.json``)."""
         return self.result.kind.removeprefix("train-")
 
     @property
@@ -76,10 +76,30 @@ def training_curves(folder: Path, kind: str) -> TrainingCurves:
                                   "producer": prov.get("producer")}))
 
 
+def trainer_curves(output_dir: Path) -> TrainingCurves:
+    """A Trainer run's ``trainer_state.json`` log as training curves (:func:`trainer_curves_result`)."""
+    return TrainingCurves(trainer_curves_result(output_dir))
+
+
+def trainer_curves_result(output_dir: Path) -> Result:
+    """The labelled result of a Trainer ``output_dir``'s log (``weights.runs.trainer_series``: every numeric
+    metric over [step], NaN where a step did not log it), kind ``train-trainer``."""
+    from .weights.runs import trainer_run, trainer_series
+
+    run = trainer_run(Path(output_dir))
+    if run is None or run.state is None:
+        raise GraftkitError(f"{output_dir}: no trainer_state.json in a Trainer output_dir",
+                            "pass the output_dir of a TRL / transformers Trainer run (its checkpoint-N folders)")
+    steps, series = trainer_series(run.state)
+    return Result("train-trainer", {"step": steps}, {k: (("step",), v) for k, v in series.items()},
+                  {"model": str(run.root.resolve()), "label": result_labels([run.root])[0], "state": str(run.state),
+                   "checkpoints": [int(s) for s in run.steps], "producer": "trainer_state.json"})
+
+
 def write_curves(folder: Path, kind: str, results: Path | None = None) -> TrainingCurves:
     """Write ``folder``'s training curves to ``results`` (default: the current run's results/)."""
     curves = training_curves(Path(folder), kind)
-    dest = (results or current_run() / "results") / f"train-{kind}-{Path(folder).name}.h5"
+    dest = (results or current_run() / "results") / f"train-{kind}-{result_labels([folder])[0]}.h5"
     return TrainingCurves(curves.result, write_result(dest, curves.result))
 
 
@@ -142,7 +162,7 @@ def parse_decoys(items: tuple[str, ...]) -> dict[str, float]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainSFTConfig(CommandConfig):
+class TrainSFTConfig(RunOption):
     """``graftkit train sft``: the command line's form of :class:`~graftkit.train.sft.SFTConfig` (budgets and
     decoys as ``TASK=N`` / ``TASK=RATE`` strings over the default recipe); :meth:`sft` builds it."""
 
@@ -196,7 +216,7 @@ def run_train_sft(cfg: TrainSFTConfig, on_progress: OnProgress = no_progress, *,
     check_destination(cfg.out, [cfg.init] if cfg.init else [], force)
     sft = cfg.sft()
     dest = run_sft(sft, on_step=_steps("sft", sft.steps, on_progress, on_step), force=force)
-    return Trained(dest, write_curves(dest, "sft", results))
+    return Trained(dest, write_curves(dest, "sft", results or current_run(cfg.run) / "results"))
 
 
 # ----------------------------------------------------------------------------------------------- GRPO

@@ -111,7 +111,8 @@ def next_token_logits(model, ids: torch.Tensor, mask: torch.Tensor, select: torc
     return model.get_output_embeddings()(hidden[:, :-1][select]).float()
 
 
-def load_policy(path: Path, *, allow_pickle: bool = False, obs: str = "text", config: Path | None = None) -> Policy:
+def load_policy(path: Path, *, allow_pickle: bool = False, obs: str = "text", config: Path | None = None,
+                base: Path | None = None) -> Policy:
     """The policy in an HF folder: a :class:`~graftkit.agent.vlm.VisionPolicy` for an
     image-text-to-text model with its processor, else a causal-LM :class:`Policy`. ``obs="som"``
     refuses a text-only folder before loading any weights. A single checkpoint file (``allow_pickle``
@@ -140,7 +141,7 @@ def load_policy(path: Path, *, allow_pickle: bool = False, obs: str = "text", co
             f"--obs som needs a vision-language policy, but {path} is a text-only causal LM ({arch})",
             "pass an image-text-to-text model folder with its processor (e.g. Qwen2-VL), or use --obs text",
         )
-    model, tok = load_model(path, allow_pickle=allow_pickle, config_dir=config)
+    model, tok = load_model(path, allow_pickle=allow_pickle, config_dir=config, base=base)
     return Policy(model, tok, path)
 
 

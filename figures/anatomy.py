@@ -97,3 +97,51 @@ def top_tensors(label: str, res: Result, run: int, n: int = 15) -> go.Figure | N
     return base_layout(fig, f"Largest movers — {esc(label)}", f"the {len(order)} tensors with the largest share of "
                        "the run's squared movement", "share of squared movement (%)", "tensor",
                        height=max(300, 110 + 24 * len(order)))
+
+
+def trajectory_steps(res: Result) -> list[int] | None:
+    """The optimiser step of each run of a delta result taken over a training run's checkpoints (``delta
+    --all-checkpoints``: ``attrs["steps"]``), when there are at least two; else None."""
+    steps = res.attrs.get("steps")
+    if not isinstance(steps, (list, tuple)) or len(steps) < 2 or any(not isinstance(s, int) for s in steps):
+        return None
+    return list(steps)
+
+
+def movement_over_steps(label: str, res: Result) -> go.Figure | None:
+    """‖Δ‖_F/‖W‖_F of each parameter group against the optimiser step of each checkpoint (None unless the
+    result is a trajectory, see :func:`trajectory_steps`)."""
+    steps = trajectory_steps(res)
+    d = DeltaResult.from_result(res)
+    if steps is None or not d.has("group_rel_delta"):
+        return None
+    fig = go.Figure()
+    for j, g in enumerate(d.groups):
+        y = [float(d.group("rel_delta", r)[j]) for r in range(len(d.runs))]
+        fig.add_trace(go.Scatter(x=steps, y=y, mode="lines+markers", name=esc(g), marker_color=colour(j),
+                                 hovertemplate="%{fullData.name}<br>step %{x}<br>‖Δ‖_F/‖W‖_F %{y:.4g}<extra></extra>"))
+    fig.update_xaxes(tickformat="d")
+    return base_layout(fig, f"Where the weights moved, when — {esc(label)}", "relative change of each parameter "
+                       "group from the base, at each saved checkpoint", "optimiser step", "‖Δ‖_F / ‖W‖_F",
+                       legend_title="parameter group")
+
+
+def layer_movement_over_steps(label: str, res: Result) -> go.Figure | None:
+    """‖Δ‖_F of each decoder layer (over all its groups) at each checkpoint's step, as a layer × step
+    heatmap (None unless the result is a trajectory)."""
+    steps = trajectory_steps(res)
+    d = DeltaResult.from_result(res)
+    if steps is None or not d.has("layer_group_share") or not len(d.layers):
+        return None
+    # a cell's share times the run's total Σ‖Δ‖² is the cell's Σ‖Δ‖²; a layer's movement pools its cells
+    z = np.array([np.sqrt(np.nansum(d.cells("share", r), axis=1) * d.total("fro_delta", r) ** 2)
+                  for r in range(len(d.runs))]).T  # [layer, step]
+    layers = [int(x) for x in d.layers]
+    fig = go.Figure(go.Heatmap(z=z, x=[str(s) for s in steps], y=layers, colorscale="Viridis",
+                               colorbar={"title": "‖Δ‖_F"},
+                               hovertemplate="layer %{y}<br>step %{x}<br>‖Δ‖_F %{z:.4g}<extra></extra>"))
+    fig.update_yaxes(autorange="reversed")
+    integer_axis(fig, layers, "y")
+    return base_layout(fig, f"Movement per decoder layer over training — {esc(label)}", "‖Δ‖_F of the layer's "
+                       "tensors from the base, at each saved checkpoint", "optimiser step", "decoder layer",
+                       height=max(320, 120 + 22 * len(layers)))

@@ -112,7 +112,7 @@ def distinct_labels(items: Sequence[tuple[str, str, Path | None]]) -> list[str]:
 
 def training_label(label: str, kind: str) -> str:
     """A training run's legend entry: its label and the algorithm."""
-    return label + (" (GRPO)" if kind == "train-grpo" else " (SFT)")
+    return label + {"train-grpo": " (GRPO)", "train-trainer": " (trainer_state.json)"}.get(kind, " (SFT)")
 
 
 def delta_label(run: str, path: Path | None, n_files: int) -> str:
@@ -176,7 +176,7 @@ def _findings(loaded: Sequence[Loaded]) -> Section:
 def _training(loaded: Sequence[Loaded]) -> Section:
     sec = Section("training", "Training curves",
                   "no training-curve results in this run — run `graftkit train sft` or `graftkit train grpo` to add them")
-    runs = [(training_label(x.label, x.kind), x.result) for x in _of(loaded, "train-sft", "train-grpo")]
+    runs = [(training_label(x.label, x.kind), x.result) for x in _of(loaded, "train-sft", "train-grpo", "train-trainer")]
     sec.present = bool(runs)
     for fam in curves.families_present(runs):
         sec.panels.append(Panel(curves.training_curve(runs, fam),
@@ -282,6 +282,16 @@ def _anatomy(loaded: Sequence[Loaded]) -> Section:
     for item in items:
         def build(item=item):
             d = DeltaResult.from_result(item.result, item.path)
+            if anatomy.trajectory_steps(item.result) is not None:
+                label = item.path.stem if item.path is not None else "trajectory"
+                for fig, cap in ((anatomy.movement_over_steps(label, item.result),
+                                  "Relative change of each parameter group from the base at every saved checkpoint "
+                                  "of the training run (delta --all-checkpoints): where the weights moved, when; "
+                                  "the run's own logged curves are under Training curves."),
+                                 (anatomy.layer_movement_over_steps(label, item.result),
+                                  "‖Δ‖_F of each decoder layer's tensors from the base at every saved checkpoint.")):
+                    if fig is not None:
+                        sec.panels.append(Panel(fig, cap))
             for r, run in enumerate(d.runs):
                 label = delta_label(run, item.path, len(items))
                 bars.append((label, item.result, r))

@@ -1,16 +1,24 @@
 """Delta anatomy: where an RL fine-tune moved the weights, per tensor, layer and group.
 
-For base W and RL W' with Δ = W' − W (both upcast to float32 before subtracting; float64 stays float64):
+For base W and RL W' with Δ = W' − W (both upcast to float32 before subtracting, float64 when either is
+float64; base and RL may store a tensor in different floating dtypes, e.g. a bfloat16 SFT base and a
+float32 checkpoint of another trainer: the upcast is exact, and one note per dtype pair says so):
 
 - ``fro_delta``      ‖Δ‖_F
 - ``rel_delta``      ‖Δ‖_F / ‖W‖_F
 - ``share``          ‖Δ‖²_F / Σ_all-tensors ‖Δ‖²_F, the fraction of the run's total squared movement
 - ``max_abs_delta``  max |Δ|
-- ``frac_unchanged`` fraction of entries whose bits are identical in W and W'
+- ``frac_unchanged`` fraction of entries whose bits are identical in W and W' (stored in different dtypes:
+  identical after the exact upcast, i.e. equal values)
 - ``frac_within_tol`` fraction with |Δ| ≤ tol (tol is recorded with the result)
 - ``cosine``         ⟨Δ_a, Δ_b⟩ / (‖Δ_a‖ ‖Δ_b‖) between two runs' deltas (same base)
 
 ``graftkit delta`` is :class:`DeltaConfig` + :func:`run_delta`; readers go through :class:`DeltaResult`.
+
+Is RL a fine-tune of this base at all? The same pass sums ⟨W, Δ⟩ per tensor (``dot_base_delta``), which
+with ‖W‖² and ‖Δ‖² gives ρ = ‖Δ‖/‖W‖ and cos(W, W') of every 2-D matrix (:class:`graftkit.weights.PairDistance`);
+a pair that :data:`graftkit.weights.FINE_TUNE_RULE` calls implausible is refused after the pass unless
+``force_pair`` (no second read of the checkpoints). The figures are in ``attrs["fine_tune"]``.
 
 Aggregates over a set of tensors (a group, a layer, a layer × group cell) are computed from sums, never
 by averaging ratios: ‖Δ‖_F = √Σ‖Δ_t‖², rel = √(Σ‖Δ_t‖² / Σ‖W_t‖²), fractions weighted by entry count,
@@ -27,49 +35,19 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..config import OnProgress, no_progress, opt
+from ..config import OnProgress, RunOption, no_progress, opt
 from ..errors import GraftkitError
 from ..store import Result, View
-from ..weights import Checkpoint, Taxonomy, check_pair
+from ..weights import Checkpoint, Taxonomy, check_fine_tune, check_pair, pair_distance
+from ..weights.pair import blocked_dot as _dot, exact_float as _to_float, judged_matrices, upcast_code
 from ..weights.commands import ReadOptions
 from ..weights.taxonomy import DECODER
 
 #: Per tensor and run: the sums every aggregate is built from.
-SUMS = ("sumsq_delta", "max_abs_delta", "n_unchanged", "n_within_tol", "n_nonfinite")
+SUMS = ("sumsq_delta", "max_abs_delta", "n_unchanged", "n_within_tol", "n_nonfinite", "dot_base_delta")
 
 
 STATS_CHUNK = 1 << 18  # 256K entries: 1 MB of float32, cache-resident through every pass
-_ROW = 1024
-
-
-def _dot(x: np.ndarray, y: np.ndarray) -> float:
-    """⟨x, y⟩ summed in blocks of 1024 (float32 within a block, float64 across): ~1e-9 relative."""
-    n = x.size - x.size % _ROW
-    head = np.einsum("ij,ij->i", x[:n].reshape(-1, _ROW), y[:n].reshape(-1, _ROW)).sum(dtype=np.float64)
-    return float(head) + float(np.dot(x[n:].astype(np.float64), y[n:].astype(np.float64)))
-
-
-def _to_float(x: np.ndarray, code: str, out: np.ndarray) -> np.ndarray:
-    """Chunk ``x`` (typed as :meth:`Checkpoint.array` gives it) converted exactly to ``out``'s float
-    dtype, written into ``out``.
-
-    bfloat16 → float32 is the 16-bit pattern shifted into the high half of a float32 — exact for every
-    value, NaN and ±Inf included. Conversions run in numpy into preallocated buffers: on a shared CPU
-    torch's threaded conversions and fresh 1 MB allocations (page faults each time) cost more than the
-    arithmetic.
-    """
-    o = out[: x.size]
-    if code == "BF16":
-        np.left_shift(x, 16, out=o.view(np.uint32), dtype=np.uint32)  # o is float32 for BF16
-    elif code.startswith("F8"):
-        import torch
-
-        from ..weights import torch_dtype
-
-        np.copyto(o, torch.from_numpy(np.ascontiguousarray(x)).view(torch_dtype(code)).to(torch.float64).numpy())
-    else:
-        np.copyto(o, x)
-    return o
 
 
 def _bits(x: np.ndarray) -> np.ndarray:
@@ -77,13 +55,17 @@ def _bits(x: np.ndarray) -> np.ndarray:
 
 
 def tensor_delta_stats(
-    base, rls: Sequence, tol: float, chunk: int = STATS_CHUNK, code: str | None = None
+    base, rls: Sequence, tol: float, chunk: int = STATS_CHUNK, code: str | None = None,
+    rl_codes: Sequence[str] | None = None,
 ) -> tuple[float, np.ndarray, np.ndarray]:
     """Statistics of Δ_r = rls[r] − base for one tensor.
 
     ``base`` and ``rls`` are numpy arrays typed as :meth:`Checkpoint.array` gives them, with the
-    tensor's safetensors dtype ``code`` (or torch tensors, whose code is read off them). Returns
-    ``(sumsq_base, sums[r, SUMS], dots[r, s])`` with ``dots[r, s] = ⟨Δ_r, Δ_s⟩`` over finite entries.
+    tensor's safetensors dtype ``code`` in base and ``rl_codes[r]`` in each RL run (default: ``code``;
+    or torch tensors, whose codes are read off them). Every side is upcast exactly to float32 (float64
+    when one is float64) before subtracting. Returns ``(sumsq_base, sums[r, SUMS], dots[r, s])`` with
+    ``dots[r, s] = ⟨Δ_r, Δ_s⟩`` over finite entries; ``n_unchanged`` compares stored bits, or for a run
+    stored in another dtype the bits after the upcast (equal values).
     Works through the flattened tensor in chunks, so memory stays bounded. The reductions run in numpy
     (single-threaded SIMD; torch's bool reductions are far slower on a shared CPU); dot products
     accumulate in float32 over blocks of 1024 entries and in float64 across blocks.
@@ -91,13 +73,16 @@ def tensor_delta_stats(
     if code is None:  # torch tensors
         from ..weights import code_of, tensor_bits
 
-        code = code_of(base.dtype)
+        code, rl_codes = code_of(base.dtype), [code_of(r.dtype) for r in rls]
         base, rls = tensor_bits(base), [tensor_bits(r) for r in rls]
+    rl_codes = [code] * len(rls) if rl_codes is None else list(rl_codes)
     k = len(rls)
     sums = np.zeros((k, len(SUMS)))
     dots = np.zeros((k, k))
     sumsq_base = 0.0
-    work = np.float64 if code in ("F64", "I64", "U64", "I32", "U32") else np.float32
+    # integers of 32 and 64 bits are exact only in float64
+    exact64 = ("F64", "I64", "U64", "I32", "U32")
+    work = np.float64 if code in exact64 or upcast_code(code, *rl_codes) == "F64" else np.float32
     flat_b = base.reshape(-1)
     flat_r = [r.reshape(-1) for r in rls]
     m = min(chunk, flat_b.size)
@@ -116,7 +101,10 @@ def tensor_delta_stats(
         sumsq_base += sb
         for r, fr in enumerate(flat_r):
             r_raw = fr[i : i + chunk]
-            d = np.subtract(_to_float(r_raw, code, r_buf), b, out=d_buf[r, :n])
+            r_val = _to_float(r_raw, rl_codes[r], r_buf)
+            if rl_codes[r] != code:  # bits of the upcast values; r_buf is reused by the next run
+                sums[r, 2] += np.count_nonzero(np.equal(_bits(b), _bits(r_val), out=mask[:n]))
+            d = np.subtract(r_val, b, out=d_buf[r, :n])
             ss = _dot(d, d)
             bad = 0
             if not np.isfinite(ss):
@@ -128,7 +116,12 @@ def tensor_delta_stats(
             sums[r, 0] += ss
             if n:
                 sums[r, 1] = max(sums[r, 1], float(a.max()))
-            sums[r, 2] += np.count_nonzero(np.equal(b_bits, _bits(r_raw), out=mask[:n]))
+            if rl_codes[r] == code:
+                sums[r, 2] += np.count_nonzero(np.equal(b_bits, _bits(r_raw), out=mask[:n]))
+            bd = _dot(b, d)
+            if not np.isfinite(bd):  # d's non-finite entries are zero by now: b's remain
+                bd = _dot(np.where(np.isfinite(b), b, 0.0), d)
+            sums[r, 5] += bd
             sums[r, 3] += np.count_nonzero(np.less_equal(a, tol, out=mask[:n])) - bad
             sums[r, 4] += bad
         for r in range(k):
@@ -183,10 +176,19 @@ def delta_anatomy(
     on_tensor: Callable[[str, int], None] = lambda name, nbytes: None,
     provenance: dict | None = None,
     workers: int = 2,
+    force_pair: bool = False,
 ) -> Result:
-    """Stream every tensor of ``base`` and each RL checkpoint once; return the labelled anatomy."""
-    for r in rls:
-        check_pair(base, r, tax)  # one clear error (e.g. a vocabulary mismatch), not a shape error mid-way
+    """Stream every tensor of ``base`` and each RL checkpoint once; return the labelled anatomy.
+
+    Base and RL may store tensors in different floating dtypes (compared after an exact upcast; one note
+    per dtype pair in ``attrs["pair_notes"]``). After the pass, an RL run that is no fine-tune of ``base``
+    (:data:`graftkit.weights.FINE_TUNE_RULE`, from the pass's own sums) is refused, unless ``force_pair``
+    (then a note says so); the figures of every run are in ``attrs["fine_tune"]``."""
+    pair_notes: list[str] = []
+    for lab, r in zip(labels, rls):
+        # one clear error (e.g. a vocabulary mismatch), not a shape error mid-way
+        got = check_pair(base, r, tax, dtypes="upcast")
+        pair_notes += [f"{lab}: {x}" if len(rls) > 1 else x for x in got]
     names = [n for n in tax.roles if tax.roles[n].group != "unknown"] + list(tax.unknown)
     k, n = len(rls), len(names)
     sumsq_base = np.zeros(n)
@@ -197,7 +199,8 @@ def delta_anatomy(
     def one(j: int):
         name = names[j]
         b = base.array(name)
-        return j, b.size, tensor_delta_stats(b, [r.array(name) for r in rls], tol, code=base.metas[name].code)
+        return j, b.size, tensor_delta_stats(b, [r.array(name) for r in rls], tol, code=base.metas[name].code,
+                                             rl_codes=[r.metas[name].code for r in rls])
 
     # numpy releases the GIL in every reduction: two threads keep two cores busy. Largest tensors
     # first, so the last one to finish is small.
@@ -207,6 +210,14 @@ def delta_anatomy(
             sumsq_base[j], numel[j], sums[:, j], dots[..., j] = sb, count, s, d
             on_tensor(names[j], base.metas[names[j]].nbytes * (1 + k))
     total = sums[..., 0].sum(-1)
+    judged = set(judged_matrices(base))
+    mats = [j for j, x in enumerate(names) if x in judged]
+    fine_tune = {}
+    for i, (lab, r) in enumerate(zip(labels, rls)):
+        dist = pair_distance([names[j] for j in mats], sumsq_base[mats], sums[i, mats, 0], sums[i, mats, 5])
+        got = check_fine_tune(dist, base, r, force=force_pair)
+        pair_notes += [f"{lab}: {x}" if len(rls) > 1 else x for x in got]
+        fine_tune[lab] = dist.as_dict()
 
     groups = [g for g in dict.fromkeys(tax.roles[x].group for x in names)]
     group_of = np.array([tax.roles[x].group for x in names], dtype=object)
@@ -243,6 +254,7 @@ def delta_anatomy(
         "sumsq_delta": (("run", "tensor"), sums[..., 0]),
         "n_unchanged": (("run", "tensor"), sums[..., 2]),
         "n_within_tol": (("run", "tensor"), sums[..., 3]),
+        "dot_base_delta": (("run", "tensor"), sums[..., 5]),
         "dot_delta": (("run", "run2", "tensor"), dots),
     }
     for scope, table, dims in (("", per_tensor, ("tensor",)), ("group_", per_group, ("group",)),
@@ -261,7 +273,9 @@ def delta_anatomy(
                                                   per_cell["rel_delta"].reshape(shape), 0.0))
     attrs = {
         "tol": tol,
-        "delta_dtype": "float32 (float64 for float64 tensors), upcast before subtracting",
+        "delta_dtype": "float32 (float64 when either tensor is float64), both upcast exactly before subtracting",
+        "pair_notes": pair_notes,
+        "fine_tune": fine_tune,
         "family": tax.family,
         "tied_embeddings": tax.tied,
         **(provenance or {}),
@@ -274,12 +288,15 @@ def delta_anatomy(
 
 
 @dataclass(frozen=True, kw_only=True)
-class DeltaConfig(ReadOptions):
+class DeltaConfig(ReadOptions, RunOption):
     """``graftkit delta``: where the RL fine-tune(s) moved the weights, against their SFT base."""
 
     command = "delta"
     rl: tuple[Path, ...] = opt(flags=("--from",))
-    """RL checkpoint(s): HF folder, .safetensors, or LoRA adapter."""
+    """RL checkpoint(s): HF folder, .safetensors, LoRA adapter, or a trainer's output_dir (its last checkpoint)."""
+    all_checkpoints: bool = False
+    """With a trainer's output_dir: every checkpoint-N in step order (the training trajectory: movement per group
+    and layer over steps, beside the run's trainer_state.json curves)."""
     base: Path | None = None
     """The SFT base (default: the parent recorded in graftkit.json)."""
     tol: float = 1e-5
@@ -288,6 +305,9 @@ class DeltaConfig(ReadOptions):
     """HDF5 result file (default: RUN/results/delta-*.h5)."""
     allow_nonfinite: bool = False
     """Exit 0 even if a delta has NaN/Inf entries."""
+    force_pair: bool = False
+    """Analyse a pair that is no fine-tune (RL moved most matrices by their own norm or more, or points
+    elsewhere); refused by default. Not --force, which elsewhere replaces an output folder (graft)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -319,7 +339,9 @@ class DeltaResult(View):
                                       **{m: float(v[j]) for m, v in tensor.items()}}
                                      for j, n in sorted(enumerate(self.tensors), key=lambda x: -tensor["share"][x[0]])]}
         payload = {"base": self.base_path, "tol": self.tol, "runs": runs, "result_file": str(self.path),
-                   "seconds": seconds, "notes": self.notes}
+                   "seconds": seconds, "notes": self.notes,
+                   "fine_tune": {lab: {k: (None if isinstance(v, float) and not np.isfinite(v) else v)
+                                       for k, v in f.items()} for lab, f in self.fine_tune.items()}}
         if len(self.runs) > 1:
             payload["cosine"] = {"total": self.cosine_total(), "groups": self.cosine_groups(), "runs": self.runs}
         return payload
@@ -346,9 +368,17 @@ class DeltaResult(View):
 
     @property
     def notes(self) -> list[str]:
-        """How single-file checkpoints were read (state dict container, prefixes stripped, config source)."""
+        """How single-file checkpoints were read (state dict container, prefixes stripped, config source),
+        how differing dtypes were compared, and a pair analysed although it is no fine-tune."""
         a = self.result.attrs
-        return [n for d in [a.get("base") or {}, *(a.get("runs") or [])] for n in d.get("notes", [])]
+        read = [n for d in [a.get("base") or {}, *(a.get("runs") or [])] for n in d.get("notes", [])]
+        return read + list(a.get("pair_notes") or [])
+
+    @property
+    def fine_tune(self) -> dict[str, dict]:
+        """run → how far it is from base (:meth:`graftkit.weights.PairDistance.as_dict`); empty for results
+        written before the check existed."""
+        return dict(self.result.attrs.get("fine_tune") or {})
 
     @property
     def base_path(self) -> str:
@@ -417,18 +447,40 @@ def run_delta(cfg: DeltaConfig, on_progress: OnProgress = no_progress) -> DeltaR
     """Delta anatomy of every ``cfg.rl`` against the base; written to ``cfg.save`` (default
     ``RUN/results/delta-<labels>.h5``). The result records ``cfg.as_dict()`` as its config."""
     from ..store import current_run, result_labels, write_result
-    from ..weights import describe, open_pair, resolve_base
+    from ..weights import describe, open_pair
+    from ..weights.runs import checkpoint_step, resolve_models, trainer_run, trainer_series
 
     for p in cfg.rl:
         if not Path(p).exists():  # else resolving its recorded base would mislead
             raise GraftkitError(f"{p}: no such file or folder", "check the --from path")
-    b, rls = open_pair(resolve_base(cfg.rl[0], cfg.base), cfg.rl, allow_pickle=cfg.allow_pickle,
+    paths = [m for p in cfg.rl for m in resolve_models(p, cfg.all_checkpoints)]
+    b, rls = open_pair(_base_of(paths[0], cfg.base), paths, allow_pickle=cfg.allow_pickle,
                        unknown=cfg.unknown, config=cfg.config)
     tax = b.taxonomy(cfg.unknown)
-    labels = result_labels(cfg.rl)
+    labels = result_labels(paths)
     total = b.nbytes * (1 + len(rls))
-    prov = {"base": describe(b), "base_path": str(b.path), "runs": [describe(r) for r in rls], "config": cfg.as_dict()}
-    res = delta_anatomy(b, rls, labels, tax, cfg.tol, provenance=prov,
+    prov = {"base": describe(b), "base_path": str(b.path), "runs": [describe(r) for r in rls], "config": cfg.as_dict(),
+            "steps": [checkpoint_step(p) for p in paths]}
+    res = delta_anatomy(b, rls, labels, tax, cfg.tol, provenance=prov, force_pair=cfg.force_pair,
                         on_tensor=lambda name, nbytes: on_progress("delta", nbytes, total, "bytes"))
-    dest = cfg.save or current_run() / "results" / f"delta-{'+'.join(labels)}.h5"
-    return DeltaResult(res, write_result(dest, res))
+    stem = f"delta-{result_labels([cfg.rl[0]])[0]}-trajectory" if cfg.all_checkpoints else f"delta-{'+'.join(labels)}"
+    written = write_result(cfg.save or current_run(cfg.run) / "results" / f"{stem}.h5", res)
+    for p in cfg.rl:  # a trainer run's own logged curves, for the report to draw beside its movement
+        if (run := trainer_run(Path(p))) is not None and run.state is not None:
+            steps, series = trainer_series(run.state)
+            label = result_labels([run.root])[0]
+            curves = Result("train-trainer", {"step": steps}, {k: (("step",), v) for k, v in series.items()},
+                            {"model": str(run.root.resolve()), "label": label, "state": str(run.state),
+                             "checkpoints": list(run.steps), "producer": "trainer_state.json"})
+            write_result(current_run(cfg.run) / "results" / f"train-trainer-{label}.h5", curves)
+    return DeltaResult(res, written)
+
+
+def _base_of(rl: Path, base: Path | None) -> Path:
+    """``--base``, else the RL checkpoint's recorded SFT parent, else (a LoRA adapter) its local base model."""
+    from ..weights import recorded_base, resolve_base
+    from ..weights.lora import adapter_base, is_lora_folder
+
+    if base is None and is_lora_folder(Path(rl)) and recorded_base(Path(rl)) is None:
+        return adapter_base(Path(rl), None, "--base")
+    return resolve_base(Path(rl), base)

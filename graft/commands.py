@@ -6,6 +6,14 @@ then the double-dissociation test) load the base policy once, graft each configu
 evaluate it on identical episodes and compare it with base and RL (:func:`run_graft_experiments`). A sweep
 writes a partial result after every configuration and resumes from it (or from its finished result)
 without playing a finished configuration again.
+
+A graft keeps the base's dtype. An RL checkpoint that stores tensors in another dtype is refused unless
+``--cast``, which reads RL's values rounded to base's dtype (:func:`graftkit.weights.cast_like`); the
+notes and the output's ``graftkit.json`` say what was cast. A pair that is no fine-tune
+(:data:`graftkit.weights.FINE_TUNE_RULE`) is refused unless ``--force-pair``: the export checks it in one
+extra streaming pass over the matrices before writing (its own pass copies bytes in the kernel, unseen),
+``--eval``/``--sweep`` in the delta pass that gives the movement shares, before the policy loads.
+``--dry-run`` reads no tensor values, so it does not judge the pair.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..config import OnProgress, no_progress, opt
+from ..config import OnProgress, RunOption, no_progress, opt
 from ..errors import GraftkitError
 from ..store import current_run, result_labels, write_result
 from ..weights.commands import ReadOptions, must_exist
@@ -25,7 +33,7 @@ from .plan import GraftSpec
 
 
 @dataclass(frozen=True, kw_only=True)
-class GraftConfig(ReadOptions):
+class GraftConfig(ReadOptions, RunOption):
     """``graftkit graft``: splice RL's delta for some groups and layers into the base, or evaluate grafts."""
 
     command = "graft"
@@ -46,6 +54,12 @@ class GraftConfig(ReadOptions):
     """Output folder (default: RUN/grafts/<name>)."""
     force: bool = False
     """Replace an existing output folder written by graftkit."""
+    cast: bool = False
+    """RL stores tensors in another dtype than base: cast RL's values to base's dtype (round to nearest).
+    The graft always keeps base's dtype; without this flag such a pair is refused."""
+    force_pair: bool = False
+    """Graft a pair that is no fine-tune (RL moved most matrices by their own norm or more, or points
+    elsewhere); refused by default. Not --force, which replaces an existing output folder."""
     dry_run: bool = False
     """List what would move, per group and layer; write nothing."""
     max_shard_size: str = "5GB"
@@ -127,12 +141,12 @@ class GraftConfig(ReadOptions):
 
 def default_graft_out(cfg: GraftConfig) -> Path:
     """RUN/grafts/<rl>-<groups>-<layers>[-a<α>][-reverse]."""
-    tag = f"{Path(cfg.rl).name}-{cfg.groups.replace(',', '+') or 'none'}-{cfg.layers.replace(',', '_')}"
+    tag = f"{result_labels([cfg.rl])[0]}-{cfg.groups.replace(',', '+') or 'none'}-{cfg.layers.replace(',', '_')}"
     if cfg.alpha != 1:
         tag += f"-a{cfg.alpha:g}"
     if cfg.reverse:
         tag += "-reverse"
-    return current_run() / "grafts" / tag
+    return current_run(cfg.run) / "grafts" / tag
 
 
 # ------------------------------------------------------------------------------------------ export
@@ -143,16 +157,17 @@ def run_graft(cfg: GraftConfig, on_progress: OnProgress = no_progress):
     --sweep / --vs the :class:`GraftExperiments` of :func:`run_graft_experiments` (its plan with --dry-run)."""
     if cfg.experiments:
         return run_graft_experiments(cfg, on_progress)
-    from ..weights import check_pair, notes, open_pair, resolve_base
+    from ..weights import check_fine_tune, notes, open_pair, resolve_base, stream_pair_distance
     from .export import export_graft
     from .plan import plan_graft
 
     t0 = time.perf_counter()
     spec = cfg.spec()
     base_path = resolve_base(must_exist(cfg.rl), cfg.base)
-    b, (r,) = open_pair(base_path, [cfg.rl], allow_pickle=cfg.allow_pickle, unknown=cfg.unknown, config=cfg.config)
+    b, (stored,) = open_pair(base_path, [cfg.rl], allow_pickle=cfg.allow_pickle, unknown=cfg.unknown,
+                             config=cfg.config)
     tax = b.taxonomy(cfg.unknown)
-    check_pair(b, r, tax)
+    r = _cast_pair(cfg, b, stored, tax)
     plan = plan_graft(tax, spec)
     moved = {}
     for n in plan.selected:
@@ -172,12 +187,25 @@ def run_graft(cfg: GraftConfig, on_progress: OnProgress = no_progress):
     }
     if cfg.dry_run:
         return {**summary, "dry_run": True}
+    # one extra streaming pass (numpy, one matrix pair at a time), on the checkpoint as stored
+    forced = check_fine_tune(stream_pair_distance(b, stored), b, stored, force=cfg.force_pair)
     written = export_graft(
         b, r, plan, cfg.out_dir or default_graft_out(cfg), force=cfg.force, max_shard_size=cfg.max_shard_size,
-        command={"unknown": cfg.unknown, "max_shard_size": cfg.max_shard_size},
-        on_tensor=lambda s: on_progress("graft", s.out.nbytes, b.nbytes, "bytes"),
+        command={"unknown": cfg.unknown, "max_shard_size": cfg.max_shard_size, "cast": cfg.cast,
+                 "force_pair": cfg.force_pair},
+        on_tensor=lambda s: on_progress("graft", s.out.nbytes, b.nbytes, "bytes"), notes=forced,
     )
-    return {**summary, "out": str(written), "seconds": time.perf_counter() - t0}
+    return {**summary, "notes": summary["notes"] + list(forced), "out": str(written),
+            "seconds": time.perf_counter() - t0}
+
+
+def _cast_pair(cfg: GraftConfig, base, rl, tax):
+    """``rl`` checked against ``base`` and read in base's dtypes: differing dtypes are refused unless
+    ``--cast``, and then cast on reading (:func:`graftkit.weights.cast_like`, stated in its notes)."""
+    from ..weights import cast_like, check_pair
+
+    check_pair(base, rl, tax, dtypes="cast" if cfg.cast else "same", dtype_flag="--cast")
+    return cast_like(rl, base)
 
 
 # ------------------------------------------------------------------------------------- experiments
@@ -252,7 +280,7 @@ def _sweep_dest(cfg: GraftConfig, key: str, label: str) -> Path:
         return cfg.save
     if cfg.save and key == "B":
         return cfg.save.with_name(f"{cfg.save.stem}-vs{cfg.save.suffix}")
-    return (cfg.results or current_run() / "results") / f"graft-{cfg.kind}-{label}.h5"
+    return (cfg.results or current_run(cfg.run) / "results") / f"graft-{cfg.kind}-{label}.h5"
 
 
 def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progress):
@@ -260,16 +288,16 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
     (one bar per configuration, in episodes); with ``--vs`` the same for the second run (sharing the base's
     outcomes) and the double-dissociation test. Returns :class:`GraftExperiments` (the plan with --dry-run)."""
     from ..agent import Decode, load_policy, resolve_tasks, seed_list
-    from ..weights import check_pair, describe, notes, open_pair, resolve_base
+    from ..weights import describe, notes, open_pair, resolve_base
+    from .anatomy import DeltaResult, delta_anatomy
 
     t0 = time.perf_counter()
     base_path = resolve_base(must_exist(cfg.rl), cfg.base)
     paths = [cfg.rl] + ([must_exist(cfg.vs, "--vs")] if cfg.vs is not None else [])
-    b, rls = open_pair(base_path, paths, allow_pickle=cfg.allow_pickle, unknown=cfg.unknown, config=cfg.config)
+    b, stored = open_pair(base_path, paths, allow_pickle=cfg.allow_pickle, unknown=cfg.unknown, config=cfg.config)
     tax = b.taxonomy(cfg.unknown)
+    rls = [_cast_pair(cfg, b, r, tax) for r in stored]
     runs = dict(zip("AB", zip(paths, rls)))
-    for _, r in runs.values():
-        check_pair(b, r, tax)
     exps, chosen = _experiments(cfg, tax)
     X.plan_sweep(tax, exps)  # every spec must select something, before any model loads
     labels = dict(zip(runs, result_labels([p for p, _ in runs.values()])))
@@ -277,6 +305,12 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
         return {"sweep": cfg.kind, "base": str(base_path), "rl": {k: str(p) for k, (p, _) in runs.items()},
                 "groups": list(chosen), "count": len(exps), "experiments": [e.as_dict() for e in exps],
                 "dry_run": True, "notes": notes(b, *rls)}
+    # the movement shares' delta pass, before the policy loads: it also refuses a pair that is no fine-tune
+    movement, forced = {}, []
+    for key, (_, r) in runs.items():
+        d = DeltaResult(delta_anatomy(b, [r], [labels[key]], tax, force_pair=cfg.force_pair))
+        movement[key] = d.group_shares(0)
+        forced += [f"{labels[key]}: {x}" if cfg.vs is not None else x for x in d.result.attrs["pair_notes"]]
     tasks, seeds = resolve_tasks(cfg.tasks), seed_list(cfg.seeds)
     decode = Decode(greedy=not cfg.sample, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
     # a single-file base is built over the config (and tokenizer) its names were matched with
@@ -292,7 +326,7 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
         if key == "B" and X.BASE_LABEL in outcomes["A"]:
             done.setdefault(X.BASE_LABEL, outcomes["A"][X.BASE_LABEL])  # one base for both runs
         res = _sweep_one(cfg, exps, chosen, policy, b, r, tax, labels[key], dest, done, run_setup, decode,
-                         on_progress)
+                         on_progress, movement[key])
         outcomes[key] = res.all_outcomes()
         files[key], sweeps[key] = str(res.path), res
     dis = None
@@ -303,20 +337,18 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
         res = X.dissociation_result(d, {k: {"path": str(p), "label": labels[k], "result": files[k]}
                                         for k, (p, _) in runs.items()},
                                     attrs={"base": setup["base"], "sweep": cfg.kind, "config": cfg.as_dict()})
-        dest = (cfg.results or current_run() / "results") / f"graft-dissociation-{labels['A']}-vs-{labels['B']}.h5"
+        dest = (cfg.results or current_run(cfg.run) / "results") / f"graft-dissociation-{labels['A']}-vs-{labels['B']}.h5"
         files["dissociation"] = str(write_result(dest, res))
         dis = X.DissociationResult.from_result(res, dest)
     return GraftExperiments(Path(base_path), {k: p for k, (p, _) in runs.items()}, labels, sweeps, dis, files,
-                            resumed, time.perf_counter() - t0, tuple(notes(b, *rls)))
+                            resumed, time.perf_counter() - t0, (*notes(b, *rls), *forced))
 
 
 def _sweep_one(cfg: GraftConfig, exps, chosen, policy, b, r, tax, label: str, dest: Path, done: dict,
-               setup: dict, decode, on_progress: OnProgress) -> X.SweepResult:
+               setup: dict, decode, on_progress: OnProgress, movement: dict[str, float]) -> X.SweepResult:
     """One run's sweep: evaluate what ``done`` lacks, a partial result after every configuration (an
-    interrupted sweep resumes from it), then the finished result at ``dest``."""
-    from .anatomy import DeltaResult, delta_anatomy
-
-    movement = DeltaResult(delta_anatomy(b, [r], [label], tax)).group_shares(0)
+    interrupted sweep resumes from it), then the finished result at ``dest``. ``movement``: group → share
+    of the run's squared movement."""
     grid = (setup["tasks"], setup["seeds"], cfg.episodes, chosen)
     common = dict(layers=cfg.layers if cfg.kind not in ("layers", "eval") else "all", movement_share=movement,
                   attrs={**setup, "rl_label": label, "config": cfg.as_dict()})

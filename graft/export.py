@@ -3,13 +3,17 @@
 Each output tensor is decided by its coefficient c (see :mod:`graftkit.graft.plan`): c = 0 copies the
 base tensor's bytes and c = 1 the RL tensor's, in the kernel where the bytes lie unchanged in a file;
 other c splice in row chunks. Memory is bounded by one chunk, whatever the model's size.
+
+The output keeps the base's dtype, so both sides must store every tensor in one dtype: an RL checkpoint
+in another dtype is cast to base's first (:func:`graftkit.weights.cast_like`, ``graftkit graft --cast``),
+and graft(all groups) is then RL cast to base's dtype, bit for bit.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from .._version import __version__
 from ..weights import Checkpoint, OutSpec, check_pair, describe, write_checkpoint
@@ -24,7 +28,8 @@ def _source(ck: Checkpoint, name: str):
 
 def graft_specs(base: Checkpoint, rl: Checkpoint, plan: GraftPlan) -> list[OutSpec]:
     """What to write, in the base's on-disk order (sequential reads)."""
-    check_pair(base, rl, base.taxonomy("keep-base"))  # else a mismatched pair could export silently
+    # else a mismatched pair could export silently (dtypes: the output is base's, so RL must be cast first)
+    check_pair(base, rl, base.taxonomy("keep-base"), dtypes="same")
 
     def order(name: str):
         e = base.raw.get(name)
@@ -53,8 +58,10 @@ def export_graft(
     max_shard_size: int | str = "5GB",
     command: dict | None = None,
     on_tensor: Callable[[OutSpec], None] = lambda s: None,
+    notes: Sequence[str] = (),
 ) -> Path:
-    """Write base ⊕ plan ⊕ RL to ``out`` with provenance; inputs are only read."""
+    """Write base ⊕ plan ⊕ RL to ``out`` with provenance; inputs are only read. ``notes`` join the
+    checkpoints' and the plan's notes in ``graftkit.json``."""
     base_desc, rl_desc = describe(base), describe(rl)
     provenance = {
         "producer": "graftkit graft",
@@ -65,7 +72,7 @@ def export_graft(
         "base_model": {"path": base_desc["path"], "sha256": base_desc["sha256"]},
         "moved_tensors": len(plan.moved()),
         "selected_tensors": list(plan.selected),
-        "notes": [*base.notes, *rl.notes, *plan.notes],
+        "notes": [*base.notes, *rl.notes, *plan.notes, *notes],
     }
     # a single-file checkpoint (rl.ckpt) stands alone: an output beside it is no output inside a model folder
     alone = [c.path for c in (base, rl) if c.loose]

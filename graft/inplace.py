@@ -17,6 +17,8 @@ tensors whose coefficient c changes (θ = θ_base + c · (θ_rl − θ_base), se
   a graft overwrites.
 - On exit — normal or by an exception — every tensor not at its original is put back: the model is bit
   for bit what it was. The checkpoints are only read.
+- Base and RL must store each tensor in one dtype; an RL checkpoint in another dtype is read through
+  :func:`graftkit.weights.cast_like` (``graftkit graft --cast``), so "RL" is RL cast to base's dtype.
 
 Names: a checkpoint tensor is bound to the model's parameter or persistent buffer of the same
 ``state_dict`` name, else by the first rule of :data:`STATE_DICT_RENAMES` that gives an existing name
@@ -122,7 +124,8 @@ class InPlaceGraft:
             self.keep = "base" if self.verify else "copy"
         if self.keep not in ("base", "copy") or (self.keep == "base" and not self.verify):
             raise GraftkitError(f"keep={self.keep!r}", "use copy, or base together with verify=True")
-        check_pair(self.base, self.rl, self.base.taxonomy(self.unknown))
+        # one dtype per tensor in both: an RL stored in another dtype is cast to base's first (cast_like)
+        check_pair(self.base, self.rl, self.base.taxonomy(self.unknown), dtypes="same")
         self._targets = _state_tensors(self.model)
         self.bound, self.missing = bind_names(self.model, self.base.metas)
         # One writer per storage: the parameter's own (first) name wins over aliases (tied heads).

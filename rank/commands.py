@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import CommandConfig, check_choice, no_progress, opt
+from ..config import CommandConfig, RunOption, check_choice, no_progress, opt
 from ..errors import GraftkitError
 from ..stats import fold_episodes
 from ..store import Result, current_run, read_result, result_labels, write_result
@@ -30,7 +30,7 @@ WHAT = ("weights", "delta", "activations")
 
 
 @dataclass(frozen=True, kw_only=True)
-class RankConfig(ReadOptions):
+class RankConfig(ReadOptions, RunOption):
     """``graftkit rank``: spectral ranks of weights, of the RL delta, or of activations."""
 
     command = "rank"
@@ -46,6 +46,9 @@ class RankConfig(ReadOptions):
     """Comma list shown in the table (default erank,stable_rank[,spectral_drift,intruders | ,participation_ratio])."""
     save: Path | None = opt(None, flags=("--save",))
     """HDF5 result file, one model only (default: RUN/results/rank-*.h5)."""
+    force_pair: bool = False
+    """--what delta: rank a pair that is no fine-tune (RL moved most matrices by their own norm or more, or
+    points elsewhere); refused by default."""
     backend: str = opt("hooks", flags=("--backend",))
     """activations: hooks (forward hooks, any HF causal LM) | lens (TransformerLens bridge)."""
     tokens: str = opt("last", flags=("--tokens",))
@@ -108,12 +111,13 @@ def run_checkpoints(run: Path) -> list[Path]:
 
 def _models(cfg: RankConfig, run: Path) -> list[Path]:
     from ..weights import recorded_base
+    from ..weights.runs import resolve_models
 
     if cfg.model:
         for p in cfg.model:
             if not p.exists():
                 raise GraftkitError(f"{p}: no such file or folder", "check the --model path")
-        models = list(cfg.model)
+        models = [m for p in cfg.model for m in resolve_models(p)]  # a trainer's output_dir: its last checkpoint
     else:
         models = run_checkpoints(run)
         if cfg.what == "delta" and cfg.vs is None:
@@ -128,10 +132,11 @@ def _models(cfg: RankConfig, run: Path) -> list[Path]:
 
 def run_rank(cfg: RankConfig, on_progress=no_progress) -> dict:
     """Rank every checkpoint of ``cfg`` and write one result each; returns the summary ``graftkit rank
-    --json`` prints (per model: its per-layer rows, the result file, ...). Progress in bytes read
-    (weights, delta) or prompts run (activations)."""
+    --json`` prints (per model: its per-layer rows, each with the set of matrices its means are over, the
+    numerical-rank tolerance rule, the result file, ...). Progress in bytes read (weights, delta) or prompts
+    run (activations)."""
     t0 = time.perf_counter()
-    run = current_run()
+    run = current_run(cfg.run)
     models = _models(cfg, run)
     rank = _rank_activations if cfg.what == "activations" else _rank_weights
     payload = rank(cfg, models, result_labels(models), run, on_progress)
@@ -139,9 +144,28 @@ def run_rank(cfg: RankConfig, on_progress=no_progress) -> dict:
     return payload
 
 
+def _base_of(path: Path, vs: Path | None) -> Path:
+    """The base of ``rank --what delta``: ``--vs``, else the RL checkpoint's recorded SFT parent or, for a LoRA
+    adapter, its local base model."""
+    from ..weights import recorded_base
+    from ..weights.lora import adapter_base, is_lora_folder
+
+    if vs is not None:
+        return Path(vs)
+    if is_lora_folder(Path(path)):
+        return adapter_base(Path(path), None, "--vs")
+    found = recorded_base(Path(path))
+    if found is None or not found.exists():
+        why = "records no SFT parent (no graftkit.json with base_model)" if found is None else \
+            f"records its SFT parent as {found}, which no longer exists"
+        raise GraftkitError(f"{path} {why}", "pass the SFT base as --vs SFT_FOLDER")
+    return found
+
+
 def _rank_weights(cfg: RankConfig, models: list[Path], labels: list[str], run: Path, on_progress) -> dict:
     from . import delta_ranks, weight_ranks
-    from ..weights import band_rule, notes, open_one, open_pair, resolve_base
+    from ..weights import band_rule, notes, open_one, open_pair
+    from ..weights.lora import is_lora_folder, open_adapted
     from ..weights.taxonomy import DECODER
 
     payload: dict = {"what": cfg.what, "layers": cfg.layers, "metrics": cfg.shown, "models": {}}
@@ -150,22 +174,24 @@ def _rank_weights(cfg: RankConfig, models: list[Path], labels: list[str], run: P
         prov = {"config": cfg.as_dict()}
         base_ck = None
         if cfg.what == "delta":
-            base_ck, (ckpt,) = open_pair(resolve_base(path, cfg.vs), [path], **read)
+            base_ck, (ckpt,) = open_pair(_base_of(path, cfg.vs), [path], **read)
         else:
-            ckpt = open_one(path, **read)
+            ckpt = open_adapted(path, cfg.vs, "--vs") if is_lora_folder(path) else open_one(path, **read)
         tax = (base_ck or ckpt).taxonomy(cfg.unknown)
         total = (base_ck or ckpt).nbytes * (2 if base_ck else 1)
         tick = lambda n, nbytes: on_progress(f"rank {lab}", nbytes, total, "bytes")  # noqa: E731
-        res = (delta_ranks(base_ck, ckpt, tax, cfg.layers, on_tensor=tick, provenance=prov) if base_ck
+        res = (delta_ranks(base_ck, ckpt, tax, cfg.layers, on_tensor=tick, provenance=prov, force_pair=cfg.force_pair)
+               if base_ck
                else weight_ranks(ckpt, tax, cfg.layers, on_tensor=tick, provenance=prov))
-        dest = cfg.save or run / "results" / f"rank-{cfg.what}-{lab}{cfg.tag}.h5"
-        write_result(dest, res)
+        dest = write_result(cfg.save or run / "results" / f"rank-{cfg.what}-{lab}{cfg.tag}.h5", res)
         view = RankResult.from_result(res, dest)
         payload["models"][lab] = {"path": str(path), "base": str(base_ck.path) if base_ck else None,
                                   "result_file": str(dest), "layers": view.layer_rows(cfg.shown),
                                   "outside_decoder": view.outside_rows(cfg.shown),
                                   "skipped": len(res.attrs["skipped"]), "matrices": len(res.coords["tensor"]),
-                                  "notes": notes(*filter(None, (base_ck, ckpt)))}
+                                  "numerical_rank_tol_rule": res.attrs["numerical_rank_tol_rule"],
+                                  "aggregate": res.attrs["aggregate"],
+                                  "notes": notes(*filter(None, (base_ck, ckpt))) + list(res.attrs.get("pair_notes", []))}
         payload["band_rule"] = band_rule(tax.n_layers.get(DECODER, 0)) if tax.n_layers.get(DECODER) else None
     return payload
 

@@ -32,7 +32,9 @@ class RankResult(View):
     """A rank result read by name, whichever layout it has.
 
     ``rank-weights`` / ``rank-delta`` (:mod:`.weights`): ``value[tensor, metric]`` and per decoder layer
-    ``value_layer[layer, group, metric]`` (group ``"all"``: every matrix of the layer).
+    ``value_layer[layer, group, metric]`` (group ``"all"``: every matrix of the layer), each cell the mean of
+    every metric over one set of matrices (the nonzero ones; for a delta, those RL moved), named in
+    ``averaged_layer``.
     ``rank-activations`` (:mod:`.activations`): ``value[layer, metric]`` over hidden-state indices and
     ``block[layer]``, the decoder block whose output each hidden state is (−1: the embedding output).
     ``path`` is the file it was read from (named in errors)."""
@@ -114,10 +116,24 @@ class RankResult(View):
                      "n_tokens": int(res["n_tokens"][i]), **{m: float(res["value"][i, k]) for m, k in zip(shown, mi)}}
                     for i, L in enumerate(res.coords["layer"])]
         groups = list(res.coords["group"])
-        return [{"layer": int(L), **{m: float(res["value_layer"][i, -1, k]) for m, k in zip(shown, mi)},
-                 "groups": {g: {m: float(res["value_layer"][i, j, k]) for m, k in zip(shown, mi)}
-                            for j, g in enumerate(groups[:-1]) if res["count_layer"][i, j]}}
+        over = self.averaged_over()
+
+        def cell(i: int, j: int) -> dict:
+            vals = {m: float(res["value_layer"][i, j, k]) for m, k in zip(shown, mi)}
+            return {**vals, "averaged_over": over[i][j]} if over is not None else vals
+
+        return [{"layer": int(L), **cell(i, len(groups) - 1),
+                 "groups": {g: cell(i, j) for j, g in enumerate(groups[:-1]) if res["count_layer"][i, j]}}
                 for i, L in enumerate(res.coords["layer"])]
+
+    def averaged_over(self) -> list[list[str]] | None:
+        """Per layer and group (weights/delta), the set of matrices every measure of that cell is the mean
+        over (``averaged_layer``, e.g. "moved tensors 2 of 7: self_attn.q_proj.weight, ..."); None for
+        activation ranks and for results written before the set was recorded."""
+        res = self.result
+        if "averaged_layer" not in res.data:
+            return None
+        return [[str(x) for x in row] for row in np.asarray(res["averaged_layer"])]
 
     def outside_rows(self, shown: Sequence[str]) -> list[dict]:
         """The shown metrics of every tensor outside the decoder stack (weights/delta)."""

@@ -12,9 +12,31 @@ name and one formula, listed in ``CONVENTIONS`` and returned next to the value b
   eigenvalues for activations (centring is the caller's choice and must be recorded there).
 - ``rankme``: Garrido et al. (2023), exp(−Σ p_k log p_k) with p_k = σ_k / ‖σ‖₁ + ε, as in the paper:
   ε is added after normalising and p is *not* renormalised, which biases the value slightly upward.
-- ``numerical_rank``: #{σ_k > tol} with an absolute tolerance; by default
-  tol = max(m, n) · eps(dtype) · σ₁, where dtype is the dtype of the tensor as given (a bf16 delta is
-  ranked with bf16's eps, never with the eps of the fp64 copy the spectrum is computed from).
+- ``numerical_rank``: #{σ_k > tol} with an absolute tolerance; by default, for a matrix (a weight, an
+  activation covariance) tol = max(m, n) · eps(dtype) · σ₁, where dtype is the dtype of the tensor as
+  given (a bf16 matrix is ranked with bf16's eps, never with the eps of the fp64 copy the spectrum is
+  computed from). A delta of two stored matrices has its own rule, below.
+
+Numerical rank of a delta Δ = W₁ − W₀ of two stored matrices (``delta_spectrum``, ``measures(...,
+stored=(W₀, W₁))``, ``delta_tolerance``):
+
+    tol_Δ = eps(d) · (max_i ‖S_i,:‖₂ + max_j ‖S_:,j‖₂),   S_ij = max(|W₀_ij|, |W₁_ij|),
+
+d the coarser (larger-eps) storage dtype of W₀ and W₁, whatever dtype Δ is computed in (fp32 arithmetic on
+bf16 weights uses bf16's eps). Why: the noise in Δ is set by the stored weights, not by Δ. Storing a value
+in d rounds it to nearest, an error of at most u·|x|, u = eps(d)/2 (Higham 2002, Thm 2.2), so with both
+operands rounded Δ̂ = Δ + E, |E_ij| ≤ eps(d)·S_ij; the subtraction adds nothing (exact for bf16/fp16
+operands upcast to fp32, and by Sterbenz's lemma, Thm 2.5, wherever |Δ_ij| ≤ |W_ij|). Rounding errors behave as
+independent zero-mean variables (Higham & Mary 2019), and a matrix of independent zero-mean entries
+|E_ij| ≤ β_ij has ‖E‖₂ of the order of its largest row plus largest column norm of β (Latała 2005;
+Bandeira & van Handel 2016): here ≤ tol_Δ, and in practice about 5× below it (a rounding error uniform on
+±u|x| has standard deviation u|x|/√3; measured on Gaussian and Student-t weights of 32×64 to 1024×1024). By Weyl's
+inequality σ_{r+1}(Δ̂) ≤ ‖E‖₂, so an exact rank-r update reports at most r, and its directions with
+σ_k > 2·tol_Δ are counted. The matrix rule max(m, n)·eps·σ₁(Δ) scales with Δ instead, so the rounding
+noise of weights much larger than Δ lands above it (a merged rank-8 LoRA reads as nearly full rank);
+max(m, n)·eps(d)·σ₁(W), the matrix rule on the stored weights, bounds tol_Δ from above (max(m, n) ≥ 4) but
+is looser by a factor of about max(m, n) (in bf16 it exceeds σ₁ of any realistic update: rank 0); the
+deterministic bound eps(d)·(‖W₀‖_F + ‖W₁‖_F) needs no independence but is looser by about √min(m, n).
 
 Spectra: by default σ = sqrt(eigvalsh(G)) with G the float64 Gram matrix of the smaller side
 (W Wᵀ when m ≤ n, else Wᵀ W), computed from an upcast copy; eigenvalues at or below the Gram's
@@ -60,7 +82,8 @@ CONVENTIONS = {
     "stable_rank": "sum(sigma^2)/sigma_1^2",
     "participation_ratio": "eigenvalues lambda=sigma^2: sum(lambda)^2/sum(lambda^2)",
     "rankme": "garrido-2023: exp(-sum(p log p)), p=sigma/sum(sigma)+eps, not renormalised",
-    "numerical_rank": "count(sigma > tol), tol absolute",
+    "numerical_rank": "count(sigma > tol), tol absolute: max(shape)*eps(dtype)*sigma_1 for a matrix, "
+                      "eps(stored dtype)*(max row + max column 2-norm of max(|W_base|,|W_rl|)) for a delta",
     "top1_energy": "sigma_1^2/sum(sigma^2)",
 }
 
@@ -69,9 +92,11 @@ CONVENTIONS = {
 class Spectrum:
     """Singular values of one matrix and how they were obtained.
 
-    ``sigma`` is float64, descending, length min(shape). ``dtype`` is the dtype of the tensor as given
-    (before the float64 upcast) and ``dtype_eps`` its machine epsilon, which sets the default
-    numerical-rank tolerance.
+    ``sigma`` is float64, descending, length min(shape). ``dtype`` is the dtype whose rounding the default
+    numerical-rank tolerance models and ``dtype_eps`` its machine epsilon: for a matrix, the dtype of the
+    tensor as given (before the float64 upcast); for a delta (``ref_norm`` set), the coarser storage dtype
+    of its two operands, whatever dtype the difference was computed in. ``ref_norm`` is, for a delta
+    only, the rounding reference of the stored operands (:func:`rounding_reference`); None for a matrix.
     """
 
     sigma: np.ndarray
@@ -79,12 +104,21 @@ class Spectrum:
     dtype: str
     dtype_eps: float
     method: str
+    ref_norm: float | None = None
+
+    @property
+    def is_delta(self) -> bool:
+        return self.ref_norm is not None
 
     def default_tol(self) -> float:
-        """max(m, n) · eps(dtype) · σ₁, absolute."""
+        """Absolute: max(m, n) · eps(dtype) · σ₁ for a matrix; eps(stored dtype) · ref_norm for a delta."""
+        if self.is_delta:
+            return float(self.dtype_eps * self.ref_norm)
         return float(max(self.shape) * self.dtype_eps * (self.sigma[0] if self.sigma.size else 0.0))
 
     def tol_rule(self) -> str:
+        if self.is_delta:
+            return delta_tol_rule(self.dtype)
         return f"max(shape)*eps({self.dtype})*sigma_1 (absolute)"
 
     def floor(self) -> float:
@@ -255,9 +289,9 @@ def _gram_eigenvalues(W: Any) -> np.ndarray:
     return torch.linalg.eigvalsh(G, UPLO="U").numpy()
 
 
-def _spectrum(A: Any, dtype: str, eps: float, method: str) -> Spectrum:
+def _spectrum(A: Any, dtype: str, eps: float, method: str, ref_norm: float | None = None) -> Spectrum:
     """σ of a validated matrix ``A`` (a torch tensor or numpy array in any float dtype; see ``_validated``;
-    the Gram route checks finiteness itself)."""
+    the Gram route checks finiteness itself). ``ref_norm`` marks a delta (see ``Spectrum``)."""
     m, n = A.shape
     if method == "gram":
         lam = _gram_eigenvalues(A)  # float64: an fp32 Gram loses the small end of the spectrum
@@ -267,12 +301,84 @@ def _spectrum(A: Any, dtype: str, eps: float, method: str) -> Spectrum:
         sigma = np.sqrt(lam)[::-1].copy()
     else:
         sigma = np.linalg.svd(_float64(A), compute_uv=False)
-    return Spectrum(sigma=sigma, shape=(int(m), int(n)), dtype=dtype, dtype_eps=eps, method=METHODS[method])
+    return Spectrum(sigma=sigma, shape=(int(m), int(n)), dtype=dtype, dtype_eps=eps, method=METHODS[method],
+                    ref_norm=ref_norm)
 
 
 def singular_values(W: Any, method: str = "gram") -> np.ndarray:
     """σ(W), float64, descending, length min(m, n). ``method``: "gram" (default) or "svd"."""
     return spectrum(W, method).sigma
+
+
+# ---------------------------------------------------------------------------------------------------
+# deltas of two stored matrices: Δ = W₁ − W₀ and the rounding noise of its operands
+
+
+def delta_tol_rule(dtype: str) -> str:
+    """The delta tolerance rule in words, for storage dtype ``dtype`` (stored next to every delta rank)."""
+    return (f"delta rule: eps({dtype})*(max_i ||S_i,:||_2 + max_j ||S_:,j||_2), S = max(|W_base|, |W_rl|) "
+            f"entrywise, {dtype} the coarser storage dtype of the two (absolute; the rounding noise of the "
+            f"stored weights, not max(shape)*eps*sigma_1 of the delta)")
+
+
+def _torch(W: Any) -> torch.Tensor:
+    if isinstance(W, torch.Tensor):
+        return W.detach()
+    return torch.from_numpy(np.ascontiguousarray(W) if W.flags.writeable else np.array(W, order="C"))
+
+
+def _operands(W0: Any, W1: Any) -> tuple[torch.Tensor, torch.Tensor, str, float]:
+    """(W₀, W₁ as torch tensors, the coarser storage dtype's name, its eps) of two stored matrices."""
+    A0, d0, e0 = _validated(W0, "W_base", check_finite=False)
+    A1, d1, e1 = _validated(W1, "W_rl", check_finite=False)
+    if tuple(A0.shape) != tuple(A1.shape):
+        raise GraftkitError(f"W_base has shape {list(A0.shape)} but W_rl has {list(A1.shape)}",
+                            "take the delta of the same tensor of two checkpoints")
+    dtype, eps = (d1, e1) if e1 > e0 else (d0, e0)
+    return _torch(A0), _torch(A1), dtype, eps
+
+
+def delta_matrix(W0: Any, W1: Any) -> torch.Tensor:
+    """Δ = W₁ − W₀, both upcast to float32 before subtracting (float64 when either is float64)."""
+    A0, A1, _, _ = _operands(W0, W1)
+    work = torch.float64 if torch.float64 in (A0.dtype, A1.dtype) else torch.float32
+    return A1.to(work) - A0.to(work)
+
+
+def rounding_reference(W0: Any, W1: Any) -> float:
+    """max_i ‖S_i,:‖₂ + max_j ‖S_:,j‖₂ with S = max(|W₀|, |W₁|) entrywise: the largest row norm plus the
+    largest column norm of the per-entry rounding bound of two stored matrices (see the module docstring).
+
+    Computed in float64 a block of rows at a time (memory: one block and one column vector)."""
+    A0, A1, _, _ = _operands(W0, W1)
+    m, n = A0.shape
+    rows = max(1, GRAM_BLOCK_ELEMENTS // n)
+    col_sq = torch.zeros(n, dtype=torch.float64)
+    row_sq = 0.0
+    for start in range(0, m, rows):
+        S = torch.maximum(A0[start:start + rows].to(dtype=torch.float64).abs(),
+                          A1[start:start + rows].to(dtype=torch.float64).abs()).square_()
+        row_sq = max(row_sq, float(S.sum(1).max()))
+        col_sq += S.sum(0)
+    return float(np.sqrt(row_sq) + np.sqrt(float(col_sq.max())))
+
+
+def delta_tolerance(W0: Any, W1: Any) -> tuple[float, str, float]:
+    """(tol_Δ, the storage dtype it uses, the rounding reference) of Δ = W₁ − W₀:
+    tol_Δ = eps(d) · :func:`rounding_reference`, d the coarser storage dtype of W₀ and W₁."""
+    _, _, dtype, eps = _operands(W0, W1)
+    ref = rounding_reference(W0, W1)
+    return eps * ref, dtype, ref
+
+
+def delta_spectrum(W0: Any, W1: Any, method: str = "gram") -> Spectrum:
+    """σ(W₁ − W₀) (the difference in float32, or float64) with the storage dtype and the rounding reference
+    recorded, so its default numerical-rank tolerance is the delta rule (``Spectrum.tol_rule``)."""
+    if method not in METHODS:
+        raise GraftkitError(f"unknown spectrum method {method!r}", f"use one of {sorted(METHODS)}")
+    _, _, dtype, eps = _operands(W0, W1)
+    D, _, _ = _validated(delta_matrix(W0, W1), "delta", check_finite=method != "gram")
+    return _spectrum(D, dtype, eps, method, ref_norm=rounding_reference(W0, W1))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -320,7 +426,8 @@ def numerical_rank(sigma: Any, tol: float | None = None, *, rtol: float | None =
     """#{σ_k > threshold}.
 
     threshold = ``tol`` (absolute) if given; else ``rtol`` · σ₁ (relative) if given; else, only when
-    ``sigma`` is a ``Spectrum``, its default max(m, n) · eps(original dtype) · σ₁. A Spectrum refuses a
+    ``sigma`` is a ``Spectrum``, its ``default_tol()``: max(m, n) · eps(original dtype) · σ₁ for a matrix,
+    the delta rule eps(stored dtype) · ref_norm for a ``delta_spectrum``. A Spectrum refuses a
     tolerance below its method's floor (a float64 matrix through the Gram route).
     """
     if tol is not None and rtol is not None:
@@ -350,24 +457,34 @@ def top1_energy_of(sigma: Any) -> float:
 
 
 def measures(W: Any, method: str = "gram", *, tol: float | None = None,
-             rankme_eps: float = RANKME_EPS) -> dict[str, Any]:
+             rankme_eps: float = RANKME_EPS, stored: tuple[Any, Any] | None = None) -> dict[str, Any]:
     """All single-matrix measures from one spectrum, with their conventions.
 
     For a zero matrix the ratio measures are NaN and the numerical rank is 0. ``tol`` overrides the
-    default absolute numerical-rank tolerance.
+    default absolute numerical-rank tolerance. ``stored=(W₀, W₁)`` says ``W`` is the delta W₁ − W₀ of these
+    two stored matrices (e.g. :func:`delta_matrix`): the default tolerance is then the delta rule, with
+    the coarser storage dtype's eps and their rounding reference (module docstring), and ``dtype`` is that
+    storage dtype (``computed_dtype`` the dtype of ``W``).
     """
     if method not in METHODS:
         raise GraftkitError(f"unknown spectrum method {method!r}", f"use one of {sorted(METHODS)}")
     # no float64 copy here (the Gram route upcasts block by block), and no separate finiteness pass for it
-    A, dtype, eps = _validated(W, check_finite=method != "gram")
-    sp = _spectrum(A, dtype, eps, method)
+    A, computed, eps = _validated(W, check_finite=method != "gram")
+    dtype, ref = computed, None
+    if stored is not None:
+        _, _, dtype, eps = _operands(*stored)
+        if tuple(stored[0].shape) != tuple(A.shape):
+            raise GraftkitError(f"the delta has shape {list(A.shape)} but its stored operands "
+                                f"{list(stored[0].shape)}", "pass stored=(W_base, W_rl) of this delta")
+        ref = rounding_reference(*stored)
+    sp = _spectrum(A, dtype, eps, method, ref)
     s = sp.sigma
     zero = not s.any()
     nan = float("nan")
     threshold = sp.default_tol() if tol is None else float(tol)
     # a tolerance under the Gram route's floor (float64 inputs) cannot be resolved from σ²: count on
     # the float64 SVD instead
-    rank_sp = sp if threshold >= sp.floor() else _spectrum(A, dtype, eps, "svd")
+    rank_sp = sp if threshold >= sp.floor() else _spectrum(A, dtype, eps, "svd", ref)
     return {
         "erank": nan if zero else erank(s),
         "erank_sq": nan if zero else erank_sq(s),
@@ -381,10 +498,12 @@ def measures(W: Any, method: str = "gram", *, tol: float | None = None,
         "conventions": dict(CONVENTIONS),
         "method": sp.method,
         "dtype": sp.dtype,
+        "computed_dtype": computed,
         "shape": sp.shape,
         "rankme_eps": rankme_eps,
         "numerical_rank_tol": threshold,
         "numerical_rank_tol_rule": sp.tol_rule() if tol is None else "given (absolute)",
+        "numerical_rank_ref_norm": ref,
         "numerical_rank_method": rank_sp.method,
     }
 

@@ -15,11 +15,17 @@ Conventions (also recorded in every result's attrs):
 - Layer selection: ``layers`` (``weights.parse_layers`` spec, e.g. ``"late"``, ``"0-3"``) picks decoder
   layers; tensors outside the decoder stack (embeddings, lm_head, final norm, vision tower) are included
   only for ``"all"``. Their ``tensor_layer`` is −1.
-- Per-layer aggregates ``value_layer[layer, group, metric]``: the mean over the layer's matrices in that
-  group of each metric, with the extra group ``"all"`` over every matrix of the layer. NaN values
-  (measures undefined for a zero matrix) are left out of the mean; a cell with no defined value is NaN.
-  ``count_layer[layer, group]`` is the number of matrices in the cell.
-- Delta: Δ = W_rl − W_base, both upcast to float32 before subtracting (float64 stays float64), per tensor.
+- Per-layer aggregates ``value_layer[layer, group, metric]``, with the extra group ``"all"`` over every
+  matrix of the layer: every metric is the mean over one and the same set of matrices, the cell's
+  matrices with a nonzero spectrum (``tensor_nonzero``; for a delta, the tensors RL moved, Δ ≠ 0).
+  Matrices with a zero spectrum are left out of every measure alike, not only of those undefined for
+  them: a layer where RL moved q_proj and v_proj reports, for erank and numerical_rank alike, the mean
+  over those two. The set is named in ``averaged_layer[layer, group]`` ("all 7 matrices", or "moved
+  tensors 2 of 7: self_attn.q_proj.weight, self_attn.v_proj.weight"), its size in
+  ``n_averaged_layer``; ``count_layer[layer, group]`` is the number of matrices in the cell. A cell
+  whose set is empty (nothing moved) is NaN for every metric.
+- Delta: Δ = W_rl − W_base, both upcast to float32 before subtracting (float64 when either is float64),
+  per tensor (:func:`rank.spectra.delta_matrix`).
   A zero Δ (a tensor RL did not move) has ``frobenius_sq = 0``, ``sigma_1 = 0``, ``numerical_rank = 0``,
   and NaN for every ratio measure (erank, erank_sq, stable_rank, participation_ratio, rankme,
   top1_energy) and for ``delta_energy_top8``; its ``spectral_drift`` is 0 and ``intruders`` 0.
@@ -27,8 +33,13 @@ Conventions (also recorded in every result's attrs):
   ``delta_energy_top8`` the share of ‖Δ‖²_F inside W₀'s top-k left singular subspace, k = min(8, min
   shape); ``intruders`` the number of W₁'s top-k left singular vectors (k = min(10, min shape)) whose max
   |cos| with every W₀ left singular vector is < 0.5. ``top1_energy`` of Δ is σ₁(Δ)²/‖Δ‖²_F.
-- Numerical rank: count σ > max(m, n)·eps(dtype)·σ₁ with dtype the dtype of the matrix ranked (the
-  checkpoint's dtype for weights, float32/float64 for a delta); per-row tolerances are in ``tol``.
+- Numerical rank of a weight: count σ > max(m, n)·eps(dtype)·σ₁, dtype the checkpoint's dtype of the
+  matrix. Of a delta: count σ > eps(d)·(max_i ‖S_i,:‖₂ + max_j ‖S_:,j‖₂), S = max(|W_base|, |W_rl|)
+  entrywise and d the coarser storage dtype of the two tensors (not the float32 Δ is computed in): the
+  rounding noise of the stored weights, which a delta much smaller than its weights would otherwise
+  count as rank (:mod:`rank.spectra`, "Numerical rank of a delta"). The reference norm (one pass over
+  both tensors, a block of rows at a time, alongside the delta) is in ``tol_ref``; per-row tolerances
+  in ``tol``; ``tensor_dtype`` is the storage dtype whose eps is used (for a delta: the coarser one).
 """
 
 from __future__ import annotations
@@ -42,10 +53,12 @@ import numpy as np
 
 from ..errors import GraftkitError
 from ..store import Result
-from ..weights import Checkpoint, Taxonomy, band_rule, check_pair, describe, parse_layers
+from ..weights import (Checkpoint, Taxonomy, band_rule, check_fine_tune, check_pair, describe, parse_layers,
+                       stream_pair_distance)
 from ..weights.taxonomy import DECODER
 from .results import METRICS, PAIR_METRICS
-from .spectra import CONVENTIONS, RANKME_EPS, delta_energy_in_topk, intruder_dimensions, measures, spectral_drift
+from .spectra import (CONVENTIONS, RANKME_EPS, delta_energy_in_topk, delta_matrix, delta_tol_rule, intruder_dimensions,
+                      measures, spectral_drift)
 
 DELTA_TOPK, INTRUDER_K, INTRUDER_EPS = 8, 10, 0.5
 
@@ -58,8 +71,12 @@ PAIR_CONVENTIONS = {
 }
 ZERO_CONVENTION = ("zero matrix (e.g. a tensor RL did not move): frobenius_sq=0, sigma_1=0, numerical_rank=0, "
                    "ratio measures and delta_energy_top8 NaN, spectral_drift=0, intruders=0")
-AGG_CONVENTION = ("value_layer[layer, group, metric]: mean over the layer's matrices in the group (group 'all': "
-                  "every matrix of the layer), NaN values left out; NaN if none is defined")
+AGG_CONVENTION = ("value_layer[layer, group, metric]: for every metric the mean over the same set, the layer's "
+                  "matrices in the group (group 'all': every matrix of the layer) with a nonzero spectrum (for a "
+                  "delta: the tensors RL moved, delta != 0); zero matrices are left out of every measure alike; "
+                  "the set is named in averaged_layer, its size in n_averaged_layer, the cell's size in "
+                  "count_layer; NaN for every metric when the set is empty")
+WEIGHT_TOL_RULE = "max(shape)*eps(dtype)*sigma_1 (absolute), dtype the checkpoint's dtype of the matrix"
 SELECT_CONVENTION = ("ndim>=2 tensors; 3-D tensors ranked per leading index (MoE experts, rows 'name[e]'); "
                      "1-D and >3-D tensors skipped and listed; tensors outside the decoder stack only for layers=all")
 
@@ -158,6 +175,14 @@ def _row(m: dict, metrics: Sequence[str]) -> list[float]:
     return [float(m[k]) for k in metrics]
 
 
+def _record(per_row: dict[str, list], m: dict) -> None:
+    """Append one matrix's tolerance, storage dtype, shape, nonzero flag (and rounding reference)."""
+    per_row["tol"].append(m["numerical_rank_tol"]), per_row["dtype"].append(m["dtype"])
+    per_row["shape"].append(m["shape"]), per_row["nonzero"].append(m["frobenius_sq"] > 0.0)
+    if "ref" in per_row:
+        per_row["ref"].append(m["numerical_rank_ref_norm"])
+
+
 def _pair_row(W0, W1, D, zero: bool, method: str) -> dict[str, float]:
     if zero:
         return {"spectral_drift": 0.0, "delta_energy_top8": float("nan"), "intruders": 0.0}
@@ -169,29 +194,63 @@ def _pair_row(W0, W1, D, zero: bool, method: str) -> dict[str, float]:
     }
 
 
+def _short_names(names: Sequence[str]) -> list[str]:
+    """``names`` without the dotted prefix they all share ("model.layers.4."), so a layer's set reads
+    "self_attn.q_proj.weight"; one name stays whole."""
+    parts = [n.split(".") for n in names]
+    k = 0
+    while len(parts) > 1 and all(len(p) > k + 1 and p[k] == parts[0][k] for p in parts):
+        k += 1
+    return [".".join(p[k:]) for p in parts]
+
+
+def _set_label(short: Sequence[str], averaged: np.ndarray, delta: bool) -> str:
+    """Which matrices of a cell its means are taken over (see ``AGG_CONVENTION``)."""
+    n, k = len(short), int(averaged.sum())
+    if k == n:
+        return f"all {n} matrices"
+    kind = "moved tensors" if delta else "nonzero matrices"
+    if k == 0:
+        return f"no {kind} (0 of {n} matrices)"
+    return f"{kind} {k} of {n}: " + ", ".join(name for name, a in zip(short, averaged) if a)
+
+
+def _layer_means(values: np.ndarray, rows: Sequence[str], layer_of: np.ndarray, group_of: np.ndarray,
+                 nonzero: np.ndarray, layer_ids: Sequence[int], groups: Sequence[str], delta: bool):
+    """(value_layer[layer, group, metric], count_layer, n_averaged_layer, averaged_layer): each metric the
+    plain mean over the cell's nonzero matrices, one set for every metric."""
+    shape = (len(layer_ids), len(groups))
+    agg = np.full(shape + (values.shape[1],), np.nan)
+    count, n_avg = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64)
+    label = np.full(shape, "", dtype=object)
+    for i, L in enumerate(layer_ids):
+        in_layer = layer_of == L
+        short = dict(zip(np.flatnonzero(in_layer), _short_names([rows[t] for t in np.flatnonzero(in_layer)])))
+        for j, g in enumerate(groups):
+            member = in_layer & ((group_of == g) if g != "all" else True)
+            idx = np.flatnonzero(member)
+            count[i, j], n_avg[i, j] = len(idx), int(nonzero[idx].sum())
+            label[i, j] = _set_label([short[t] for t in idx], nonzero[idx], delta) if len(idx) else "no matrices"
+            if n_avg[i, j]:
+                agg[i, j] = values[idx[nonzero[idx]]].mean(0)
+    return agg, count, n_avg, label
+
+
 def _assemble(kind: str, rows: list[str], parents: list[str], values: np.ndarray, metrics: Sequence[str],
-              tols: list[float], dtypes: list[str], shapes: list[tuple[int, int]], tax: Taxonomy,
-              chosen: frozenset[int] | None, skipped: list[tuple[str, str]], attrs: dict) -> Result:
+              per_row: dict[str, list], tax: Taxonomy, chosen: frozenset[int] | None,
+              skipped: list[tuple[str, str]], attrs: dict) -> Result:
+    """The Result of one weight or delta ranking; ``per_row`` holds, per row, ``tol``, ``dtype``,
+    ``shape``, ``nonzero`` and, for a delta, ``ref`` (the rounding reference of its tolerance)."""
+    delta = kind == "rank-delta"
     group_of = np.array([tax.roles[p].group if p in tax.roles else "unknown" for p in parents], dtype=object)
     layer_of = np.array([tax.roles[p].layer if p in tax.roles and tax.roles[p].stack == DECODER else -1
                          for p in parents], dtype=np.int64)
+    nonzero = np.array(per_row["nonzero"], dtype=bool).reshape(len(rows))
     n_layers = tax.n_layers.get(DECODER, 0)
     layer_ids = sorted(chosen) if chosen is not None else list(range(n_layers))
     decoder_groups = list(dict.fromkeys(g for g, L in zip(group_of, layer_of) if L >= 0))
     groups = decoder_groups + ["all"]
-    agg = np.full((len(layer_ids), len(groups), len(metrics)), np.nan)
-    count = np.zeros((len(layer_ids), len(groups)), dtype=np.int64)
-    for i, L in enumerate(layer_ids):
-        for j, g in enumerate(groups):
-            member = (layer_of == L) & ((group_of == g) if g != "all" else True)
-            count[i, j] = int(member.sum())
-            if not member.any():
-                continue
-            block = values[member]
-            ok = np.isfinite(block)
-            n = ok.sum(0)
-            with np.errstate(invalid="ignore"):
-                agg[i, j] = np.where(n > 0, np.where(ok, block, 0.0).sum(0) / np.maximum(n, 1), np.nan)
+    agg, count, n_avg, label = _layer_means(values, rows, layer_of, group_of, nonzero, layer_ids, groups, delta)
     coords = {
         "tensor": np.array(rows, dtype=object),
         "metric": np.array(list(metrics), dtype=object),
@@ -199,24 +258,35 @@ def _assemble(kind: str, rows: list[str], parents: list[str], values: np.ndarray
         "group": np.array(groups, dtype=object),
         "dim": np.array(["rows", "cols"], dtype=object),
     }
+    dtypes = per_row["dtype"]
     data = {
         "value": (("tensor", "metric"), values),
         "tensor_group": (("tensor",), group_of),
         "tensor_layer": (("tensor",), layer_of),
         "tensor_source": (("tensor",), np.array(parents, dtype=object)),
         "tensor_dtype": (("tensor",), np.array(dtypes, dtype=object)),
-        "tensor_shape": (("tensor", "dim"), np.array(shapes, dtype=np.int64).reshape(len(rows), 2)),
-        "tol": (("tensor",), np.array(tols, dtype=np.float64)),
+        "tensor_shape": (("tensor", "dim"), np.array(per_row["shape"], dtype=np.int64).reshape(len(rows), 2)),
+        "tensor_nonzero": (("tensor",), nonzero),
+        "tol": (("tensor",), np.array(per_row["tol"], dtype=np.float64)),
         "value_layer": (("layer", "group", "metric"), agg),
         "count_layer": (("layer", "group"), count),
+        "n_averaged_layer": (("layer", "group"), n_avg),
+        "averaged_layer": (("layer", "group"), label),
     }
+    if delta:
+        data["tol_ref"] = (("tensor",), np.array(per_row["ref"], dtype=np.float64))
+        stored = sorted(set(dtypes))
+        tol_rule = (delta_tol_rule(stored[0]) if len(stored) == 1 else
+                    delta_tol_rule("d") + f"; d per row in tensor_dtype ({', '.join(stored)})")
+    else:
+        tol_rule = WEIGHT_TOL_RULE
     full = {
         "conventions": {**CONVENTIONS, **PAIR_CONVENTIONS, "sigma_1": "largest singular value",
                         "frobenius_sq": "sum(sigma^2)"},
         "zero_matrix": ZERO_CONVENTION,
         "aggregate": AGG_CONVENTION,
         "selection": SELECT_CONVENTION,
-        "numerical_rank_tol_rule": "max(shape)*eps(dtype)*sigma_1 (absolute), dtype of the matrix ranked",
+        "numerical_rank_tol_rule": tol_rule,
         "rankme_eps": RANKME_EPS,
         "layers": "all" if chosen is None else sorted(chosen),
         "band_rule": band_rule(n_layers) if n_layers else "no decoder layers",
@@ -260,19 +330,19 @@ def weight_ranks(
 
     done = _in_threads(names, rank_one, n_workers, size=lambda n: ckpt.metas[n].nbytes,
                        on_done=lambda n: on_tensor(n, ckpt.metas[n].nbytes))
-    rows, parents, values, tols, dtypes, shapes = [], [], [], [], [], []
+    rows, parents, values = [], [], []
+    per_row: dict[str, list] = {"tol": [], "dtype": [], "shape": [], "nonzero": []}
     method_name = None
     for name in names:
         for label, m in done[name]:
             method_name = m["method"]
             rows.append(label), parents.append(name), values.append(_row(m, metrics))
-            tols.append(m["numerical_rank_tol"]), dtypes.append(m["dtype"]), shapes.append(m["shape"])
+            _record(per_row, m)
     attrs = {"what": "weights", "method": method_name or method, "spectrum_dtype": "float64",
              "model": describe(ckpt), "seconds": time.perf_counter() - t0, "workers": n_workers,
              **(provenance or {})}
     vals = np.array(values, dtype=np.float64).reshape(len(rows), len(metrics))
-    return _assemble("rank-weights", rows, parents, vals, metrics, tols, dtypes, shapes, tax, chosen,
-                     skipped, attrs)
+    return _assemble("rank-weights", rows, parents, vals, metrics, per_row, tax, chosen, skipped, attrs)
 
 
 def delta_ranks(
@@ -284,43 +354,57 @@ def delta_ranks(
     method: str = "gram",
     on_tensor: Callable[[str, int], None] = lambda name, nbytes: None,
     provenance: dict | None = None,
+    force_pair: bool = False,
 ) -> Result:
     """Spectral measures of Δ = rl − base per matrix, plus the pair measures (``PAIR_METRICS``).
 
+    Base and RL may store tensors in different floating dtypes: each pair is read as stored, Δ taken after
+    an exact upcast, and the tolerance uses the coarser storage dtype; one note per dtype pair is in
+    ``attrs["pair_notes"]``. A pair that is no fine-tune (:data:`graftkit.weights.FINE_TUNE_RULE`, judged
+    over every matrix of the model in one streaming pass before the spectra) is refused unless
+    ``force_pair``; its figures are in ``attrs["fine_tune"]``.
+
     Same layout as :func:`weight_ranks` (kind ``"rank-delta"``); ``metrics`` may name any of
-    ``METRICS + PAIR_METRICS``.
+    ``METRICS + PAIR_METRICS``. Tensors are streamed one pair at a time. The numerical rank counts σ(Δ)
+    above the delta rule's tolerance, eps(coarser storage dtype) times the rounding reference of the two
+    stored tensors (:func:`rank.spectra.rounding_reference`, taken from the same pair as it is read, a block
+    of rows at a time), recorded per row in ``tol`` and ``tol_ref``; per-layer rows average every metric
+    over the tensors RL moved, named in ``averaged_layer``.
     """
     import torch
 
     metrics = _check_metrics(metrics, METRICS + PAIR_METRICS)
-    check_pair(base, rl, tax)
+    pair_notes = list(check_pair(base, rl, tax, dtypes="upcast"))
+    dist = stream_pair_distance(base, rl)
+    pair_notes += check_fine_tune(dist, base, rl, force=force_pair, base_flag="--vs")
     names, skipped, chosen = select_tensors(base, tax, layers)
     want_pair = any(m in PAIR_METRICS for m in metrics)
     t0 = time.perf_counter()
-    rows, parents, values, tols, dtypes, shapes = [], [], [], [], [], []
+    rows, parents, values = [], [], []
+    per_row: dict[str, list] = {"tol": [], "dtype": [], "shape": [], "nonzero": [], "ref": []}
     method_name = None
     for name in names:
         b, r = base.read(name), rl.read(name)
-        work = torch.float64 if b.dtype == torch.float64 else torch.float32
         for (label, W0), (_, W1) in zip(_matrices(name, b), _matrices(name, r)):
-            D = W1.to(work) - W0.to(work)
+            D = delta_matrix(W0, W1)
             if not torch.isfinite(D).all():
                 raise GraftkitError(f"{label}: the delta holds NaN or inf values",
                                     "check the RL checkpoint (diverged training?); `graftkit delta` counts them")
-            m = measures(D, method)
+            m = measures(D, method, stored=(W0, W1))  # the tolerance of a delta: the stored weights' rounding
             method_name = m["method"]
             zero = m["frobenius_sq"] == 0.0
             if want_pair:
                 m.update(_pair_row(W0, W1, D, zero, method))
             rows.append(label), parents.append(name), values.append(_row(m, metrics))
-            tols.append(m["numerical_rank_tol"]), dtypes.append(m["dtype"]), shapes.append(m["shape"])
+            _record(per_row, m)
         del b, r
         on_tensor(name, base.metas[name].nbytes * 2)
     attrs = {"what": "delta", "method": method_name or method, "spectrum_dtype": "float64",
-             "delta_dtype": "float32 (float64 for float64 tensors), upcast before subtracting",
+             "delta_dtype": "float32 (float64 when either tensor is float64), upcast before subtracting; "
+                            "the tolerance uses the storage dtype (tensor_dtype)",
              "pair_k": {"delta_energy_top8": DELTA_TOPK, "intruders": INTRUDER_K}, "intruder_eps": INTRUDER_EPS,
              "base": describe(base), "model": describe(rl), "seconds": time.perf_counter() - t0,
+             "pair_notes": pair_notes, "fine_tune": dist.as_dict(),
              **(provenance or {})}
     vals = np.array(values, dtype=np.float64).reshape(len(rows), len(metrics))
-    return _assemble("rank-delta", rows, parents, vals, metrics, tols, dtypes, shapes, tax, chosen,
-                     skipped, attrs)
+    return _assemble("rank-delta", rows, parents, vals, metrics, per_row, tax, chosen, skipped, attrs)

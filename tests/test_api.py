@@ -16,7 +16,7 @@ def test_the_documented_api_runs_and_matches_the_command_line(tmp_path, monkeypa
     from graftkit.cli import app
 
     monkeypatch.chdir(tmp_path)
-    sft, rl = planted_pair(tmp_path / "runs" / "demo")
+    sft, rl = planted_pair(tmp_path / "runs")
     d = run_delta(DeltaConfig(rl=[rl]))  # base: the recorded SFT parent
     assert isinstance(d, DeltaResult) and d.runs == ["rl"]
     share = dict(zip(d.groups, d.group("share", 0)))
@@ -49,7 +49,7 @@ def test_one_function_per_command_and_the_grafted_context(tmp_path, monkeypatch)
     from graftkit.errors import GraftkitError
 
     monkeypatch.chdir(tmp_path)
-    sft, rl = planted_pair(tmp_path / "runs" / "demo")
+    sft, rl = planted_pair(tmp_path / "runs")
     assert graft_pkg is gk.graft and gk.graft.GraftSpec is graftkit.GraftSpec  # still the package
     d = gk.delta(rl)
     assert d.group_shares(0)["embed"] > 0.5

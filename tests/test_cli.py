@@ -81,7 +81,7 @@ def tree(folder: Path) -> list[str]:
 def test_graft_and_delta_as_written_on_a_run(cli):
     from planted import planted_pair
 
-    sft, rl = planted_pair(cli.cwd / "runs" / "demo")  # the current run by default
+    sft, rl = planted_pair(cli.cwd / "runs")  # the current run by default
 
     # as written in DESIGN.md: the base comes from the RL model's graftkit.json
     g = cli("graft", "--from", rl, "--groups", "attn,mlp")
@@ -200,7 +200,7 @@ def test_delta_default_save_location_and_table(cli, world):
     r = cli("delta", "--from", world["pair"].rl)
     assert r.exit_code == 0, r.output
     assert "largest movers" in r.stdout and "embed" in r.stdout
-    assert (cli.cwd / "runs" / "demo" / "results" / "delta-rl.h5").is_file()
+    assert (cli.cwd / "runs" / "results" / "delta-rl.h5").is_file()
 
 
 def test_delta_two_runs_has_cosine_and_strict_json(cli, world):

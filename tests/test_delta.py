@@ -303,11 +303,13 @@ def test_a_base_with_another_vocabulary_is_an_error(runs, tmp_path):
         assert "[80, 32]" in msg and "[64, 32]" in msg and "\n" not in msg
 
 
-def test_a_different_dtype_or_architecture_is_an_error(runs, tmp_path):
+def test_a_different_architecture_is_an_error(runs, tmp_path):
+    # a different dtype is no error for delta anatomy (an exact upcast, tests/test_pair_checks.py),
+    # but still for check_pair's default policy
     R = runs["fp32"]
     bf = open_checkpoint(runs["bf16"].paths["rl"])
     with pytest.raises(GraftkitError, match="bfloat16"):
-        delta_anatomy(R.base, [bf], ["x"], R.tax)
+        check_pair(R.base, bf, R.tax)
     deeper = open_checkpoint(P.save_base(tmp_path / "deep", P.tiny_model("qwen3", N_LAYERS + 1)))
     with pytest.raises(GraftkitError, match="only in RL: model.layers.4"):
         delta_anatomy(R.base, [deeper], ["x"], R.tax)

@@ -351,5 +351,5 @@ def test_cli_sweep_eval_end_to_end_with_dissociation_and_resume(policies, tmp_pa
                 TASKS[0], "--seeds", "2", "--episodes", "1", "--max-new-tokens", "4"], tmp_path, monkeypatch)
     assert one.exit_code == 0, one.output
     assert "attn@mid" in one.stdout and "verdict vs base" in one.stdout
-    stored = read_result(tmp_path / "runs" / "demo" / "results" / "graft-eval-rl.h5")
+    stored = read_result(tmp_path / "runs" / "results" / "graft-eval-rl.h5")
     assert list(stored.coords["config"]) == [BASE_LABEL, RL_LABEL, "attn@mid"]

@@ -234,7 +234,7 @@ def test_cli_end_to_end(tmp_path, monkeypatch):
     runner = CliRunner()
     from planted import planted_pair
 
-    planted_pair(tmp_path / "runs" / "demo")  # a tiny SFT and RL pair in the current run
+    planted_pair(tmp_path / "runs")  # a tiny SFT and RL pair in the current run
     res = runner.invoke(app, ["rank", "--what", "activations", "--probes", "12", "--tokens", "all", "--json",
                               "--metric", "erank,participation_ratio"])
     assert res.exit_code == 0, res.output
@@ -259,8 +259,8 @@ def test_cli_end_to_end(tmp_path, monkeypatch):
     res = runner.invoke(app, ["rank", "--what", "activations", "--model", sft["path"], "--probe-file", str(probes),
                               "--layers", "late", "--backend", "lens", "--no-centred"])
     assert res.exit_code == 0, res.output
-    assert (tmp_path / "runs" / "demo" / "results" / "rank-activations-sft-late.h5").is_file()
-    late = read_result(tmp_path / "runs" / "demo" / "results" / "rank-activations-sft-late.h5")
+    assert (tmp_path / "runs" / "results" / "rank-activations-sft-late.h5").is_file()
+    late = read_result(tmp_path / "runs" / "results" / "rank-activations-sft-late.h5")
     assert list(late.coords["layer"]) == [5, 6] and late.attrs["backend"] == "lens" and not late.attrs["centred"]
     bad = runner.invoke(app, ["rank", "--what", "activations", "--layers", "9", "--probes", "2"])
     assert bad.exit_code == 2 and "outside the model's decoder layers 0–5" in bad.output

@@ -12,6 +12,7 @@ from graftkit.errors import GraftkitError
 from graftkit.rank import spectra as sp
 
 RNG = np.random.default_rng(0)
+_EPS64 = float(np.finfo(np.float64).eps)
 
 
 def _orth(n: int, k: int, rng) -> np.ndarray:
@@ -342,3 +343,99 @@ def test_spectrum_is_frozen():
     spec = sp.spectrum(np.eye(3))
     with pytest.raises(Exception):
         spec.dtype = "float32"  # type: ignore[misc]
+
+
+# -- numerical rank of a delta of two stored matrices ------------------------------------------------
+
+def _stored_pair(m: int, n: int, s: np.ndarray, dtype, rng) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """(W_base, W_rl = fl(W_base + D)) stored in ``dtype`` and the exact float64 delta D = U diag(s) Vᵀ."""
+    W = torch.from_numpy(0.02 * rng.standard_normal((m, n))).to(dtype)
+    D = _planted(m, n, s, rng)
+    return W, (W.double() + torch.from_numpy(D)).to(dtype), D
+
+
+def ref_rounding_reference(W0, W1) -> float:
+    """max row plus max column 2-norm of max(|W0|, |W1|), written out in numpy."""
+    S = np.maximum(np.abs(np.asarray(W0, dtype=np.float64)), np.abs(np.asarray(W1, dtype=np.float64)))
+    return float(np.sqrt((S**2).sum(1)).max() + np.sqrt((S**2).sum(0)).max())
+
+
+@pytest.mark.parametrize("dtype, scale", [(torch.bfloat16, 0.1), (torch.float32, 1e-4)])
+def test_delta_rule_counts_a_planted_low_rank_delta_exactly(dtype, scale):
+    """A rank-4 update of 64×48 weights stored in bf16 or fp32: the delta rule counts 4; the matrix rule
+    on the float32 difference (the old default) counts the weights' rounding noise as rank."""
+    rng = np.random.default_rng(10)
+    r = 4
+    W0, W1, D = _stored_pair(64, 48, scale * np.array([4.0, 3.0, 2.0, 1.0]), dtype, rng)
+    spec = sp.delta_spectrum(W0, W1)
+    eps = torch.finfo(dtype).eps
+    ref = ref_rounding_reference(W0.double().numpy(), W1.double().numpy())
+    name = str(dtype).removeprefix("torch.")
+    assert spec.is_delta and spec.dtype == name and spec.dtype_eps == eps
+    assert spec.ref_norm == pytest.approx(ref, rel=1e-12)
+    assert spec.default_tol() == pytest.approx(eps * ref, rel=1e-12)
+    assert "delta rule" in spec.tol_rule() and name in spec.tol_rule()
+    s_true = ref_sigma(D)
+    s = ref_sigma((W1.double() - W0.double()).numpy())
+    assert s_true[r - 1] > 4 * spec.default_tol()  # the planted directions stand well clear of the tolerance
+    assert s[r] < spec.default_tol() / 2  # and the rounding noise well below it (Weyl: σ_{r+1} ≤ ‖E‖)
+    assert sp.numerical_rank(spec) == int((s > eps * ref).sum()) == r
+    Dc = sp.delta_matrix(W0, W1)
+    assert Dc.dtype == torch.float32
+    new = sp.measures(Dc, stored=(W0, W1))
+    assert new["numerical_rank"] == r and new["dtype"] == name and new["computed_dtype"] == "float32"
+    assert new["numerical_rank_ref_norm"] == pytest.approx(ref, rel=1e-12)
+    assert "delta rule" in new["numerical_rank_tol_rule"] and name in new["numerical_rank_tol_rule"]
+    old = sp.measures(Dc)  # the matrix rule on the fp32 difference: max(m, n)·eps32·σ₁(Δ)
+    assert old["numerical_rank_ref_norm"] is None and old["numerical_rank_tol_rule"].startswith("max(shape)")
+    assert old["numerical_rank"] == int((s > 64 * float(np.finfo(np.float32).eps) * s[0]).sum()) > 2 * r
+
+
+def test_delta_rule_full_rank_and_zero_deltas():
+    rng = np.random.default_rng(11)
+    for dtype, scale in ((torch.bfloat16, 0.1), (torch.float32, 1e-4)):
+        W0, W1, D = _stored_pair(40, 24, scale * np.linspace(1.0, 2.0, 24), dtype, rng)
+        spec = sp.delta_spectrum(W0, W1)
+        assert ref_sigma(D)[-1] > 4 * spec.default_tol()
+        assert sp.numerical_rank(spec) == 24
+    W = torch.from_numpy(rng.standard_normal((12, 9))).to(torch.bfloat16)
+    zero = sp.measures(sp.delta_matrix(W, W.clone()), stored=(W, W.clone()))
+    assert zero["numerical_rank"] == 0 and zero["numerical_rank_tol"] > 0 and math.isnan(zero["erank"])
+
+
+def test_delta_rule_uses_the_coarser_storage_dtype():
+    rng = np.random.default_rng(12)
+    W = torch.from_numpy(rng.standard_normal((16, 10)))
+    for a, b, want in ((torch.bfloat16, torch.float32, "bfloat16"), (torch.float32, torch.float16, "float16"),
+                       (torch.float16, torch.bfloat16, "bfloat16"), (torch.float64, torch.float32, "float32")):
+        tol, dtype, ref = sp.delta_tolerance(W.to(a), W.to(b))
+        assert dtype == want and tol == pytest.approx(float(torch.finfo(getattr(torch, want)).eps) * ref, rel=1e-12)
+        assert sp.delta_spectrum(W.to(a), W.to(b)).dtype == want
+    # fp32 arithmetic on bf16 operands: the difference is float32, the tolerance bf16's; float64 wins the work dtype
+    assert sp.delta_matrix(W.to(torch.bfloat16), W.to(torch.bfloat16)).dtype == torch.float32
+    assert sp.delta_matrix(W.to(torch.float32), W).dtype == torch.float64
+    # numpy operands, blocked accumulation (a block of one row) agree with the reference
+    A, B = rng.standard_normal((7, 5)), rng.standard_normal((7, 5))
+    assert sp.rounding_reference(A, B) == pytest.approx(ref_rounding_reference(A, B), rel=1e-12)
+    old_block = sp.GRAM_BLOCK_ELEMENTS
+    try:
+        sp.GRAM_BLOCK_ELEMENTS = 1
+        assert sp.rounding_reference(A, B) == pytest.approx(ref_rounding_reference(A, B), rel=1e-12)
+    finally:
+        sp.GRAM_BLOCK_ELEMENTS = old_block
+
+
+def test_matrix_rule_unchanged_and_delta_bad_input():
+    W = MATS["random_tall"]
+    spec = sp.spectrum(W)
+    assert not spec.is_delta and spec.ref_norm is None
+    assert spec.tol_rule() == "max(shape)*eps(float64)*sigma_1 (absolute)"
+    assert spec.default_tol() == pytest.approx(48 * _EPS64 * ref_sigma(W)[0], rel=1e-12)
+    with pytest.raises(GraftkitError, match="W_rl has") as e:
+        sp.delta_spectrum(np.ones((3, 4)), np.ones((4, 3)))
+    assert "\n" not in str(e.value)
+    with pytest.raises(GraftkitError, match="stored operands"):
+        sp.measures(np.ones((3, 4)), stored=(np.ones((4, 3)), np.ones((4, 3))))
+    with pytest.raises(GraftkitError, match="floating"):
+        sp.delta_tolerance(np.ones((3, 4), dtype=np.int64), np.ones((3, 4)))
+

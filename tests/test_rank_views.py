@@ -48,6 +48,10 @@ def test_weights_layout_round_trip_and_layer_values(tmp_path):
     np.testing.assert_array_equal(table, res["value_layer"][:, groups.index("all"), :])
     rows = view.layer_rows(["erank"])
     assert [r["layer"] for r in rows] == list(layers) and rows[0]["erank"] == table[0, 0]
+    over = view.averaged_over()
+    assert over == [[str(x) for x in row] for row in res["averaged_layer"]]
+    assert rows[0]["averaged_over"] == over[0][-1] == f"all {res['count_layer'][0, -1]} matrices"
+    assert all(g["averaged_over"].startswith("all ") for g in rows[0]["groups"].values())
     assert {o["tensor"] for o in view.outside_rows(["erank"])} == {
         str(n) for n, L in zip(res.coords["tensor"], res["tensor_layer"]) if L < 0}
     with pytest.raises(GraftkitError, match="no per-layer 'nope'"):
@@ -64,6 +68,7 @@ def test_activations_layout_round_trip_and_layer_values(tmp_path):
     np.testing.assert_array_equal(layers, np.arange(5))
     np.testing.assert_array_equal(table, res["value"])
     assert view.layer_rows(["rankme"])[0] == {"layer": 0, "block": None, "n_tokens": 12, "rankme": res["value"][0, 2]}
+    assert view.averaged_over() is None
 
 
 def test_rank_config_validates_like_the_command():

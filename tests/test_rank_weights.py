@@ -63,6 +63,9 @@ def test_layer_aggregates_are_means_of_rows(pair):
             member = (res["tensor_layer"] == L) & ((res["tensor_group"] == g) if g != "all" else True)
             assert res["count_layer"][i, j] == member.sum() > 0
             np.testing.assert_allclose(res["value_layer"][i, j], res["value"][member].mean(0), rtol=1e-12)
+            assert res["n_averaged_layer"][i, j] == member.sum()  # no zero weight matrix: all of them
+            assert res["averaged_layer"][i, j] == f"all {member.sum()} matrices"
+    assert res["tensor_nonzero"].all() and "same set" in res.attrs["aggregate"]
 
 
 def test_planted_delta(pair):
@@ -89,6 +92,9 @@ def test_planted_delta(pair):
             assert row[col["spectral_drift"]] == 0 and row[col["intruders"]] == 0
     layer_erank = res["value_layer"][:, -1, col["erank"]]
     assert np.isnan(layer_erank[:4]).all() and (layer_erank[4:] > 1).all()
+    # one set for every measure: no moved tensor in layers 0-3, so numerical_rank is as undefined as erank
+    assert np.isnan(res["value_layer"][:4, -1, :]).all() and (res["n_averaged_layer"][:4] == 0).all()
+    assert (res["n_averaged_layer"][4:, -1] == res["count_layer"][4:, -1]).all()
     assert "zero matrix" in res.attrs["zero_matrix"] and res.attrs["base"]["sha256"]
 
 
@@ -128,7 +134,7 @@ def test_cli(tmp_path, monkeypatch):
     runner = CliRunner()
     from planted import planted_pair
 
-    planted_pair(tmp_path / "runs" / "demo")
+    planted_pair(tmp_path / "runs")
     res = runner.invoke(app, ["rank", "--layers", "late"])
     assert res.exit_code == 0, res.output
     assert "sft" in res.output and "rl" in res.output
@@ -139,9 +145,12 @@ def test_cli(tmp_path, monkeypatch):
     rl = data["models"]["rl"]
     assert [r["layer"] for r in rl["layers"]] == list(range(6))
     assert rl["layers"][0]["erank"] is None and rl["layers"][5]["erank"] > 1
+    assert rl["layers"][0]["averaged_over"] == "no moved tensors (0 of 7 matrices)"
+    assert rl["layers"][5]["averaged_over"] == "all 7 matrices"
+    assert rl["numerical_rank_tol_rule"].startswith("delta rule: eps(float32)")
     saved = read_result(rl["result_file"])
     assert saved.kind == "rank-delta"
-    assert (tmp_path / "runs" / "demo" / "results" / "rank-weights-sft-late.h5").is_file()
+    assert (tmp_path / "runs" / "results" / "rank-weights-sft-late.h5").is_file()
     bad = runner.invoke(app, ["rank", "--metric", "nope"])
     assert bad.exit_code == 2 and "unknown metric 'nope'" in bad.output
     assert len(bad.output.strip().splitlines()) == 1
@@ -154,3 +163,108 @@ def test_cli_no_checkpoints(tmp_path, monkeypatch):
     monkeypatch.setenv("GRAFTKIT_RUNS", str(tmp_path / "runs"))
     bad = CliRunner().invoke(app, ["rank"])
     assert bad.exit_code == 2 and "no checkpoints found" in bad.output
+
+
+# -- a merged LoRA-style delta, stored in fp32 and in bf16: the delta rule's numerical rank -----------
+
+PLANTED_LAYER, FULL_LAYER, R = 1, 2, 4
+LOW_RANK = ("model.layers.1.self_attn.q_proj.weight", "model.layers.1.self_attn.v_proj.weight")
+FULL_RANK = "model.layers.2.mlp.down_proj.weight"
+#: (s of s·B@A, std of the dense delta) per storage dtype: RL moves fp32 weights by ~1e-4 of their size,
+#: bf16 ones by enough to survive bf16 storage (~10%)
+SCALE = {torch.float32: (2e-6, 1e-5), torch.bfloat16: (2e-3, 1e-2)}
+
+
+@pytest.fixture(scope="module", params=[torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def lora_pair(request, tmp_path_factory):
+    """A tiny Llama stored in ``dtype`` and its "RL" copy W_rl = fl(W + s·B@A) (rank R) in q_proj and v_proj
+    of layer 1, plus a dense (full-rank) delta in layer 2's down_proj; every other tensor bitwise unchanged."""
+    from graftkit.weights import save_model
+    from models import tiny_model as arch_model
+
+    dtype = request.param
+    out = tmp_path_factory.mktemp(f"lora-{str(dtype).removeprefix('torch.')}")
+    model = arch_model("llama").to(dtype)
+    base = save_model(out / "base", model, None, provenance={"producer": "test"}, force=True)
+    lora, dense = SCALE[dtype]
+    g = torch.Generator().manual_seed(3)
+    planted = {}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name in LOW_RANK:
+                B = torch.randn(p.shape[0], R, generator=g, dtype=torch.float64)
+                A = torch.randn(R, p.shape[1], generator=g, dtype=torch.float64)
+                planted[name] = lora * B @ A
+            elif name == FULL_RANK:
+                planted[name] = dense * torch.randn(p.shape, generator=g, dtype=torch.float64)
+            else:
+                continue
+            p.copy_((p.double() + planted[name]).to(dtype))  # merged in float64, rounded once on storage
+    rl = save_model(out / "rl", model, None, provenance={"producer": "test"}, inputs=[base], force=True)
+    b, r = open_checkpoint(base), open_checkpoint(rl)
+    return dtype, b, r, planted, delta_ranks(b, r, b.taxonomy())
+
+
+def test_lora_delta_numerical_rank_is_the_planted_rank(lora_pair):
+    from graftkit.rank.spectra import delta_matrix
+
+    dtype, b, r, planted, res = lora_pair
+    name = str(dtype).removeprefix("torch.")
+    eps = torch.finfo(dtype).eps
+    col = {m: k for k, m in enumerate(res.coords["metric"])}
+    rule = res.attrs["numerical_rank_tol_rule"]
+    assert rule.startswith(f"delta rule: eps({name})") and "max(|W_base|, |W_rl|)" in rule
+    assert set(res["tensor_dtype"]) == {name}  # the storage dtype, though Δ is computed in float32
+    for t, i in _index(res).items():
+        W0, W1 = b.read(t), r.read(t)
+        D = (W1.double() - W0.double()).numpy()
+        S = np.maximum(np.abs(W0.double().numpy()), np.abs(W1.double().numpy()))
+        ref = np.sqrt((S**2).sum(1)).max() + np.sqrt((S**2).sum(0)).max()
+        assert res["tol_ref"][i] == pytest.approx(ref, rel=1e-12)
+        assert res["tol"][i] == pytest.approx(eps * ref, rel=1e-12)
+        rank = res["value"][i, col["numerical_rank"]]
+        assert rank == int((np.linalg.svd(D, compute_uv=False) > eps * ref).sum())  # independent count
+        old = measures(delta_matrix(W0, W1))["numerical_rank"]  # max(m, n)·eps32·σ₁(Δ): the old default
+        if t in planted:
+            assert np.linalg.svd(planted[t].numpy(), compute_uv=False)[min(R, min(D.shape)) - 1] > 4 * res["tol"][i]
+            want = R if t in LOW_RANK else min(D.shape)
+            assert rank == want and res["tensor_nonzero"][i]
+            if t in LOW_RANK:
+                assert old > 2 * R  # the storage rounding of W counted as rank
+        else:
+            assert not D.any() and rank == 0 and not res["tensor_nonzero"][i]
+
+
+def test_lora_delta_layer_rows_average_one_set(lora_pair, tmp_path):
+    from graftkit.rank.results import RankResult
+
+    _, _, _, _, res = lora_pair
+    metrics, groups = list(res.coords["metric"]), list(res.coords["group"])
+    layers = list(res.coords["layer"])
+    cell = lambda L, g: (layers.index(L), groups.index(g))  # noqa: E731
+    nr = metrics.index("numerical_rank")
+    i, j = cell(PLANTED_LAYER, "all")
+    assert res["averaged_layer"][i, j] == "moved tensors 2 of 7: self_attn.q_proj.weight, self_attn.v_proj.weight"
+    assert res["n_averaged_layer"][i, j] == 2 and res["count_layer"][i, j] == 7
+    idx = _index(res)
+    rows = res["value"][[idx[t] for t in LOW_RANK]]
+    np.testing.assert_allclose(res["value_layer"][i, j], rows.mean(0), rtol=1e-12)  # erank, numerical rank, ...
+    assert res["value_layer"][i, j, nr] == R
+    assert res["averaged_layer"][cell(PLANTED_LAYER, "attn")] == ("moved tensors 2 of 4: self_attn.q_proj.weight, "
+                                                                  "self_attn.v_proj.weight")
+    assert res["averaged_layer"][cell(PLANTED_LAYER, "mlp")] == "no moved tensors (0 of 3 matrices)"
+    assert np.isnan(res["value_layer"][cell(PLANTED_LAYER, "mlp")]).all()
+    assert res["averaged_layer"][cell(0, "all")] == "no moved tensors (0 of 7 matrices)"
+    assert np.isnan(res["value_layer"][cell(0, "all")]).all()  # numerical rank too: one set for every measure
+    assert res["averaged_layer"][cell(FULL_LAYER, "all")] == "moved tensors 1 of 7: mlp.down_proj.weight"
+    assert res["value_layer"][cell(FULL_LAYER, "all") + (nr,)] == 32
+    for a, L in enumerate(layers):  # every cell: the plain mean of every metric over its nonzero matrices
+        for c, g in enumerate(groups):
+            member = (res["tensor_layer"] == L) & ((res["tensor_group"] == g) if g != "all" else True)
+            chosen = member & res["tensor_nonzero"]
+            want = res["value"][chosen].mean(0) if chosen.any() else np.full(len(metrics), np.nan)
+            np.testing.assert_allclose(res["value_layer"][a, c], want, rtol=1e-12)
+    view = RankResult.read(write_result(tmp_path / "d.h5", res))
+    row = view.layer_rows(["erank", "numerical_rank"])[layers.index(PLANTED_LAYER)]
+    assert row["numerical_rank"] == R and row["averaged_over"] == res["averaged_layer"][i, j]
+    assert row["groups"]["attn"]["averaged_over"].startswith("moved tensors 2 of 4")

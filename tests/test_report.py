@@ -487,9 +487,9 @@ def test_report_reads_real_delta_and_rank_results(tmp_path, monkeypatch):
     b, r = open_checkpoint(pair.base), open_checkpoint(pair.rl)
     tax = b.taxonomy()
     run = tmp_path / "run"
-    write_result(run / "results" / "delta-rl.h5", delta_anatomy(b, [r], ["rl"], tax))
+    write_result(run / "results" / "delta-rl.h5", delta_anatomy(b, [r], ["rl"], tax, force_pair=True))
     write_result(run / "results" / "rank-weights-rl.h5", weight_ranks(r, tax))
-    write_result(run / "results" / "rank-delta-rl.h5", delta_ranks(b, r, tax))
+    write_result(run / "results" / "rank-delta-rl.h5", delta_ranks(b, r, tax, force_pair=True))
     rep = make_report(run)
     assert rep.sections == ("anatomy", "rank") and rep.notes == ()
     figs = _figures(rep.html)

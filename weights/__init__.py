@@ -3,7 +3,23 @@
 from .checkpoint import PROVENANCE, Checkpoint, TensorMeta, match_names, open_checkpoint, tensor_bits
 from .fingerprint import fingerprint
 from .lora import apply_lora, is_lora_folder, lora_delta
-from .pair import check_pair, describe, notes, open_one, open_pair, open_rl, recorded_base, resolve_base
+from .pair import (
+    DTYPE_POLICIES,
+    FINE_TUNE_RULE,
+    PairDistance,
+    cast_like,
+    check_fine_tune,
+    check_pair,
+    describe,
+    notes,
+    open_one,
+    open_pair,
+    open_rl,
+    pair_distance,
+    recorded_base,
+    resolve_base,
+    stream_pair_distance,
+)
 from .safetensors_file import SafetensorsFile, TensorEntry, code_of, dtype_name, torch_dtype
 from .taxonomy import (
     BANDS,
@@ -21,7 +37,8 @@ from .writer import OutSpec, check_destination, parse_size, write_checkpoint, wr
 
 __all__ = [
     "PROVENANCE", "Checkpoint", "tensor_bits", "code_of", "dtype_name", "torch_dtype", "TensorMeta", "open_checkpoint", "match_names", "open_one", "open_pair", "notes", "fingerprint", "apply_lora",
-    "is_lora_folder", "lora_delta", "check_pair", "describe", "open_rl", "recorded_base",
+    "is_lora_folder", "lora_delta", "check_pair", "DTYPE_POLICIES", "cast_like", "FINE_TUNE_RULE", "PairDistance",
+    "pair_distance", "stream_pair_distance", "check_fine_tune", "describe", "open_rl", "recorded_base",
     "resolve_base", "SafetensorsFile", "TensorEntry", "BANDS", "GROUPS", "Taxonomy", "TensorRole",
     "UnknownTensors", "band_of", "band_rule", "classify", "parse_layers", "OutSpec",
     "save_model", "load_model", "load_vlm", "is_vision_folder", "ImageTextProcessor", "read_tensors", "tensors_bytes", "check_destination", "parse_size", "write_checkpoint", "write_json_atomic",

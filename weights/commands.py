@@ -8,6 +8,8 @@ from pathlib import Path
 from ..config import CommandConfig, check_choice, opt
 from ..errors import GraftkitError
 from .pair import open_one
+from .lora import is_lora_folder, open_adapted
+from .runs import resolve_models
 from .taxonomy import DECODER, GROUPS, band_rule
 
 UNKNOWN = ("error", "keep-base")
@@ -44,7 +46,10 @@ class InspectConfig(ReadOptions):
 
     command = "inspect"
     model: Path = opt(argument=True)
-    """HF folder or .safetensors file."""
+    """HF folder, .safetensors file, PEFT LoRA adapter (merged over --base) or a trainer's output_dir (its last
+    checkpoint)."""
+    base: Path | None = opt(None, flags=("--base",))
+    """Base model folder of a LoRA adapter (default: the adapter's base_model_name_or_path, when local)."""
 
 
 def run_inspect(cfg: InspectConfig) -> dict:
@@ -52,7 +57,13 @@ def run_inspect(cfg: InspectConfig) -> dict:
     how it was found (``matched_by``: model_type, names or generic); nothing is written."""
     if not Path(cfg.model).exists():
         raise GraftkitError(f"{cfg.model}: no such file or folder", "check the MODEL path")
-    ck = open_one(cfg.model, allow_pickle=cfg.allow_pickle, unknown=cfg.unknown, config=cfg.config)
+    (model,) = resolve_models(cfg.model)  # a trainer's output_dir: its last checkpoint
+    if is_lora_folder(model):
+        ck = open_adapted(model, cfg.base, "--base")
+        ck.notes = (*ck.notes, f"LoRA adapter {model} merged over {ck.provenance['lora']['base']}: "
+                               f"{len(ck.provenance['lora']['targets'])} tensors adapted")
+    else:
+        ck = open_one(model, allow_pickle=cfg.allow_pickle, unknown=cfg.unknown, config=cfg.config)
     tax = ck.taxonomy(cfg.unknown)
     rows = {}
     for g in [*GROUPS, "unknown"]:

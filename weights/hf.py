@@ -86,18 +86,34 @@ def read_tensors(path: Path) -> dict:
 
 
 def load_model(path: Path, *, allow_pickle: bool = False, dtype=None, need_tokenizer: bool = True,
-               config_dir: Path | None = None):
+               config_dir: Path | None = None, base: Path | None = None):
     """Load an HF causal LM folder and its tokenizer: safetensors only unless ``allow_pickle``, and
     never remote code. A single checkpoint file (``.safetensors``, or with ``allow_pickle`` a
     ``.ckpt``/``.pt``/``.pth``/``.bin`` training checkpoint) holds no config: the model is built from
     ``config_dir``'s config.json and its tokenizer read from there (:func:`_from_single_file`).
+    A PEFT LoRA adapter folder is merged into its base model in memory (``base``, else the adapter's local
+    ``base_model_name_or_path``; the tokenizer is the adapter folder's when it has one, else the base's).
     Returns ``(model, tokenizer)``; each failure is one clear error."""
     from transformers import AutoModelForCausalLM
 
     from ..errors import GraftkitError
     from .checkpoint import open_checkpoint
+    from .lora import adapter_base, apply_lora, is_lora_folder
 
     path = Path(path)
+    if is_lora_folder(path):
+        base_dir = adapter_base(path, base, "--base")
+        model, tokenizer = load_model(base_dir, allow_pickle=allow_pickle, dtype=dtype, need_tokenizer=False)
+        merged = apply_lora(open_checkpoint(base_dir, allow_pickle=allow_pickle), path)
+        import torch
+
+        state = model.state_dict()
+        with torch.no_grad():
+            for name in merged.provenance["lora"]["targets"]:
+                if name in state:
+                    state[name].copy_(merged.read(name).to(state[name].dtype))
+        has_tok = any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
+        return model, (_tokenizer(path if has_tok else base_dir) if need_tokenizer else None)
     src = single_file_config(path, config_dir, allow_pickle) if path.is_file() else path
     ck = open_checkpoint(path, allow_pickle=allow_pickle)  # validates files, refuses pickles
     if path.is_dir() and ck.config is None:

@@ -1,9 +1,20 @@
 """A base checkpoint and an RL checkpoint, opened and checked as a pair.
 
-Grafting and delta anatomy need the two to hold the same tensors with the same shapes and dtypes. Each
-mismatch is one error that names the tensors and both shapes or dtypes. ``--base`` defaults to the SFT
-parent recorded in the RL checkpoint's ``graftkit.json`` (``base_model.path``) or, for a LoRA adapter,
-to its ``base_model_name_or_path`` when that is a local folder.
+Grafting and delta anatomy need the two to hold the same tensors with the same shapes. Each mismatch is
+one error that names the tensors and both shapes. ``--base`` defaults to the SFT parent recorded in the
+RL checkpoint's ``graftkit.json`` (``base_model.path``) or, for a LoRA adapter, to its
+``base_model_name_or_path`` when that is a local folder.
+
+Dtypes (:func:`check_pair`, ``dtypes=``, one of :data:`DTYPE_POLICIES`): a bfloat16 SFT base and a float32
+checkpoint of another trainer are one pair. An analysis (``delta``, ``rank --what delta``) takes the
+difference after an exact upcast of both sides (``"upcast"``: every float8/float16/bfloat16 value is a
+float32 value, every float32 value a float64 one); a graft keeps the base's dtype and casts RL's values to
+it (``"cast"``, :func:`cast_like`: round to nearest, as torch's ``.to``). Each dtype pair is stated in one
+note. Integer or boolean tensors must agree exactly.
+
+Is it a fine-tune at all (:class:`PairDistance`, :data:`FINE_TUNE_RULE`)? A random init analysed against
+an unrelated base moves every matrix by about its own norm; :func:`check_fine_tune` refuses such a pair
+with the figures, unless told (``--force-pair``).
 
 Either side may be a single-file PyTorch checkpoint (``--allow-pickle``): :func:`open_pair` maps its
 names onto the other side's (:func:`.checkpoint.match_names`) and records what it mapped in
@@ -12,14 +23,18 @@ names onto the other side's (:func:`.checkpoint.match_names`) and records what i
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import GraftkitError
-from .checkpoint import PROVENANCE, Checkpoint, match_names, open_checkpoint
+from .checkpoint import PROVENANCE, Checkpoint, TensorMeta, match_names, open_checkpoint
 from .fingerprint import fingerprint
 from .lora import apply_lora, is_lora_folder
-from .safetensors_file import dtype_name
+from .safetensors_file import dtype_name, torch_dtype
 from .taxonomy import Taxonomy
 
 
@@ -87,8 +102,74 @@ def notes(*ckpts: Checkpoint) -> list[str]:
     return [n for c in ckpts for n in c.notes]
 
 
-def check_pair(base: Checkpoint, rl: Checkpoint, taxonomy: Taxonomy) -> None:
-    """Raise a one-line error unless both hold the same tensors with equal shapes and dtypes."""
+# ------------------------------------------------------------------------------------------ dtypes
+
+#: How :func:`check_pair` treats a tensor that base and RL store in different floating-point dtypes.
+DTYPE_POLICIES: dict[str, str] = {
+    "same": "refuse: every tensor must have one dtype in both checkpoints",
+    "upcast": "compare after an exact upcast of both sides to float32 (float64 when either is float64)",
+    "cast": "cast RL's values to base's dtype, rounding to nearest (torch .to): base's dtype is kept",
+}
+FLOAT_CODES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
+#: dtype → the dtypes every value of which it holds exactly (a cast from them into it loses nothing).
+EXACT_INTO: dict[str, frozenset[str]] = {
+    "F64": frozenset(FLOAT_CODES),
+    "F32": frozenset({"F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}),
+    "F16": frozenset({"F16", "F8_E4M3", "F8_E5M2"}),
+    "BF16": frozenset({"BF16", "F8_E4M3", "F8_E5M2"}),
+    "F8_E4M3": frozenset({"F8_E4M3"}),
+    "F8_E5M2": frozenset({"F8_E5M2"}),
+}
+
+
+def upcast_code(*codes: str) -> str:
+    """The dtype a difference of tensors stored in ``codes`` is taken in: float64 when one is float64, else
+    float32 (which holds every float16, bfloat16 and float8 value exactly)."""
+    return "F64" if "F64" in codes else "F32"
+
+
+def _dtype_groups(base: Checkpoint, rl: Checkpoint) -> dict[tuple[str, str], list[str]]:
+    """(base dtype, RL dtype) → the tensors stored so, for every tensor whose two dtypes differ."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for n, mb in base.metas.items():
+        mr = rl.metas.get(n)
+        if mr is not None and mr.code != mb.code:
+            groups.setdefault((mb.code, mr.code), []).append(n)
+    return groups
+
+
+def _scope(names: list[str], total: int) -> str:
+    if len(names) == total:
+        return f"all {total} tensors"
+    return f"{len(names)} of {total} tensors: {', '.join(names[:3])}" + (" …" if len(names) > 3 else "")
+
+
+def dtype_notes(base: Checkpoint, rl: Checkpoint, dtypes: str) -> tuple[str, ...]:
+    """One line per (base dtype, RL dtype) pair that differs: what ``dtypes`` (``"upcast"`` or ``"cast"``)
+    does with those tensors."""
+    out = []
+    total = len(base.metas)
+    for (b, r), names in _dtype_groups(base, rl).items():
+        bn, rn, scope = dtype_name(b), dtype_name(r), _scope(names, total)
+        if dtypes == "upcast":
+            out.append(f"base {bn}, RL {rn} ({scope}): both upcast to {dtype_name(upcast_code(b, r))}, exactly")
+        else:
+            how = (f"exactly (every {rn} value is a {bn} value)" if r in EXACT_INTO.get(b, ())
+                   else f"rounded to the nearest {bn} value")
+            out.append(f"RL {rn} cast to base {bn} ({scope}), {how}: the graft keeps base's dtype, and "
+                       f"graft(all groups) == RL cast to {bn}")
+    return tuple(out)
+
+
+def check_pair(base: Checkpoint, rl: Checkpoint, taxonomy: Taxonomy, *, dtypes: str = "same",
+               dtype_flag: str | None = None) -> tuple[str, ...]:
+    """Raise a one-line error unless both hold the same tensors with equal shapes, and dtypes that
+    ``dtypes`` (:data:`DTYPE_POLICIES`) accepts; return one note per differing dtype pair.
+
+    Integer and boolean tensors must have one dtype in both under every policy. ``dtype_flag`` is the
+    command's option that allows differing floating dtypes, named in the ``"same"`` refusal."""
+    if dtypes not in DTYPE_POLICIES:
+        raise GraftkitError(f"dtypes={dtypes!r} is not a dtype policy", f"use one of {', '.join(DTYPE_POLICIES)}")
     only_base = [n for n in base.metas if n not in rl.metas]
     only_rl = [n for n in rl.metas if n not in base.metas]
     if only_base or only_rl:
@@ -113,11 +194,205 @@ def check_pair(base: Checkpoint, rl: Checkpoint, taxonomy: Taxonomy) -> None:
                 f"tensor {n} has shape {list(mb.shape)} in base but {list(mr.shape)} in RL",
                 "pass two checkpoints of the same architecture and size",
             )
-        if mb.code != mr.code:
+    groups = _dtype_groups(base, rl)
+    if not groups:
+        return ()
+    for (b, r), names in groups.items():
+        if b not in FLOAT_CODES or r not in FLOAT_CODES:
+            more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
             raise GraftkitError(
-                f"tensor {n} is {dtype_name(mb.code)} in base but {dtype_name(mr.code)} in RL",
-                "save both checkpoints in the same dtype",
+                f"tensor {names[0]}{more} is {dtype_name(b)} in base but {dtype_name(r)} in RL",
+                "only floating-point tensors may differ in dtype: save both checkpoints with the same integer dtypes",
             )
+    if dtypes == "same":
+        n_diff = sum(len(v) for v in groups.values())
+        pairs = "; ".join(f"{dtype_name(b)} in base, {dtype_name(r)} in RL: {', '.join(names[:3])}"
+                          + (f" … ({len(names)} tensors)" if len(names) > 3 else "")
+                          for (b, r), names in groups.items())
+        raise GraftkitError(
+            f"{n_diff} of {len(base.metas)} tensors differ in dtype between base {base.path} and RL {rl.path} "
+            f"({pairs})",
+            f"the output keeps base's dtype: pass {dtype_flag} to round RL's values to it" if dtype_flag
+            else "save both checkpoints in the same dtype",
+        )
+    return dtype_notes(base, rl, dtypes)
+
+
+def cast_like(rl: Checkpoint, base: Checkpoint) -> Checkpoint:
+    """``rl`` read in ``base``'s dtypes: each tensor whose dtype differs is cast on reading (round to
+    nearest, torch's ``.to``, one tensor at a time), the others are ``rl``'s own, bytes included; the
+    casts are stated in :attr:`Checkpoint.notes`. ``rl`` itself when no dtype differs. Call it after
+    ``check_pair(base, rl, tax, dtypes="cast")``, which refuses integer mismatches."""
+    differ = {n: mb.code for n, mb in base.metas.items() if n in rl.metas and rl.metas[n].code != mb.code}
+    if not differ:
+        return rl
+    metas = {n: TensorMeta(n, differ[n], m.shape) if n in differ else m for n, m in rl.metas.items()}
+
+    def read(name: str):
+        t = rl.read(name)
+        return t.to(torch_dtype(differ[name])) if name in differ else t
+
+    return dataclasses.replace(rl, metas=metas, reader=read, raw={n: e for n, e in rl.raw.items() if n not in differ},
+                               notes=(*rl.notes, *dtype_notes(base, rl, "cast")))
+
+
+# --------------------------------------------------------------------------- is it a fine-tune at all?
+
+#: ρ = ‖Δ‖_F/‖W_base‖_F above which a matrix has moved "far" (by its own norm or more). Not 0.5: the tiny
+#: demo's collapse runs (GRPO at lr 1e-2 for 40 steps) reach a median ρ of 0.40–0.47 with up to 11 of 30
+#: matrices above 0.5 yet keep cos(W, W+Δ) ≈ 0.91, while an unrelated initialisation has ρ ≈ 1.0–1.4 and cos
+#: ≈ 0.01: the cosine separates them, and ρ > 1 in most matrices only backs it up.
+FAR_RHO = 1.0
+#: The share of 2-D matrices that must be far (strictly more than it) to make a pair implausible.
+FAR_SHARE = 0.5
+#: The median cos(W_base, W_rl) below which a pair is implausible.
+MIN_MEDIAN_COS = 0.5
+FINE_TUNE_RULE = (f"not a fine-tune when rho = ||W_rl - W_base||_F/||W_base||_F > {FAR_RHO} in more than "
+                  f"{FAR_SHARE:.0%} of the 2-D floating-point matrices, or the median over them of "
+                  f"cos(W_base, W_rl) = <W_base, W_rl>/(||W_base|| ||W_rl||) is below {MIN_MEDIAN_COS}")
+"""The rule :class:`PairDistance` applies. Fine-tunes move a matrix by a small fraction of its norm (RL
+runs ρ ~ 1e-4–1e-2, SFT ~1e-2–1e-1) and keep it pointing where it pointed (cos ≈ 1); an independent
+initialisation of the same shapes moves every matrix by about its own norm (ρ ≈ √2 for equal scales, ≈ 1
+against a trained base) and is orthogonal to it (cos ≈ 0). The thresholds sit far from both: a genuine RL
+run fails neither, an unrelated model fails both. Matrices where one side is zero have no cosine (NaN,
+left out of the median); 1-D tensors (norms, biases) are not judged."""
+
+CHUNK = 1 << 18  # 256K entries: 1 MB of float32 per operand
+_ROW = 1024
+
+
+def blocked_dot(x: np.ndarray, y: np.ndarray) -> float:
+    """⟨x, y⟩ summed in blocks of 1024 (float32 within a block, float64 across): ~1e-9 relative."""
+    n = x.size - x.size % _ROW
+    head = np.einsum("ij,ij->i", x[:n].reshape(-1, _ROW), y[:n].reshape(-1, _ROW)).sum(dtype=np.float64)
+    return float(head) + float(np.dot(x[n:].astype(np.float64), y[n:].astype(np.float64)))
+
+
+def exact_float(x: np.ndarray, code: str, out: np.ndarray) -> np.ndarray:
+    """Chunk ``x`` (typed as :meth:`Checkpoint.array` gives it, dtype ``code``) converted exactly to
+    ``out``'s float dtype, written into ``out``.
+
+    bfloat16 → float32 is the 16-bit pattern shifted into the high half of a float32 — exact for every
+    value, NaN and ±Inf included. Conversions run in numpy into preallocated buffers: on a shared CPU
+    torch's threaded conversions and fresh 1 MB allocations (page faults each time) cost more than the
+    arithmetic. float8 goes through torch (numpy has no float8).
+    """
+    o = out[: x.size]
+    if code == "BF16" and o.dtype == np.float32:
+        np.left_shift(x, 16, out=o.view(np.uint32), dtype=np.uint32)
+    elif code == "BF16":
+        np.copyto(o, np.left_shift(x.astype(np.uint32), 16).view(np.float32))
+    elif code.startswith("F8"):
+        import torch
+
+        np.copyto(o, torch.from_numpy(np.ascontiguousarray(x)).view(torch_dtype(code)).to(torch.float64).numpy())
+    else:
+        np.copyto(o, x)
+    return o
+
+
+def matrix_sums(w_base: np.ndarray, w_rl: np.ndarray, code_base: str, code_rl: str,
+                chunk: int = CHUNK) -> tuple[float, float, float]:
+    """(‖W‖², ‖Δ‖², ⟨W, Δ⟩) of W = ``w_base``, Δ = ``w_rl`` − W, both typed as :meth:`Checkpoint.array`
+    gives them (dtypes ``code_base``, ``code_rl``), upcast exactly to :func:`upcast_code` before
+    subtracting. Entries where W or Δ is NaN/±Inf are left out. Chunk by chunk: memory stays bounded."""
+    work = np.float64 if upcast_code(code_base, code_rl) == "F64" else np.float32
+    fb, fr = w_base.reshape(-1), w_rl.reshape(-1)
+    m = min(chunk, fb.size)
+    b_buf, r_buf = np.empty(m, work), np.empty(m, work)
+    sb = sd = dbd = 0.0
+    for i in range(0, fb.size, chunk):
+        b = exact_float(fb[i:i + chunk], code_base, b_buf)
+        d = np.subtract(exact_float(fr[i:i + chunk], code_rl, r_buf), b, out=r_buf[: b.size])
+        s = (blocked_dot(b, b), blocked_dot(d, d), blocked_dot(b, d))
+        if not all(np.isfinite(s)):
+            bad = ~(np.isfinite(b) & np.isfinite(d))
+            b[bad], d[bad] = 0.0, 0.0
+            s = (blocked_dot(b, b), blocked_dot(d, d), blocked_dot(b, d))
+        sb, sd, dbd = sb + s[0], sd + s[1], dbd + s[2]
+    return sb, sd, dbd
+
+
+def judged_matrices(base: Checkpoint) -> list[str]:
+    """The tensors :class:`PairDistance` judges: every 2-D floating-point tensor of ``base``."""
+    return [n for n, m in base.metas.items() if len(m.shape) == 2 and m.code in FLOAT_CODES]
+
+
+@dataclass(frozen=True)
+class PairDistance:
+    """How far RL is from base, per 2-D matrix: ρ = ‖Δ‖_F/‖W_base‖_F and cos(W_base, W_rl), judged by
+    :data:`FINE_TUNE_RULE` (:attr:`plausible`)."""
+
+    names: tuple[str, ...]
+    rho: np.ndarray
+    """[matrix] ‖Δ‖_F/‖W_base‖_F (inf where the base matrix is zero and RL's is not)."""
+    cos: np.ndarray
+    """[matrix] ⟨W_base, W_rl⟩/(‖W_base‖ ‖W_rl‖), NaN where either is zero."""
+
+    @property
+    def n_far(self) -> int:
+        return int(np.count_nonzero(self.rho > FAR_RHO))
+
+    @property
+    def median_rho(self) -> float:
+        r = self.rho[~np.isnan(self.rho)]
+        return float(np.median(r)) if r.size else float("nan")
+
+    @property
+    def median_cos(self) -> float:
+        c = self.cos[~np.isnan(self.cos)]
+        return float(np.median(c)) if c.size else float("nan")
+
+    @property
+    def plausible(self) -> bool:
+        """Whether the pair can be a fine-tune by :data:`FINE_TUNE_RULE` (no matrices: nothing refutes it)."""
+        if not self.names:
+            return True
+        return not (self.n_far > FAR_SHARE * len(self.names) or self.median_cos < MIN_MEDIAN_COS)
+
+    def summary(self) -> str:
+        """The figures, one phrase: ‖Δ‖/‖W‖ > 0.5 in 84 of 84 matrices (median 1.01), median cos(W, W+Δ) 0.01."""
+        return (f"‖Δ‖/‖W‖ > {FAR_RHO:g} in {self.n_far} of {len(self.names)} matrices (median "
+                f"{self.median_rho:.3g}), median cos(W, W+Δ) {self.median_cos:.2f}")
+
+    def as_dict(self) -> dict:
+        return {"matrices": len(self.names), "far": self.n_far, "far_rho": FAR_RHO,
+                "median_rel_delta": self.median_rho, "median_cos": self.median_cos,
+                "plausible": self.plausible, "rule": FINE_TUNE_RULE}
+
+
+def pair_distance(names, sumsq_base, sumsq_delta, dot_base_delta) -> PairDistance:
+    """:class:`PairDistance` from per-matrix sums ‖W‖², ‖Δ‖², ⟨W, Δ⟩ (``[matrix]`` each), with
+    ‖W_rl‖² = ‖W‖² + 2⟨W, Δ⟩ + ‖Δ‖² and ⟨W, W_rl⟩ = ‖W‖² + ⟨W, Δ⟩."""
+    sb, sd, dbd = (np.asarray(x, dtype=np.float64).reshape(-1) for x in (sumsq_base, sumsq_delta, dot_base_delta))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rho = np.where(sb > 0, np.sqrt(sd / sb), np.where(sd > 0, np.inf, 0.0))
+        srl = np.maximum(sb + 2 * dbd + sd, 0.0)
+        cos = np.where((sb > 0) & (srl > 0), (sb + dbd) / np.sqrt(sb * srl), np.nan)
+    return PairDistance(tuple(names), rho, np.clip(cos, -1.0, 1.0))
+
+
+def stream_pair_distance(base: Checkpoint, rl: Checkpoint) -> PairDistance:
+    """:class:`PairDistance` of a checked pair, reading one matrix pair at a time (:func:`matrix_sums`,
+    numpy on the mapped files: no torch, nothing held beyond one chunk)."""
+    names = judged_matrices(base)
+    sums = np.array([matrix_sums(base.array(n), rl.array(n), base.metas[n].code, rl.metas[n].code)
+                     for n in names], dtype=np.float64).reshape(len(names), 3)
+    return pair_distance(names, sums[:, 0], sums[:, 1], sums[:, 2])
+
+
+def check_fine_tune(dist: PairDistance, base: Checkpoint, rl: Checkpoint, *, force: bool,
+                    base_flag: str = "--base", force_flag: str = "--force-pair") -> tuple[str, ...]:
+    """Refuse a pair that :data:`FINE_TUNE_RULE` says is no fine-tune, with its figures, unless ``force``
+    (then one note says it was analysed anyway). ``base_flag`` and ``force_flag`` are the command's
+    options, named in the hint. A plausible pair passes silently: ``()``."""
+    if dist.plausible:
+        return ()
+    what = f"RL {rl.path} is not a fine-tune of base {base.path}: {dist.summary()}"
+    if force:
+        return (f"{what} (analysed anyway: {force_flag})",)
+    raise GraftkitError(what, f"pass the RL model's own SFT parent as {base_flag}, or {force_flag} to analyse it "
+                              "anyway")
 
 
 def describe(ckpt: Checkpoint) -> dict:

@@ -1,0 +1,361 @@
+"""Base and RL as a pair, from the trainers researchers use: different dtypes, and pairs that are no fine-tune.
+
+- A bfloat16 SFT base and a float32 RL checkpoint (a planted delta, ρ ≈ 1e-3): ``delta`` and
+  ``rank --what delta`` take the difference after an exact upcast (numbers equal a float64 reference,
+  one note per dtype pair); ``graft`` refuses unless ``--cast``, and then writes the base's dtype with
+  graft(∅) == base and graft(all) == RL.to(base dtype) bit for bit (export and in place).
+- A random init of the same architecture is no fine-tune of the base: ``delta``, ``graft`` and
+  ``rank --what delta`` refuse it with the figures of :data:`graftkit.weights.FINE_TUNE_RULE`, and
+  analyse it with ``--force-pair``; the genuine planted fine-tune passes silently.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _pairs as P  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
+
+from graftkit.cli import app  # noqa: E402
+from graftkit.errors import GraftkitError  # noqa: E402
+from graftkit.graft import GraftSpec, InPlaceGraft, delta_anatomy, plan_graft  # noqa: E402
+from graftkit.graft.commands import GraftConfig  # noqa: E402
+from graftkit.rank import delta_ranks  # noqa: E402
+from graftkit.weights import (FINE_TUNE_RULE, cast_like, check_fine_tune, check_pair, load_model,  # noqa: E402
+                              open_checkpoint, pair_distance, save_model, stream_pair_distance)
+from graftkit.weights.pair import FAR_RHO, matrix_sums  # noqa: E402
+
+LAYERS = 3
+RHO = 1e-3  # the planted fine-tune: ‖Δ‖/‖W‖ ≈ 1e-3 in every attention, MLP and embedding matrix
+PLANTED = ("embed", "attn", "mlp")
+
+
+# ------------------------------------------------------------------------------------------ fixtures
+
+
+def _plant(model, seed: int = 7):
+    """``model`` (float32) + δ, δ = RHO · std(W) · N(0, 1) in every matrix of PLANTED groups."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and P.group_of(name) in PLANTED:
+                p.add_(RHO * float(p.std()) * torch.randn(p.shape, generator=g))
+    return model
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pairs")
+    model = P.tiny_model("qwen3", LAYERS, seed=0)
+    base_bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    rl_f32 = _plant(copy.deepcopy(base_bf16).float())  # a float32 trainer started from the bf16 base
+    mixed = {"base": P.save_base(root / "bf16-base", base_bf16)}
+    mixed["rl"] = P.save_rl(root / "f32-rl", rl_f32, mixed["base"], note="float32 RL of a bfloat16 base")
+    same = {"base": P.save_base(root / "f32-base", model)}
+    same["rl"] = P.save_rl(root / "f32-planted", _plant(copy.deepcopy(model)), same["base"])
+    # an unrelated model: a random init of the same architecture, recorded (wrongly) as a child of the base
+    same["unrelated"] = P.save_rl(root / "random-init", P.tiny_model("qwen3", LAYERS, seed=1), same["base"],
+                                  note="random init")
+    return {"root": root, "mixed": mixed, "same": same}
+
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GRAFTKIT_RUNS", str(tmp_path / "runs"))
+    runner = CliRunner()
+
+    def invoke(*args):
+        return runner.invoke(app, [str(a) for a in args], catch_exceptions=True)
+
+    invoke.cwd = tmp_path
+    return invoke
+
+
+def one_line_error(result, *needles) -> str:
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    err = result.stderr.strip()
+    assert err.startswith("error:") and "\n" not in err and "Traceback" not in result.output, err
+    for n in needles:
+        assert n in err, (n, err)
+    return err
+
+
+def tensors(path: Path) -> dict[str, torch.Tensor]:
+    ck = open_checkpoint(path)
+    return {n: ck.read(n).clone() for n in ck.metas}
+
+
+def reference_distance(base: dict, rl: dict) -> tuple[int, int, float, float]:
+    """(far matrices, matrices, median ρ, median cos) of every 2-D tensor, in float64 from the definitions."""
+    rho, cos = [], []
+    for n, w in base.items():
+        if w.dim() != 2:
+            continue
+        W, V = w.double(), rl[n].double()
+        rho.append(float((V - W).norm() / W.norm()))
+        cos.append(float((W * V).sum() / (W.norm() * V.norm())))
+    rho, cos = np.array(rho), np.array(cos)
+    return int((rho > FAR_RHO).sum()), rho.size, float(np.median(rho)), float(np.median(cos))
+
+
+# ------------------------------------------------------------------------------------- mixed dtypes
+
+
+def test_check_pair_dtype_policies(world):
+    b, r = open_checkpoint(world["mixed"]["base"]), open_checkpoint(world["mixed"]["rl"])
+    tax = b.taxonomy()
+    n = len(b.metas)
+    assert check_pair(b, r, tax, dtypes="upcast") == (
+        f"base bfloat16, RL float32 (all {n} tensors): both upcast to float32, exactly",)
+    (cast,) = check_pair(b, r, tax, dtypes="cast")
+    assert cast.startswith(f"RL float32 cast to base bfloat16 (all {n} tensors), rounded to the nearest bfloat16")
+    for kw, hint in (({}, "save both checkpoints in the same dtype"), ({"dtype_flag": "--cast"}, "pass --cast")):
+        with pytest.raises(GraftkitError) as e:
+            check_pair(b, r, tax, dtypes="same", **kw)
+        msg = str(e.value)
+        assert f"{n} of {n} tensors differ in dtype" in msg and "bfloat16 in base, float32 in RL" in msg
+        assert hint in msg and "\n" not in msg
+    with pytest.raises(GraftkitError, match="not a dtype policy"):
+        check_pair(b, r, tax, dtypes="round")
+    same = open_checkpoint(world["same"]["rl"])
+    assert check_pair(open_checkpoint(world["same"]["base"]), same, tax, dtypes="upcast") == ()
+
+
+def test_dtype_notes_name_a_partial_mix_and_float64(world, tmp_path):
+    base = P.tiny_model("qwen3", LAYERS, seed=0)
+    b = open_checkpoint(P.save_base(tmp_path / "b", base))
+    part = copy.deepcopy(base)
+    part.model.layers[0].mlp.to(torch.bfloat16)  # three matrices stored in bfloat16, the rest float32
+    r = open_checkpoint(save_model(tmp_path / "part", part, provenance={"producer": "test"}))
+    (note,) = check_pair(b, r, b.taxonomy(), dtypes="upcast")
+    assert note.startswith(f"base float32, RL bfloat16 (3 of {len(b.metas)} tensors: model.layers.0.mlp.")
+    assert note.endswith("both upcast to float32, exactly")
+    wide = open_checkpoint(save_model(tmp_path / "f64", copy.deepcopy(base).double(), provenance={"producer": "t"}))
+    assert check_pair(b, wide, b.taxonomy(), dtypes="upcast")[0].endswith("both upcast to float64, exactly")
+    (cast,) = check_pair(r, b, b.taxonomy(), dtypes="cast")  # float32 RL into a partly bfloat16 base
+    assert "RL float32 cast to base bfloat16 (3 of" in cast
+
+
+def test_integer_dtypes_must_agree_under_every_policy(world, tmp_path):
+    from graftkit.weights import Checkpoint, TensorMeta
+
+    b = open_checkpoint(world["same"]["base"])
+
+    def with_code(ck, name, code):
+        metas = {**ck.metas, name: TensorMeta(name, code, ck.metas[name].shape)}
+        return Checkpoint(ck.path, ck.kind, metas, ck.reader)
+
+    name = next(iter(b.metas))
+    ib, ir = with_code(b, name, "I32"), with_code(b, name, "I64")
+    for policy in ("same", "upcast", "cast"):
+        with pytest.raises(GraftkitError, match="only floating-point tensors may differ"):
+            check_pair(ib, ir, b.taxonomy(), dtypes=policy)
+
+
+def test_delta_of_bf16_base_and_f32_rl_equals_a_float64_reference(world, cli):
+    base, rl = tensors(world["mixed"]["base"]), tensors(world["mixed"]["rl"])
+    d = cli("delta", "--base", world["mixed"]["base"], "--from", world["mixed"]["rl"], "--json")
+    assert d.exit_code == 0, d.output
+    got = json.loads(d.stdout)
+    assert f"base bfloat16, RL float32 (all {len(base)} tensors): both upcast to float32, exactly" in got["notes"]
+    assert not any("fine-tune" in n for n in got["notes"])  # a genuine fine-tune passes silently
+    (run,) = got["runs"].values()
+    rows = {t["name"]: t for t in run["tensors"]}
+    total = sum(float(((rl[n].double() - base[n].double()) ** 2).sum()) for n in base)
+    for n, w in base.items():
+        D = rl[n].double() - w.double()
+        want = {"fro_delta": float(D.norm()), "rel_delta": float(D.norm() / w.double().norm()),
+                "max_abs_delta": float(D.abs().max()), "share": float((D**2).sum()) / total,
+                "frac_unchanged": float((rl[n].double() == w.double()).double().mean())}
+        for m, v in want.items():
+            assert np.isclose(rows[n][m], v, rtol=2e-6, atol=1e-12), (n, m, rows[n][m], v)
+        if P.group_of(n) not in PLANTED or w.dim() != 2:  # unplanted: every float32 value is its bf16 value
+            assert rows[n]["frac_unchanged"] == 1.0 and rows[n]["fro_delta"] == 0.0, n
+    # the plant moved every matrix of the planted groups: few of their entries keep their value
+    assert rows["model.layers.0.self_attn.q_proj.weight"]["frac_unchanged"] < 0.01
+    far, count, med_rho, med_cos = reference_distance(base, rl)
+    (ft,) = got["fine_tune"].values()
+    assert (ft["far"], ft["matrices"], ft["plausible"]) == (far, count, True) == (0, count, True)
+    assert np.isclose(ft["median_rel_delta"], med_rho, rtol=1e-5) and np.isclose(ft["median_cos"], med_cos)
+    assert 5e-4 < med_rho < 2e-3
+
+
+def test_rank_delta_of_mixed_dtypes_uses_the_coarser_storage_dtype(world, cli):
+    b, r = open_checkpoint(world["mixed"]["base"]), open_checkpoint(world["mixed"]["rl"])
+    res = delta_ranks(b, r, b.taxonomy(), metrics=["frobenius_sq", "numerical_rank"])
+    assert res.attrs["pair_notes"] == [f"base bfloat16, RL float32 (all {len(b.metas)} tensors): "
+                                       "both upcast to float32, exactly"]
+    assert set(res["tensor_dtype"]) == {"bfloat16"}  # the coarser of the two stored operands
+    col = {m: k for k, m in enumerate(res.coords["metric"])}
+    eps = torch.finfo(torch.bfloat16).eps
+    for i, name in enumerate(res.coords["tensor"]):
+        W0, W1 = b.read(name).double(), r.read(name).double()
+        S = torch.maximum(W0.abs(), W1.abs())
+        ref = float(S.square().sum(1).sqrt().max() + S.square().sum(0).sqrt().max())
+        assert np.isclose(res["tol_ref"][i], ref, rtol=1e-9), name
+        assert np.isclose(res["tol"][i], eps * ref, rtol=1e-9), name
+        assert np.isclose(res["value"][i, col["frobenius_sq"]], float(((W1 - W0) ** 2).sum()), rtol=1e-5), name
+    assert res.attrs["fine_tune"]["plausible"] and res.attrs["fine_tune"]["far"] == 0
+    ran = cli("rank", "--what", "delta", "--model", world["mixed"]["rl"], "--vs", world["mixed"]["base"], "--json")
+    assert ran.exit_code == 0, ran.output
+
+
+def test_graft_refuses_mixed_dtypes_unless_cast(world, cli):
+    m = world["mixed"]
+    out = cli.cwd / "g"
+    err = one_line_error(cli("graft", "--base", m["base"], "--from", m["rl"], "--groups", "attn", "--out", out),
+                         "differ in dtype", "bfloat16 in base, float32 in RL", "--cast")
+    assert "--force-pair" not in err and not out.exists()
+    one_line_error(cli("graft", "--base", m["base"], "--from", m["rl"], "--sweep", "single", "--dry-run"), "--cast")
+    one_line_error(cli("graft", "--base", m["base"], "--from", m["rl"], "--eval", "--groups", "attn"), "--cast")
+    plan = cli("graft", "--base", m["base"], "--from", m["rl"], "--sweep", "single", "--dry-run", "--cast", "--json")
+    assert plan.exit_code == 0, plan.output
+    assert any(n.startswith("RL float32 cast to base bfloat16") for n in json.loads(plan.stdout)["notes"])
+    assert GraftConfig(rl=m["rl"], groups="attn", cast=True).cast
+
+
+def test_cast_graft_keeps_base_dtype_and_is_exact_at_none_and_all(world, cli):
+    m = world["mixed"]
+    base, rl = tensors(m["base"]), tensors(m["rl"])
+    cast = {n: t.to(torch.bfloat16) for n, t in rl.items()}
+    outs = {}
+    for groups in ("none", "all", "attn"):
+        outs[groups] = cli.cwd / f"g-{groups}"
+        g = cli("graft", "--base", m["base"], "--from", m["rl"], "--groups", groups, "--cast", "--out",
+                outs[groups], "--json")
+        assert g.exit_code == 0, g.output
+        assert any(n.startswith("RL float32 cast to base bfloat16") for n in json.loads(g.stdout)["notes"])
+    P.assert_checkpoint_equals(outs["none"], base)
+    P.assert_checkpoint_equals(outs["all"], cast)
+    P.assert_checkpoint_equals(outs["attn"], {n: cast[n] if P.group_of(n) == "attn" else base[n] for n in base})
+    assert any(not torch.equal(cast[n], base[n]) for n in base)  # the cast kept some of the delta
+    prov = json.loads((outs["all"] / "graftkit.json").read_text())
+    assert prov["config"]["cast"] is True
+    assert any(n.startswith("RL float32 cast to base bfloat16") and "rounded to the nearest bfloat16" in n
+               for n in prov["notes"])
+
+
+def test_cast_graft_in_place_equals_rl_in_base_dtype(world):
+    m = world["mixed"]
+    b, stored = open_checkpoint(m["base"]), open_checkpoint(m["rl"])
+    r = cast_like(stored, b)
+    assert all(r.metas[n].code == "BF16" for n in r.metas) and r.notes[-1].startswith("RL float32 cast to base")
+    assert cast_like(b, b) is b
+    model, _ = load_model(m["base"], need_tokenizer=False, dtype=torch.bfloat16)
+    original = {n: t.detach().clone() for n, t in model.state_dict().items()}
+    with pytest.raises(GraftkitError, match="differ in dtype"):
+        InPlaceGraft(model, b, stored)
+    tax = b.taxonomy()
+    with InPlaceGraft(model, b, r) as session:
+        session.apply(plan_graft(tax, GraftSpec.parse("all")))
+        state = model.state_dict()
+        for n in b.metas:
+            P.assert_bit_equal(state[n], stored.read(n).to(torch.bfloat16), n)
+        session.apply(plan_graft(tax, GraftSpec.parse("none")))
+        for n in b.metas:
+            P.assert_bit_equal(model.state_dict()[n], b.read(n), n)
+    for n, t in original.items():
+        P.assert_bit_equal(model.state_dict()[n], t, n)
+
+
+# ---------------------------------------------------------------------------------- no fine-tune
+
+
+def test_the_rule_from_sums_both_outcomes():
+    """ρ = √(‖Δ‖²/‖W‖²), cos = (‖W‖² + ⟨W,Δ⟩)/√(‖W‖² (‖W‖² + 2⟨W,Δ⟩ + ‖Δ‖²)), on sums with known answers."""
+    s2 = 1 / np.sqrt(2)
+    # W' = 2.5 W: ρ = 1.5 (far), cos = 1 — far in more than half the matrices refuses even at cos 1
+    far = pair_distance(["a", "b", "c"], [1.0] * 3, [2.25, 2.25, 0.0], [1.5, 1.5, 0.0])
+    assert np.allclose(far.rho, [1.5, 1.5, 0]) and np.allclose(far.cos, [1, 1, 1])
+    assert far.n_far == 2 and far.median_cos > 0.5 and not far.plausible  # more than half far
+    half = pair_distance(["a", "b", "c", "d"], [1.0] * 4, [2.25, 2.25, 0.0, 0.0], [1.5, 1.5, 0.0, 0.0])
+    assert half.n_far == 2 and half.plausible  # half is not most
+    # Δ ⟂ W with ‖Δ‖ = ‖W‖: ρ = 1 (not far: > 1 is), cos = 1/√2 — a collapse-like move stays plausible
+    ortho = pair_distance(["a", "b", "c"], [1.0] * 3, [1.0, 1.0, 1.0], [0.0] * 3)
+    assert np.allclose(ortho.rho, 1) and np.allclose(ortho.cos, s2) and ortho.n_far == 0 and ortho.plausible
+    # W' = −W in half the matrices: cos −1, median cos (−1 + 1)/2 = 0: refused by the cosine alone
+    flipped = pair_distance(["a", "b", "c", "d"], [1.0] * 4, [4.0, 4.0, 0.0, 0.0], [-2.0, -2.0, 0.0, 0.0])
+    assert np.allclose(flipped.cos, [-1, -1, 1, 1]) and flipped.n_far == 2 and flipped.median_cos == 0.0
+    assert not flipped.plausible
+    # ρ = 1 exactly is not far (> 1): W' = 2 W
+    edge = pair_distance(["a"], [4.0], [4.0], [4.0])
+    assert edge.rho[0] == 1.0 and edge.cos[0] == 1.0 and edge.n_far == 0 and edge.plausible
+    assert pair_distance([], [], [], []).plausible
+    zero = pair_distance(["z", "y"], [0.0, 1.0], [1.0, 0.0], [0.0, 0.0])  # a zero base matrix has no cosine
+    assert zero.rho[0] == np.inf and np.isnan(zero.cos[0]) and zero.median_cos == 1.0
+    assert f"> {FAR_RHO}" in FINE_TUNE_RULE and "more than 50%" in FINE_TUNE_RULE
+
+
+def test_streamed_sums_equal_float64_in_any_chunking(world):
+    b, r = open_checkpoint(world["mixed"]["base"]), open_checkpoint(world["mixed"]["rl"])
+    name = "model.embed_tokens.weight"
+    W, V = b.read(name).double(), r.read(name).double()
+    want = (float((W**2).sum()), float(((V - W) ** 2).sum()), float((W * (V - W)).sum()))
+    for chunk in (7, 1000, 1 << 20):
+        got = matrix_sums(b.array(name), r.array(name), "BF16", "F32", chunk=chunk)
+        assert np.allclose(got, want, rtol=1e-6), (chunk, got, want)
+
+
+def test_a_random_init_is_refused_by_delta_graft_and_rank(world, cli):
+    s = world["same"]
+    far, count, med_rho, med_cos = reference_distance(tensors(s["base"]), tensors(s["unrelated"]))
+    assert far > count / 2 and med_cos < 0.5  # the reference agrees: no fine-tune
+    figures = f"‖Δ‖/‖W‖ > {FAR_RHO:g} in {far} of {count} matrices (median {med_rho:.3g}), median cos(W, W+Δ) {med_cos:.2f}"
+    head = f"RL {s['unrelated']} is not a fine-tune of base {s['base']}: {figures}"
+    one_line_error(cli("delta", "--base", s["base"], "--from", s["unrelated"]), head,
+                   "pass the RL model's own SFT parent as --base, or --force-pair")
+    out = cli.cwd / "g"
+    one_line_error(cli("graft", "--base", s["base"], "--from", s["unrelated"], "--groups", "attn", "--out", out),
+                   head, "--base", "--force-pair")
+    assert not out.exists()
+    # --force replaces an output folder; it does not make a random init a fine-tune
+    one_line_error(cli("graft", "--base", s["base"], "--from", s["unrelated"], "--groups", "attn", "--out", out,
+                       "--force"), head)
+    one_line_error(cli("graft", "--base", s["base"], "--from", s["unrelated"], "--eval", "--groups", "attn"), head)
+    one_line_error(cli("rank", "--what", "delta", "--model", s["unrelated"], "--vs", s["base"]), head,
+                   "pass the RL model's own SFT parent as --vs")
+    b, u = open_checkpoint(s["base"]), open_checkpoint(s["unrelated"])
+    with pytest.raises(GraftkitError, match="is not a fine-tune"):
+        delta_anatomy(b, [u], ["u"], b.taxonomy())
+
+
+def test_a_random_init_is_analysed_with_force_pair(world, cli):
+    s = world["same"]
+    d = cli("delta", "--base", s["base"], "--from", s["unrelated"], "--force-pair", "--json")
+    assert d.exit_code == 0, d.output
+    got = json.loads(d.stdout)
+    (note,) = [n for n in got["notes"] if "is not a fine-tune" in n]
+    assert note.endswith("(analysed anyway: --force-pair)") and not got["fine_tune"]["random-init"]["plausible"]
+    out = cli.cwd / "g"
+    g = cli("graft", "--base", s["base"], "--from", s["unrelated"], "--groups", "attn", "--out", out, "--force-pair")
+    assert g.exit_code == 0, g.output
+    prov = json.loads((out / "graftkit.json").read_text())
+    assert prov["config"]["force_pair"] is True and any("is not a fine-tune" in n for n in prov["notes"])
+    b, u = open_checkpoint(s["base"]), open_checkpoint(s["unrelated"])
+    res = delta_ranks(b, u, b.taxonomy(), layers="late", metrics=["erank"], force_pair=True)
+    assert any(n.endswith("(analysed anyway: --force-pair)") for n in res.attrs["pair_notes"])
+    assert not res.attrs["fine_tune"]["plausible"]
+
+
+def test_a_planted_fine_tune_passes_silently(world, cli):
+    s = world["same"]
+    b, r = open_checkpoint(s["base"]), open_checkpoint(s["rl"])
+    dist = stream_pair_distance(b, r)
+    far, count, med_rho, med_cos = reference_distance(tensors(s["base"]), tensors(s["rl"]))
+    assert (dist.n_far, len(dist.names)) == (far, count) == (0, count)
+    assert np.isclose(dist.median_rho, med_rho, rtol=1e-5) and np.isclose(dist.median_cos, med_cos, atol=1e-9)
+    assert check_fine_tune(dist, b, r, force=False) == ()
+    g = cli("graft", "--base", s["base"], "--from", s["rl"], "--groups", "attn", "--out", cli.cwd / "g", "--json")
+    assert g.exit_code == 0, g.output
+    assert not any("fine-tune" in n for n in json.loads(g.stdout)["notes"])
+    res = delta_anatomy(b, [r], ["rl"], b.taxonomy())
+    assert res.attrs["pair_notes"] == [] and res.attrs["fine_tune"]["rl"]["plausible"]

@@ -1,0 +1,133 @@
+"""Training runs as inputs: the ``output_dir`` of a TRL or transformers ``Trainer`` run.
+
+A Trainer saves ``output_dir/checkpoint-N/`` every ``save_steps``: the weights (``model*.safetensors``,
+or ``adapter_model.safetensors`` + ``adapter_config.json`` with PEFT), ``config.json``, the tokenizer,
+``trainer_state.json`` (its ``log_history``: loss, reward, KL, ... per logged step) and the pickles
+``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth`` and ``training_args.bin``. Those pickles are never
+opened here (nor warned about: they are the trainer's, not weights); ``trainer_state.json`` is JSON.
+
+:func:`trainer_run` recognises such a folder; :func:`resolve_models` turns a path a command was given
+into the checkpoints it means: the folder itself when it holds weights, else the run's last checkpoint,
+or every checkpoint in step order (``all_checkpoints``: the training trajectory).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import GraftkitError
+
+#: A Trainer's step folder (``save_steps``); DeepSpeed's ``global_stepN`` sits inside one, not beside it.
+CHECKPOINT_DIR = re.compile(r"checkpoint-(\d+)\Z")
+#: Files that make a folder a checkpoint (full weights, sharded or not, or a PEFT adapter).
+_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors",
+            "pytorch_model.bin", "pytorch_model.bin.index.json", "adapter_model.bin")
+STATE = "trainer_state.json"
+
+
+def holds_weights(folder: Path) -> bool:
+    """True when ``folder`` holds a model's or an adapter's weights itself."""
+    folder = Path(folder)
+    return folder.is_dir() and (any((folder / f).is_file() for f in _WEIGHTS)
+                                or any(folder.glob("model-*-of-*.safetensors")))
+
+
+@dataclass(frozen=True)
+class TrainerRun:
+    """A Trainer ``output_dir``: its checkpoints in step order and the ``trainer_state.json`` that logs
+    the run furthest (the last checkpoint's, else the root's)."""
+
+    root: Path
+    checkpoints: tuple[tuple[int, Path], ...]
+    state: Path | None
+
+    @property
+    def steps(self) -> tuple[int, ...]:
+        return tuple(s for s, _ in self.checkpoints)
+
+    @property
+    def last(self) -> Path:
+        return self.checkpoints[-1][1]
+
+    def step_of(self, path: Path) -> int | None:
+        return next((s for s, p in self.checkpoints if p == Path(path)), None)
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """N of a ``checkpoint-N`` folder, else None."""
+    m = CHECKPOINT_DIR.match(Path(path).name)
+    return int(m[1]) if m else None
+
+
+def trainer_run(path: Path) -> TrainerRun | None:
+    """The Trainer run whose ``output_dir`` is ``path`` (a folder holding no weights itself but
+    ``checkpoint-N`` folders that do), else None."""
+    path = Path(path)
+    if not path.is_dir() or holds_weights(path):
+        return None
+    found = sorted((checkpoint_step(p), p) for p in path.iterdir() if checkpoint_step(p) is not None and holds_weights(p))
+    if not found:
+        return None
+    states = [p / STATE for _, p in reversed(found)] + [path / STATE]
+    return TrainerRun(path, tuple(found), next((s for s in states if s.is_file()), None))
+
+
+def resolve_models(path: Path, all_checkpoints: bool = False) -> list[Path]:
+    """The checkpoints ``path`` names: itself when it holds weights (or is a file); for a Trainer
+    ``output_dir``, its last checkpoint, or all of them in step order with ``all_checkpoints``."""
+    path = Path(path)
+    run = trainer_run(path)
+    if run is None:
+        if all_checkpoints and not path.is_file():
+            raise GraftkitError(f"{path} is not a trainer output_dir (no checkpoint-N folders with weights)",
+                                "pass the folder that holds checkpoint-N/, or drop --all-checkpoints")
+        return [path]
+    return [p for _, p in run.checkpoints] if all_checkpoints else [run.last]
+
+
+def trainer_log(state: Path) -> list[dict[str, float]]:
+    """``log_history`` of a ``trainer_state.json``: one dict per logged step (``step`` and every finite
+    numeric value; ``epoch`` and the final summary row, which has no loss of its own, included as given)."""
+    try:
+        history = json.loads(Path(state).read_text())["log_history"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise GraftkitError(f"{state}: not a readable trainer_state.json with a log_history ({e})",
+                            "pass a Trainer output_dir whose checkpoints hold trainer_state.json") from None
+    rows = []
+    for entry in history:
+        if not isinstance(entry, dict) or not isinstance(entry.get("step"), int):
+            continue
+        row = {k: float(v) for k, v in entry.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+        rows.append(row)
+    return rows
+
+
+#: ``trainer_state.json`` keys (TRL GRPOTrainer / SFTTrainer, transformers Trainer) that name a quantity
+#: graftkit's curves already draw, under graftkit's name: TRL's ``kl`` is the mean k3 estimator, as ours.
+TRAINER_METRICS = {"kl": "kl_k3_mean", "clip_ratio/low_mean": "clip_frac_low", "clip_ratio/high_mean": "clip_frac_high"}
+#: Bookkeeping keys, not curves (the final summary row's ``train_*`` too).
+_NOT_CURVES = ("step", "epoch", "total_flos")
+
+
+def trainer_series(state: Path) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """(steps, metric → values over those steps) of a ``trainer_state.json``: every numeric metric its
+    ``log_history`` logs, NaN at the steps that did not log it (train and eval rows log different keys);
+    names as in ``TRAINER_METRICS``, others with ``/`` written as ``.`` (an HDF5 name cannot hold one)."""
+    log = trainer_log(state)
+    steps = sorted({int(r["step"]) for r in log})
+    where = {s: i for i, s in enumerate(steps)}
+    series: dict[str, np.ndarray] = {}
+    for row in log:
+        for k, v in row.items():
+            if k in _NOT_CURVES or k.startswith("train_"):
+                continue
+            name = TRAINER_METRICS.get(k, k.replace("/", "."))
+            series.setdefault(name, np.full(len(steps), np.nan))[where[int(row["step"])]] = v
+    return np.array(steps, dtype=np.int64), series
