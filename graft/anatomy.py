@@ -454,7 +454,7 @@ def run_delta(cfg: DeltaConfig, on_progress: OnProgress = no_progress) -> DeltaR
         if not Path(p).exists():  # else resolving its recorded base would mislead
             raise GraftkitError(f"{p}: no such file or folder", "check the --from path")
     paths = [m for p in cfg.rl for m in resolve_models(p, cfg.all_checkpoints)]
-    b, rls = open_pair(_base_of(paths[0], cfg.base), paths, allow_pickle=cfg.allow_pickle,
+    b, rls = open_pair(rl_base(paths[0], cfg.base), paths, allow_pickle=cfg.allow_pickle,
                        unknown=cfg.unknown, config=cfg.config)
     tax = b.taxonomy(cfg.unknown)
     labels = result_labels(paths)
@@ -476,7 +476,7 @@ def run_delta(cfg: DeltaConfig, on_progress: OnProgress = no_progress) -> DeltaR
     return DeltaResult(res, written)
 
 
-def _base_of(rl: Path, base: Path | None) -> Path:
+def rl_base(rl: Path, base: Path | None) -> Path:
     """``--base``, else the RL checkpoint's recorded SFT parent, else (a LoRA adapter) its local base model."""
     from ..weights import recorded_base, resolve_base
     from ..weights.lora import adapter_base, is_lora_folder

@@ -26,6 +26,8 @@ from typing import Optional
 from ..config import OnProgress, RunOption, no_progress, opt
 from ..errors import GraftkitError
 from ..store import current_run, result_labels, write_result
+from ..weights.runs import resolve_models
+from .anatomy import rl_base
 from ..weights.commands import ReadOptions, must_exist
 from . import attribution as attr
 from . import experiments as X
@@ -157,13 +159,14 @@ def run_graft(cfg: GraftConfig, on_progress: OnProgress = no_progress):
     --sweep / --vs the :class:`GraftExperiments` of :func:`run_graft_experiments` (its plan with --dry-run)."""
     if cfg.experiments:
         return run_graft_experiments(cfg, on_progress)
-    from ..weights import check_fine_tune, notes, open_pair, resolve_base, stream_pair_distance
+    from ..weights import check_fine_tune, notes, open_pair, stream_pair_distance
     from .export import export_graft
     from .plan import plan_graft
 
     t0 = time.perf_counter()
     spec = cfg.spec()
-    base_path = resolve_base(must_exist(cfg.rl), cfg.base)
+    cfg = cfg.replace(rl=resolve_models(must_exist(cfg.rl))[0])  # a trainer's output_dir: its last checkpoint
+    base_path = rl_base(cfg.rl, cfg.base)
     b, (stored,) = open_pair(base_path, [cfg.rl], allow_pickle=cfg.allow_pickle, unknown=cfg.unknown,
                              config=cfg.config)
     tax = b.taxonomy(cfg.unknown)
@@ -288,11 +291,12 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
     (one bar per configuration, in episodes); with ``--vs`` the same for the second run (sharing the base's
     outcomes) and the double-dissociation test. Returns :class:`GraftExperiments` (the plan with --dry-run)."""
     from ..agent import Decode, load_policy, resolve_tasks, seed_list
-    from ..weights import describe, notes, open_pair, resolve_base
+    from ..weights import describe, notes, open_pair
     from .anatomy import DeltaResult, delta_anatomy
 
     t0 = time.perf_counter()
-    base_path = resolve_base(must_exist(cfg.rl), cfg.base)
+    cfg = cfg.replace(rl=resolve_models(must_exist(cfg.rl))[0])  # a trainer's output_dir: its last checkpoint
+    base_path = rl_base(cfg.rl, cfg.base)
     paths = [cfg.rl] + ([must_exist(cfg.vs, "--vs")] if cfg.vs is not None else [])
     b, stored = open_pair(base_path, paths, allow_pickle=cfg.allow_pickle, unknown=cfg.unknown, config=cfg.config)
     tax = b.taxonomy(cfg.unknown)

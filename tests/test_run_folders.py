@@ -195,3 +195,13 @@ def test_delta_over_a_trainer_run_is_its_trajectory_and_the_report_draws_it(tmp_
     rep = json.loads(_cli(tmp_path, monkeypatch, "report", tmp_path / "runs", "--json").stdout)
     html = Path(rep["path"]).read_text()
     assert "Where the weights moved, when" in html and "trainer_state.json" in html
+
+
+def test_graft_takes_a_trainer_output_dir_as_its_last_checkpoint(tmp_path, monkeypatch, trl):
+    from graftkit.weights import open_checkpoint
+
+    out = tmp_path / "g"
+    _cli(tmp_path, monkeypatch, "graft", "--base", trl["sft"], "--from", trl["out"], "--groups", "all", "--out", out)
+    g, last = open_checkpoint(out), open_checkpoint(trl["out"] / "checkpoint-6")
+    for name in last.metas:
+        assert g.read(name).equal(last.read(name)), name  # graft(all) of the run is its last checkpoint, exactly
