@@ -29,7 +29,7 @@ print(" ".join(d for d in deps if re.split(r"[<>=!~ \[]", d)[0] not in ("torch",
 PY
 )"
 STAMP="$VENV/.installed"
-WANT="$TORCH $TRL $TRANSFORMERS accelerate datasets $GRAFTKIT_DEPS graftkit-editable($REPO)"
+WANT="$TORCH $TRL $TRANSFORMERS accelerate datasets peft $GRAFTKIT_DEPS graftkit-editable($REPO)"
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" && -x "$VENV/bin/python" ]] \
     && "$VENV/bin/python" -c 'import trl, graftkit' 2>/dev/null; then
@@ -44,7 +44,7 @@ test -x "$VENV/bin/python" || "$PYTHON" -m venv "$VENV"
 # Keep the torch just installed: constrain it so no dependency resolves to another build.
 TORCH_VERSION="$("$VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])')"
 # shellcheck disable=SC2086  # GRAFTKIT_DEPS is a list of requirements
-"$VENV/bin/pip" install -q "$TRL" "$TRANSFORMERS" "accelerate>=1.10.1" "datasets>=4.7.0" \
+"$VENV/bin/pip" install -q "$TRL" "$TRANSFORMERS" "accelerate>=1.10.1" "datasets>=4.7.0" peft \
     $GRAFTKIT_DEPS "torch==$TORCH_VERSION"
 "$VENV/bin/pip" install -q --no-deps -e "$REPO"
 

@@ -31,7 +31,7 @@ from ..errors import GraftkitError
 from ..findings import FindingsResult
 from ..graft.anatomy import DeltaResult
 from ..stats import Comparison
-from ..store import Result, list_results, read_result
+from ..store import Result, list_results, read_result, result_labels
 from . import anatomy, curves, grafts, rank, success
 from ._common import fmt
 
@@ -88,7 +88,7 @@ def base_label(path: Path | None, kind: str, res: Result) -> str:
     model = _model_path(res.attrs)
     named = res.attrs.get("label") if isinstance(res.attrs.get("label"), str) and res.attrs.get("label") else None
     if kind in ("eval", "headroom") and (named or model):
-        label = named or Path(model).name
+        label = named or result_labels([model])[0]
         decode = res.attrs.get("decode")
         if kind == "eval" and isinstance(decode, dict) and decode.get("greedy") is False:
             label += " (sampled)"
@@ -96,7 +96,7 @@ def base_label(path: Path | None, kind: str, res: Result) -> str:
             label += " [som]"
         return label
     if kind.startswith(("train-", "rank-")) and (named or model):
-        return named or Path(model).name
+        return named or result_labels([model])[0]
     return path.stem if path is not None else kind
 
 

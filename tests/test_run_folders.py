@@ -3,6 +3,7 @@ trainer's run (not just its `checkpoint-N`), and no result of one model ever rep
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -205,3 +206,48 @@ def test_graft_takes_a_trainer_output_dir_as_its_last_checkpoint(tmp_path, monke
     g, last = open_checkpoint(out), open_checkpoint(trl["out"] / "checkpoint-6")
     for name in last.metas:
         assert g.read(name).equal(last.read(name)), name  # graft(all) of the run is its last checkpoint, exactly
+
+
+@pytest.fixture(scope="module")
+def others(tmp_path_factory, trl):
+    """An SFTTrainer run and a GRPOTrainer + PEFT LoRA run over the same SFT model."""
+    from trl_shapes import sft_trainer_run, trl_lora_run
+
+    root = tmp_path_factory.mktemp("others")
+    return {"sft-run": sft_trainer_run(root / "sft-out", trl["sft"]), "lora-run": trl_lora_run(root / "lora-out", trl["sft"])}
+
+
+def test_every_command_on_a_lora_and_an_sft_trainer_run_and_nothing_is_overwritten(tmp_path, monkeypatch, trl, others):
+    import json
+
+    from graftkit.graft.anatomy import DeltaResult
+
+    sft, lora, sftrun = trl["sft"], others["lora-run"], others["sft-run"]
+    ep = ("--tasks", "click-tab", "--seeds", "1", "--episodes", "1")
+    for out in (lora, sftrun, trl["out"]):
+        _cli(tmp_path, monkeypatch, "inspect", out)
+        _cli(tmp_path, monkeypatch, "delta", "--base", sft, "--from", out, "--all-checkpoints")
+        _cli(tmp_path, monkeypatch, "eval", "--model", out, *ep)
+        _cli(tmp_path, monkeypatch, "rank", "--model", out, "--what", "delta", "--vs", sft)
+        _cli(tmp_path, monkeypatch, "graft", "--base", sft, "--from", out, "--groups", "attn",
+             "--out", tmp_path / f"g-{out.name}")
+    results = tmp_path / "runs" / "results"
+    names = sorted(p.name for p in results.glob("*.h5"))
+    for out, last in ((lora, 4), (sftrun, 6), (trl["out"], 6)):
+        lab = f"{out.name}-checkpoint-{last}"
+        for name in (f"delta-{out.name}-trajectory.h5", f"eval-{lab}-greedy.h5", f"rank-delta-{lab}.h5",
+                     f"train-trainer-{out.name}.h5"):
+            assert name in names, (name, names)
+    assert not [n for n in names if re.search(r"-[0-9a-f]{8}\.h5$", n)]  # no two models met on one file name
+    d = DeltaResult.from_result(read_result(results / "delta-lora-out-trajectory.h5"))
+    assert d.result.attrs["steps"] == [2, 4] and d.runs == ["lora-out-checkpoint-2", "lora-out-checkpoint-4"]
+    rank = read_result(results / "rank-delta-lora-out-checkpoint-4.h5")
+    k = list(rank.coords["metric"]).index("numerical_rank")
+    got = {str(t): float(rank["value"][i, k]) for i, t in enumerate(rank.coords["tensor"])}
+    moved = {t: v for t, v in got.items() if t.endswith(("q_proj.weight", "v_proj.weight"))}
+    assert moved and set(moved.values()) == {4.0}  # the merged rank-4 adapter reads 4
+    assert {v for t, v in got.items() if t not in moved} <= {0.0}
+    curves = read_result(results / "train-trainer-sft-out.h5")
+    assert "mean_token_accuracy" in curves.data and "reward" not in curves.data
+    rep = json.loads(_cli(tmp_path, monkeypatch, "report", tmp_path / "runs", "--json").stdout)
+    assert "anatomy" in rep["sections"] and "training" in rep["sections"]

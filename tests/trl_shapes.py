@@ -53,3 +53,51 @@ def trl_run(out: Path, sft: Path, steps=(2, 4, 6), scale: float = 1e-3, seed: in
         for name in PICKLES:
             (ck / name).write_bytes(NOT_A_PICKLE)
     return out
+
+
+def sft_log(steps: list[int]) -> list[dict]:
+    """An SFTTrainer-shaped log_history (transformers' Trainer plus TRL's token statistics)."""
+    rows = [{"step": s, "epoch": s / max(steps), "loss": 2.0 / s, "grad_norm": 0.5, "learning_rate": 2e-5,
+             "mean_token_accuracy": 0.5 + 0.05 * s, "num_tokens": 1000.0 * s, "entropy": 1.0} for s in range(1, max(steps) + 1)]
+    return rows + [{"step": max(steps), "epoch": 1.0, "train_runtime": 3.0, "train_loss": 0.7, "total_flos": 0.0}]
+
+
+def _trainer_files(ck: Path, s: int, steps, log) -> None:
+    state = {"global_step": s, "max_steps": max(steps), "log_history": [r for r in log(list(steps)) if r["step"] <= s]}
+    (ck / "trainer_state.json").write_text(json.dumps(state))
+    for name in PICKLES:
+        (ck / name).write_bytes(NOT_A_PICKLE)
+
+
+def sft_trainer_run(out: Path, sft: Path, steps=(3, 6), seed: int = 1) -> Path:
+    """An SFTTrainer ``output_dir``: full checkpoints, its own log keys."""
+    trl_run(out, sft, steps=steps, seed=seed)
+    for s in steps:
+        _trainer_files(out / f"checkpoint-{s}", s, steps, sft_log)
+    return out
+
+
+def trl_lora_run(out: Path, sft: Path, steps=(2, 4), rank: int = 4, seed: int = 2) -> Path:
+    """A GRPOTrainer ``output_dir`` with ``peft_config``: each checkpoint an adapter (rank ``rank`` on q_proj
+    and v_proj, growing with the step) whose ``base_model_name_or_path`` is the local SFT folder."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(sft, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(sft)
+    pm = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj"],
+                                          init_lora_weights=False))
+    g = torch.Generator().manual_seed(seed)
+    direction = {n: torch.randn(p.shape, generator=g) for n, p in pm.named_parameters() if "lora_" in n}
+    for s in steps:
+        with torch.no_grad():
+            for n, p in pm.named_parameters():
+                if "lora_A" in n:
+                    p.copy_(0.3 * direction[n])
+                elif "lora_B" in n:
+                    p.copy_(0.01 * s * direction[n])  # B grows along one direction: Δ = s·B@A has rank ``rank``
+        ck = out / f"checkpoint-{s}"
+        pm.save_pretrained(ck, safe_serialization=True)
+        tok.save_pretrained(ck)
+        _trainer_files(ck, s, steps, grpo_log)
+    return out

@@ -56,8 +56,9 @@ def adapter_base(adapter: Path, base: Path | None, flag: str) -> Path:
     if named and Path(named).is_dir():
         return Path(named)
     if named:
-        raise GraftkitError(f"{adapter} is a LoRA adapter over {named!r}, which is not a local folder "
-                            "(graftkit never downloads a model)", f"pass the local folder of {named} as {flag} DIR")
+        raise GraftkitError(f"{adapter} is a LoRA adapter over {named!r}, which is no folder from here (a hub id, or "
+                            "a path relative to where it was trained; graftkit never downloads a model)",
+                            f"pass the local folder of {named} as {flag} DIR")
     raise GraftkitError(f"{adapter} is a LoRA adapter that names no base model", f"pass its base model folder as {flag} DIR")
 
 
