@@ -232,7 +232,7 @@ def run_train_grpo(cfg: GRPOConfig, on_progress: OnProgress = no_progress, *, re
     if not Path(cfg.init).exists():
         raise GraftkitError(f"--init {cfg.init}: no such folder", "pass the SFT policy folder")
     dest = run_grpo(cfg, resume=resume, force=force, on_step=_steps("grpo", cfg.steps, on_progress, on_step))
-    return Trained(dest, write_curves(dest, "grpo", results))
+    return Trained(dest, write_curves(dest, "grpo", results or current_run(cfg.run) / "results"))
 
 
 # ---------------------------------------------------------------------------------------------- sweep

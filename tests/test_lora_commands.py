@@ -102,3 +102,38 @@ def test_rank_weights_and_delta_of_an_adapter(tmp_path, monkeypatch, adapters):
     (d,) = json.loads(out)["models"].values()
     ranks = {r["layer"]: r["groups"]["attn"]["numerical_rank"] for r in d["layers"]}
     assert set(ranks.values()) == {RANK}  # q_proj and v_proj moved by a rank-4 update, each reads 4
+
+
+@pytest.fixture(scope="module")
+def sft_adapter(tmp_path_factory):
+    """A LoRA on the embedded SFT policy (it solves some episodes), and PEFT's merge of it as a folder."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from graftkit.study import EMBEDDED_SFT
+
+    root = tmp_path_factory.mktemp("sft-lora")
+    pm = get_peft_model(AutoModelForCausalLM.from_pretrained(EMBEDDED_SFT, dtype=torch.float32),
+                        LoraConfig(r=RANK, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_" in name:
+                p.copy_(0.15 * torch.randn_like(p))
+    pm.save_pretrained(root / "adapter", safe_serialization=True)
+    pm.merge_and_unload().save_pretrained(root / "merged", safe_serialization=True)
+    AutoTokenizer.from_pretrained(EMBEDDED_SFT).save_pretrained(root / "merged")
+    return {"base": EMBEDDED_SFT, "adapter": root / "adapter", "merged": root / "merged"}
+
+
+def test_graft_eval_merges_the_adapter_into_the_loaded_base(tmp_path, monkeypatch, sft_adapter):
+    """graft --eval of all groups plays the adapter's merged policy: its outcomes equal eval of PEFT's merge."""
+    ep = ("--tasks", "click-tab,click-button", "--seeds", "6", "--episodes", "2")
+    out = json.loads(run(tmp_path, monkeypatch, "graft", "--from", sft_adapter["adapter"], "--base", sft_adapter["base"],
+                         "--groups", "all", "--eval", *ep, "--json").stdout)
+    g = read_result(out["files"]["A"])
+    run(tmp_path, monkeypatch, "eval", "--model", sft_adapter["merged"], *ep, "--save", tmp_path / "m.h5")
+    merged = np.asarray(read_result(tmp_path / "m.h5")["success"])[..., 0]
+    k = list(g.coords["config"]).index("all (rl)")
+    assert 0 < merged.mean() < 1  # a policy that solves some episodes and not others: the check can fail
+    np.testing.assert_array_equal(np.asarray(g["success"][k]), merged)

@@ -105,8 +105,11 @@ def test_run_option_puts_every_result_in_that_run(tmp_path, monkeypatch, trainer
     _cli(tmp_path, monkeypatch, "rank", "--model", a, "--run", run)
     _cli(tmp_path, monkeypatch, "train", "sft", "--out", tmp_path / "sft-x", "--tasks", "click-tab", "--size",
          "nano", "--steps", "2", "--batch-size", "2", "--run", run)
+    _cli(tmp_path, monkeypatch, "train", "grpo", "--init", tmp_path / "sft-x", "--out", tmp_path / "rl-x", "--tasks",
+         "click-tab", "--steps", "1", "--prompts-per-step", "1", "--group-size", "2", "--run", run)
     written = sorted(p.name.split("-")[0] for p in (run / "results").glob("*.h5"))
-    assert written == ["eval", "headroom", "rank", "train"]
+    assert written == ["eval", "headroom", "rank", "train", "train"]
+    assert (run / "results" / "train-grpo-rl-x.h5").is_file()
     assert not (tmp_path / "runs").exists()  # nothing went to the default run
 
 

@@ -24,6 +24,9 @@ class GRPOConfig(CommandConfig):
     """The SFT policy to start from."""
     out: str = opt(cli_type=Path)
     """Output folder of the RL policy."""
+    run: str | None = opt(None, flags=("--run",), cli_type=Path)
+    """Run folder whose results/ get the training curves (default: the run named in runs/.current, else runs/);
+    where results go, not how the policy trains: a resumed run may name another."""
     tasks: tuple[str, ...] = opt("mastered", cli_type=str)
     """Suite(s) or tasks sampled as prompts."""
     steps: int = 40

@@ -332,8 +332,9 @@ def run_grpo(
         raise GraftkitError(f"--resume: no complete checkpoint in {_ckpt_dir(cfg)}", "run without --resume")
     if ckpt is not None:
         saved = json.loads((ckpt / "graftkit.json").read_text())
-        if saved["config"] != cfg.as_dict():
-            diff = sorted(k for k in cfg.as_dict() if saved["config"].get(k) != cfg.as_dict()[k])
+        mine = {k: v for k, v in cfg.as_dict().items() if k != "run"}  # where results go is not the training
+        if {k: v for k, v in saved["config"].items() if k != "run"} != mine:
+            diff = sorted(k for k in mine if saved["config"].get(k) != mine[k])
             raise GraftkitError(f"--resume: {ckpt} was written with a different config (differs in {', '.join(diff)})",
                                 "resume with the same settings, or start a new run without --resume")
         ck_model, _ = load_model(ckpt)
