@@ -305,6 +305,9 @@ class DeltaConfig(ReadOptions, RunOption):
     """HDF5 result file (default: RUN/results/delta-*.h5)."""
     allow_nonfinite: bool = False
     """Exit 0 even if a delta has NaN/Inf entries."""
+    shared_vocab: bool = False
+    """RL's vocabulary was resized (extra token rows): compare over the rows both share, reporting the
+    extra ones; refused by default."""
     force_pair: bool = False
     """Analyse a pair that is no fine-tune (RL moved most matrices by their own norm or more, or points
     elsewhere); refused by default. Not --force, which elsewhere replaces an output folder (graft)."""
@@ -447,7 +450,7 @@ def run_delta(cfg: DeltaConfig, on_progress: OnProgress = no_progress) -> DeltaR
     """Delta anatomy of every ``cfg.rl`` against the base; written to ``cfg.save`` (default
     ``RUN/results/delta-<labels>.h5``). The result records ``cfg.as_dict()`` as its config."""
     from ..store import current_run, result_labels, write_result
-    from ..weights import describe, open_pair
+    from ..weights import describe, open_pair, shared_vocab
     from ..weights.runs import checkpoint_step, resolve_models, trainer_run, trainer_series
 
     for p in cfg.rl:
@@ -457,6 +460,8 @@ def run_delta(cfg: DeltaConfig, on_progress: OnProgress = no_progress) -> DeltaR
     b, rls = open_pair(rl_base(paths[0], cfg.base), paths, allow_pickle=cfg.allow_pickle,
                        unknown=cfg.unknown, config=cfg.config)
     tax = b.taxonomy(cfg.unknown)
+    if cfg.shared_vocab:
+        rls = [shared_vocab(r, b, tax) for r in rls]
     labels = result_labels(paths)
     total = b.nbytes * (1 + len(rls))
     prov = {"base": describe(b), "base_path": str(b.path), "runs": [describe(r) for r in rls], "config": cfg.as_dict(),

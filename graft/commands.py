@@ -59,6 +59,9 @@ class GraftConfig(ReadOptions, RunOption):
     cast: bool = False
     """RL stores tensors in another dtype than base: cast RL's values to base's dtype (round to nearest).
     The graft always keeps base's dtype; without this flag such a pair is refused."""
+    shared_vocab: bool = False
+    """RL's vocabulary was resized (extra token rows): compare and graft over the rows both share, reporting the
+    extra ones; refused by default."""
     force_pair: bool = False
     """Graft a pair that is no fine-tune (RL moved most matrices by their own norm or more, or points
     elsewhere); refused by default. Not --force, which replaces an existing output folder."""
@@ -159,7 +162,7 @@ def run_graft(cfg: GraftConfig, on_progress: OnProgress = no_progress):
     --sweep / --vs the :class:`GraftExperiments` of :func:`run_graft_experiments` (its plan with --dry-run)."""
     if cfg.experiments:
         return run_graft_experiments(cfg, on_progress)
-    from ..weights import check_fine_tune, notes, open_pair, stream_pair_distance
+    from ..weights import check_fine_tune, notes, open_pair, shared_vocab, stream_pair_distance
     from .export import export_graft
     from .plan import plan_graft
 
@@ -191,7 +194,8 @@ def run_graft(cfg: GraftConfig, on_progress: OnProgress = no_progress):
     if cfg.dry_run:
         return {**summary, "dry_run": True}
     # one extra streaming pass (numpy, one matrix pair at a time), on the checkpoint as stored
-    forced = check_fine_tune(stream_pair_distance(b, stored), b, stored, force=cfg.force_pair)
+    judged = shared_vocab(stored, b, tax) if cfg.shared_vocab else stored  # the stored values, over shared rows
+    forced = check_fine_tune(stream_pair_distance(b, judged), b, judged, force=cfg.force_pair)
     written = export_graft(
         b, r, plan, cfg.out_dir or default_graft_out(cfg), force=cfg.force, max_shard_size=cfg.max_shard_size,
         command={"unknown": cfg.unknown, "max_shard_size": cfg.max_shard_size, "cast": cfg.cast,
@@ -205,8 +209,9 @@ def run_graft(cfg: GraftConfig, on_progress: OnProgress = no_progress):
 def _cast_pair(cfg: GraftConfig, base, rl, tax):
     """``rl`` checked against ``base`` and read in base's dtypes: differing dtypes are refused unless
     ``--cast``, and then cast on reading (:func:`graftkit.weights.cast_like`, stated in its notes)."""
-    from ..weights import cast_like, check_pair
+    from ..weights import cast_like, check_pair, shared_vocab
 
+    rl = shared_vocab(rl, base, tax) if cfg.shared_vocab else rl
     check_pair(base, rl, tax, dtypes="cast" if cfg.cast else "same", dtype_flag="--cast")
     return cast_like(rl, base)
 

@@ -46,6 +46,9 @@ class RankConfig(ReadOptions, RunOption):
     """Comma list shown in the table (default erank,stable_rank[,spectral_drift,intruders | ,participation_ratio])."""
     save: Path | None = opt(None, flags=("--save",))
     """HDF5 result file, one model only (default: RUN/results/rank-*.h5)."""
+    shared_vocab: bool = False
+    """RL's vocabulary was resized (extra token rows): compare (--what delta) over the rows both share, reporting the
+    extra ones; refused by default."""
     force_pair: bool = False
     """--what delta: rank a pair that is no fine-tune (RL moved most matrices by their own norm or more, or
     points elsewhere); refused by default."""
@@ -164,7 +167,7 @@ def _base_of(path: Path, vs: Path | None) -> Path:
 
 def _rank_weights(cfg: RankConfig, models: list[Path], labels: list[str], run: Path, on_progress) -> dict:
     from . import delta_ranks, weight_ranks
-    from ..weights import band_rule, notes, open_one, open_pair
+    from ..weights import band_rule, notes, open_one, open_pair, shared_vocab
     from ..weights.lora import is_lora_folder, open_adapted
     from ..weights.taxonomy import DECODER
 
@@ -175,6 +178,8 @@ def _rank_weights(cfg: RankConfig, models: list[Path], labels: list[str], run: P
         base_ck = None
         if cfg.what == "delta":
             base_ck, (ckpt,) = open_pair(_base_of(path, cfg.vs), [path], **read)
+            if cfg.shared_vocab:
+                ckpt = shared_vocab(ckpt, base_ck, base_ck.taxonomy(cfg.unknown))
         else:
             ckpt = open_adapted(path, cfg.vs, "--vs") if is_lora_folder(path) else open_one(path, **read)
         tax = (base_ck or ckpt).taxonomy(cfg.unknown)

@@ -359,3 +359,49 @@ def test_a_planted_fine_tune_passes_silently(world, cli):
     assert not any("fine-tune" in n for n in json.loads(g.stdout)["notes"])
     res = delta_anatomy(b, [r], ["rl"], b.taxonomy())
     assert res.attrs["pair_notes"] == [] and res.attrs["fine_tune"]["rl"]["plausible"]
+
+
+# ---------------------------------------------------------------------------------- a resized vocabulary
+
+@pytest.fixture(scope="module")
+def resized(tmp_path_factory):
+    """A base (vocabulary 64) and an RL model that added 3 tokens (67 rows in embed and lm_head) and moved
+    attention and the shared embedding rows a little."""
+    root = tmp_path_factory.mktemp("vocab")
+    model = P.tiny_model("qwen3", LAYERS, seed=0)
+    base = P.save_base(root / "base", model)
+    rl_model = copy.deepcopy(model)
+    rl_model.resize_token_embeddings(67)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for n, p in rl_model.named_parameters():
+            if "self_attn" in n or "embed_tokens" in n:
+                p.add_(1e-3 * torch.randn(p.shape, generator=g))
+    return {"base": base, "rl": P.save_rl(root / "rl", rl_model, base)}
+
+
+def test_a_resized_vocabulary_is_compared_and_grafted_over_the_shared_rows(resized, cli):
+    b, r = tensors(resized["base"]), tensors(resized["rl"])
+    emb = "model.embed_tokens.weight"
+    assert r[emb].shape[0] == 67 and b[emb].shape[0] == 64
+    one_line_error(cli("delta", "--from", resized["rl"]), "vocabulary size differs", "--shared-vocab")
+    one_line_error(cli("graft", "--from", resized["rl"], "--groups", "attn", "--out", cli.cwd / "x"), "--shared-vocab")
+    d = json.loads(cli("delta", "--from", resized["rl"], "--shared-vocab", "--json").stdout)
+    (run,) = d["runs"].values()
+    want = float((r[emb][:64].double() - b[emb].double()).norm())
+    (row,) = [t for t in run["tensors"] if t["name"] == emb]
+    assert row["fro_delta"] == pytest.approx(want, rel=1e-6)
+    assert "RL has 3 extra token rows (vocabulary 67 vs base 64" in json.dumps(d, ensure_ascii=False)
+    out = cli.cwd / "g"
+    res = cli("graft", "--from", resized["rl"], "--groups", "all", "--shared-vocab", "--out", out)
+    assert res.exit_code == 0, res.output
+    g = tensors(out)
+    for n, t in g.items():  # graft(all) over the shared rows: RL's tensors cut to the base's vocabulary, bit for bit
+        P.assert_bit_equal(t, r[n][: b[n].shape[0]] if n in (emb, "lm_head.weight") else r[n], n)
+    rank = cli("rank", "--what", "delta", "--model", resized["rl"], "--shared-vocab", "--json")
+    assert rank.exit_code == 0, rank.output
+
+
+def test_a_base_with_more_rows_than_rl_is_refused(resized, cli):
+    one_line_error(cli("delta", "--from", resized["base"], "--base", resized["rl"], "--shared-vocab"),
+                   "the base has 67 token rows but RL only 64")

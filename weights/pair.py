@@ -188,7 +188,8 @@ def check_pair(base: Checkpoint, rl: Checkpoint, taxonomy: Taxonomy, *, dtypes: 
             if taxonomy.roles[n].group in ("embed", "lm_head") and mb.shape[1:] == mr.shape[1:]:
                 raise GraftkitError(
                     f"vocabulary size differs: base {n} {list(mb.shape)} vs RL {list(mr.shape)}",
-                    "graft only between checkpoints that share a tokenizer (resize one model's embeddings first)",
+                    "pass --shared-vocab to compare and graft over the rows both share (the extra rows reported), "
+                    "or pass two checkpoints that share a tokenizer",
                 )
             raise GraftkitError(
                 f"tensor {n} has shape {list(mb.shape)} in base but {list(mr.shape)} in RL",
@@ -234,6 +235,41 @@ def cast_like(rl: Checkpoint, base: Checkpoint) -> Checkpoint:
 
     return dataclasses.replace(rl, metas=metas, reader=read, raw={n: e for n, e in rl.raw.items() if n not in differ},
                                notes=(*rl.notes, *dtype_notes(base, rl, "cast")))
+
+
+def shared_vocab(rl: Checkpoint, base: Checkpoint, taxonomy: Taxonomy) -> Checkpoint:
+    """``rl`` with its token-indexed tensors (``embed`` / ``lm_head`` matrices whose other dimensions match
+    the base's) cut to the rows both models share, the first ``min(V_base, V_rl)``: a vocabulary resized
+    in RL (added tokens) is compared and grafted over the common rows. The cut and the extra rows (their
+    count and mean row norm) are stated in :attr:`Checkpoint.notes`; a base with more rows than RL is
+    refused (those rows have no RL counterpart to graft). ``rl`` itself when no vocabulary differs."""
+    cut: dict[str, int] = {}
+    for n, mb in base.metas.items():
+        mr = rl.metas.get(n)
+        if mr is None or mr.shape == mb.shape or taxonomy.roles[n].group not in ("embed", "lm_head"):
+            continue
+        if mr.shape[1:] != mb.shape[1:] or len(mb.shape) < 1:
+            continue  # not a vocabulary difference: check_pair names it
+        if mr.shape[0] < mb.shape[0]:
+            raise GraftkitError(f"{n}: the base has {mb.shape[0]} token rows but RL only {mr.shape[0]}",
+                                "pass the model with the larger vocabulary as --from (RL), or resize the base")
+        cut[n] = mb.shape[0]
+    if not cut:
+        return rl
+    notes = []
+    for n, rows in cut.items():
+        extra = rl.read(n)[rows:].float()
+        norm = float(extra.norm(dim=-1).mean()) if extra.numel() else 0.0
+        notes.append(f"{n}: RL has {rl.metas[n].shape[0] - rows} extra token rows (vocabulary {rl.metas[n].shape[0]} "
+                     f"vs base {rows}; mean row norm {norm:.4g}): compared and grafted over the {rows} shared rows")
+    metas = {n: TensorMeta(n, m.code, (cut[n], *m.shape[1:])) if n in cut else m for n, m in rl.metas.items()}
+
+    def read(name: str):
+        t = rl.read(name)
+        return t[: cut[name]] if name in cut else t
+
+    return dataclasses.replace(rl, metas=metas, reader=read, raw={n: e for n, e in rl.raw.items() if n not in cut},
+                               notes=(*rl.notes, *notes))
 
 
 # --------------------------------------------------------------------------- is it a fine-tune at all?
