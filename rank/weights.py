@@ -369,7 +369,9 @@ def delta_ranks(
     above the delta rule's tolerance, eps(coarser storage dtype) times the rounding reference of the two
     stored tensors (:func:`rank.spectra.rounding_reference`, taken from the same pair as it is read, a block
     of rows at a time), recorded per row in ``tol`` and ``tol_ref``; per-layer rows average every metric
-    over the tensors RL moved, named in ``averaged_layer``.
+    over the tensors RL moved, named in ``averaged_layer``. A LoRA adapter's tensors (``rl.deltas``) are
+    ranked on the exact update s·B@A (float32, from A and B) with the matrix rule's tolerance, never on the
+    difference of the merged and base matrices.
     """
     import torch
 
@@ -385,12 +387,14 @@ def delta_ranks(
     method_name = None
     for name in names:
         b, r = base.read(name), rl.read(name)
+        exact = rl.deltas(name) if rl.deltas is not None else None  # a LoRA's s·B@A, not a rounded difference
         for (label, W0), (_, W1) in zip(_matrices(name, b), _matrices(name, r)):
-            D = delta_matrix(W0, W1)
+            D = delta_matrix(W0, W1) if exact is None else exact
             if not torch.isfinite(D).all():
                 raise GraftkitError(f"{label}: the delta holds NaN or inf values",
                                     "check the RL checkpoint (diverged training?); `graftkit delta` counts them")
-            m = measures(D, method, stored=(W0, W1))  # the tolerance of a delta: the stored weights' rounding
+            # the tolerance of a delta: the stored weights' rounding; of an exact update: its own (float32)
+            m = measures(D, method, stored=(W0, W1)) if exact is None else measures(D, method)
             method_name = m["method"]
             zero = m["frobenius_sq"] == 0.0
             if want_pair:

@@ -137,3 +137,24 @@ def test_graft_eval_merges_the_adapter_into_the_loaded_base(tmp_path, monkeypatc
     k = list(g.coords["config"]).index("all (rl)")
     assert 0 < merged.mean() < 1  # a policy that solves some episodes and not others: the check can fail
     np.testing.assert_array_equal(np.asarray(g["success"][k]), merged)
+
+
+def test_rank_of_an_adapter_delta_is_taken_on_the_exact_update(tmp_path, monkeypatch, adapters):
+    """delta = s·B@A from the adapter's own A and B (s = alpha / r = 2), not merged − base: the rank result's
+    tolerance of q_proj is the matrix rule on that product."""
+    from safetensors.torch import load_file
+
+    from graftkit.weights.lora import open_adapted
+
+    ck = open_adapted(adapters["local"], None, "--base")
+    ab = load_file(adapters["local"] / "adapter_model.safetensors")
+    name = "model.layers.0.self_attn.q_proj.weight"
+    key = "base_model.model.model.layers.0.self_attn.q_proj"
+    want = 2.0 * (ab[f"{key}.lora_B.weight"].float() @ ab[f"{key}.lora_A.weight"].float())
+    assert torch.equal(ck.deltas(name), want)
+    assert ck.deltas("model.layers.0.mlp.up_proj.weight") is None  # not adapted
+    run(tmp_path, monkeypatch, "rank", "--what", "delta", "--model", adapters["local"], "--save", tmp_path / "r.h5")
+    res = read_result(tmp_path / "r.h5")
+    i = [str(t) for t in res.coords["tensor"]].index(name)
+    sigma1 = float(torch.linalg.svdvals(want.double())[0])
+    assert float(res["tol"][i]) == pytest.approx(max(want.shape) * float(torch.finfo(torch.float32).eps) * sigma1, rel=1e-6)

@@ -84,6 +84,9 @@ class Checkpoint:
     arrays: Callable[[str], np.ndarray] | None = None  # name -> numpy view, without torch
     notes: tuple[str, ...] = ()  # how the file was read: container, prefixes stripped, config source
     config_from: Path | None = None  # the folder config.json (and tokenizer files) came from, if not its own
+    #: name -> the exact update from the base where the checkpoint is base + a stored update (a LoRA adapter:
+    #: s·B@A in float32 from A and B, never the difference of two rounded matrices); None elsewhere
+    deltas: Callable[[str], object | None] | None = None
 
     @property
     def loose(self) -> bool:

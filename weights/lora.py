@@ -188,7 +188,13 @@ def apply_lora(base: Checkpoint, adapter_path: Path) -> Checkpoint:
     changed = set(by_target) | set(full)
     raw = {n: e for n, e in base.raw.items() if n not in changed}
     metas = {n: TensorMeta(n, m.code, m.shape) for n, m in base.metas.items()}
+    def exact(name: str):
+        m = by_target.get(name)
+        if m is None or name in full:  # a saved replacement is no low-rank update of the base
+            return None
+        return lora_delta(sf.read(m.a), sf.read(m.b), m.scale, m.transpose)
+
     ckpt = Checkpoint(adapter_path, "lora-merged", metas, read, raw, base.config,
-                      None, (sf.path, *base.weight_files), base.arrays)
+                      None, (sf.path, *base.weight_files), base.arrays, deltas=exact)
     ckpt.provenance = {"lora": {"config": cfg, "base": str(base.path), "targets": sorted(changed)}}
     return ckpt

@@ -269,7 +269,7 @@ def shared_vocab(rl: Checkpoint, base: Checkpoint, taxonomy: Taxonomy) -> Checkp
         return t[: cut[name]] if name in cut else t
 
     return dataclasses.replace(rl, metas=metas, reader=read, raw={n: e for n, e in rl.raw.items() if n not in cut},
-                               notes=(*rl.notes, *notes))
+                               notes=(*rl.notes, *notes), deltas=None)
 
 
 # --------------------------------------------------------------------------- is it a fine-tune at all?
