@@ -177,7 +177,7 @@ def _rank_weights(cfg: RankConfig, models: list[Path], labels: list[str], run: P
         prov = {"config": cfg.as_dict()}
         base_ck = None
         if cfg.what == "delta":
-            base_ck, (ckpt,) = open_pair(_base_of(path, cfg.vs), [path], **read)
+            base_ck, (ckpt,) = open_pair(_base_of(path, cfg.vs), [path], **read, base_flag="--vs")
             if cfg.shared_vocab:
                 ckpt = shared_vocab(ckpt, base_ck, base_ck.taxonomy(cfg.unknown))
         else:

@@ -66,7 +66,7 @@ def open_adapted(adapter: Path, base: Path | None, flag: str) -> Checkpoint:
     """``adapter`` merged over its base (:func:`adapter_base`), as a checkpoint read one tensor at a time."""
     from .checkpoint import open_checkpoint
 
-    return apply_lora(open_checkpoint(adapter_base(adapter, base, flag)), Path(adapter))
+    return apply_lora(open_checkpoint(adapter_base(adapter, base, flag)), Path(adapter), flag)
 
 
 def _pattern_value(patterns: dict, module: str, default):
@@ -147,8 +147,9 @@ def lora_delta(a, b, scale: float, transpose: bool):
     return d.T.contiguous() if transpose else d
 
 
-def apply_lora(base: Checkpoint, adapter_path: Path) -> Checkpoint:
-    """The checkpoint base + Δ_LoRA, computed one tensor at a time on read."""
+def apply_lora(base: Checkpoint, adapter_path: Path, base_flag: str = "--base") -> Checkpoint:
+    """The checkpoint base + Δ_LoRA, computed one tensor at a time on read (errors name ``base_flag``, the
+    command's option for the base)."""
     cfg, sf, modules, full = read_adapter(adapter_path)
     by_target = {m.target: m for m in modules}
     missing = [t for t in [*by_target, *full] if t not in base.metas]
@@ -156,7 +157,7 @@ def apply_lora(base: Checkpoint, adapter_path: Path) -> Checkpoint:
         raise GraftkitError(
             f"{adapter_path}: adapter targets tensor(s) the base {base.path} does not have: "
             f"{', '.join(missing[:5])}",
-            "pass the base model the adapter was trained on as --base",
+            f"pass the base model the adapter was trained on as {base_flag}",
         )
     for t, m in by_target.items():
         meta = base.metas[t]
@@ -166,14 +167,14 @@ def apply_lora(base: Checkpoint, adapter_path: Path) -> Checkpoint:
             raise GraftkitError(
                 f"{adapter_path}: LoRA for {t} gives a delta of shape {list(shape)} but the base tensor is "
                 f"{list(meta.shape)}",
-                "pass the base model the adapter was trained on as --base",
+                f"pass the base model the adapter was trained on as {base_flag}",
             )
     for t, key in full.items():
         if tuple(sf.entries[key].shape) != base.metas[t].shape:
             raise GraftkitError(
                 f"{adapter_path}: saved module {key} has shape {list(sf.entries[key].shape)}, base tensor "
                 f"{t} has {list(base.metas[t].shape)}",
-                "pass the base model the adapter was trained on as --base",
+                f"pass the base model the adapter was trained on as {base_flag}",
             )
 
     def read(name: str):

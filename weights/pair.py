@@ -84,7 +84,7 @@ def open_one(path: Path, *, allow_pickle: bool = False, unknown: str = "error",
 
 
 def open_pair(base_path: Path, rl_paths, *, allow_pickle: bool = False, unknown: str = "error",
-              config: Path | None = None) -> tuple[Checkpoint, list[Checkpoint]]:
+              config: Path | None = None, base_flag: str = "--base") -> tuple[Checkpoint, list[Checkpoint]]:
     """The base and every RL side, opened; a single pickled file among them is renamed onto the names of
     the first side that is no such file (or, when all are, onto the taxonomy's) and takes its config."""
     base = open_checkpoint(base_path, allow_pickle=allow_pickle)
@@ -92,7 +92,7 @@ def open_pair(base_path: Path, rl_paths, *, allow_pickle: bool = False, unknown:
     ref = next((c for c in (base, *full) if c is not None and not c.loose), None)
     base = match_names(base, ref, unknown=unknown, config_dir=config)
     ref = ref or base  # all sides single files: the RL sides take the base's (taxonomy-matched) names
-    rls = [apply_lora(base, Path(p)) if c is None else match_names(c, ref, unknown=unknown, config_dir=config)
+    rls = [apply_lora(base, Path(p), base_flag) if c is None else match_names(c, ref, unknown=unknown, config_dir=config)
            for p, c in zip(rl_paths, full)]
     return base, rls
 
