@@ -169,6 +169,7 @@ def inspect(cfg: InspectConfig, as_json: bool):
     out.print(t)
     if info["band_rule"]:
         out.print(info["band_rule"])
+    _notes(info["notes"])
 
 
 # --------------------------------------------------------------------------------------------- delta

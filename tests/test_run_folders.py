@@ -165,8 +165,11 @@ def test_trainer_state_becomes_training_curves(trl, tmp_path):
 
 def test_commands_take_a_trainer_output_dir_as_its_last_checkpoint(tmp_path, monkeypatch, trl):
     """Every pickle beside the weights is bytes that are no pickle: reading one would fail the command."""
-    res = _cli(tmp_path, monkeypatch, "inspect", trl["out"], "--json")
-    assert "checkpoint-6" in res.output
+    import json
+
+    info = json.loads(_cli(tmp_path, monkeypatch, "inspect", trl["out"], "--json").stdout)
+    assert info["path"].endswith("checkpoint-6") and list(info["checkpoints"]) == ["2", "4", "6"]
+    assert "checkpoints at steps 2, 4, 6" in _cli(tmp_path, monkeypatch, "inspect", trl["out"]).stdout
     _cli(tmp_path, monkeypatch, "eval", "--model", trl["out"], "--tasks", "click-tab", "--seeds", "1", "--episodes", "1")
     _cli(tmp_path, monkeypatch, "rank", "--model", trl["out"])
     names = sorted(p.name for p in (tmp_path / "runs" / "results").glob("*.h5"))

@@ -9,7 +9,7 @@ from ..config import CommandConfig, check_choice, opt
 from ..errors import GraftkitError
 from .pair import open_one
 from .lora import is_lora_folder, open_adapted
-from .runs import resolve_models
+from .runs import resolve_models, trainer_run
 from .taxonomy import DECODER, GROUPS, band_rule
 
 UNKNOWN = ("error", "keep-base")
@@ -58,6 +58,7 @@ def run_inspect(cfg: InspectConfig) -> dict:
     if not Path(cfg.model).exists():
         raise GraftkitError(f"{cfg.model}: no such file or folder", "check the MODEL path")
     (model,) = resolve_models(cfg.model)  # a trainer's output_dir: its last checkpoint
+    run = trainer_run(Path(cfg.model))
     if is_lora_folder(model):
         ck = open_adapted(model, cfg.base, "--base")
         ck.notes = (*ck.notes, f"LoRA adapter {model} merged over {ck.provenance['lora']['base']}: "
@@ -74,4 +75,8 @@ def run_inspect(cfg: InspectConfig) -> dict:
     n_dec = tax.n_layers.get(DECODER, 0)
     return {"path": str(ck.path), "kind": ck.kind, "family": tax.family, "matched_by": tax.matched_by,
             "model_type": ck.model_type, "tied_embeddings": tax.tied, "layers": dict(tax.n_layers), "groups": rows,
-            "band_rule": band_rule(n_dec) if n_dec else None, "unknown": list(tax.unknown), "notes": list(ck.notes)}
+            "band_rule": band_rule(n_dec) if n_dec else None, "unknown": list(tax.unknown),
+            "checkpoints": {str(s): str(p) for s, p in run.checkpoints} if run else None,
+            "notes": list(ck.notes) + ([f"trainer output_dir {cfg.model}: checkpoints at steps "
+                                        f"{', '.join(map(str, run.steps))}; this is the last (delta --all-checkpoints "
+                                        "takes every one)"] if run else [])}
