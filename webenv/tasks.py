@@ -71,6 +71,26 @@ def generate_string(rng: SeedRandom, min_chars: int, max_chars: int | None = Non
     return "".join(rng.sample(chars) for _ in range(rng.randi(min_chars, max_chars)))
 
 
+def append_linked(parent: Node, words: list[str], links: list[bool]) -> list[Node]:
+    """``words.join(' ')`` appended to ``parent`` with each marked word a ``<span class="alink">`` (text
+    between links as text nodes, as the browser parses the joined HTML); returns the spans."""
+    pending, spans = "", []
+    for j, (w, is_link) in enumerate(zip(words, links)):
+        sep = " " if j else ""
+        if is_link:
+            if pending + sep:
+                parent.append(pending + sep)
+            node = span(w, classes="alink")
+            parent.append(node)
+            spans.append(node)
+            pending = ""
+        else:
+            pending += sep + w
+    if pending:
+        parent.append(pending)
+    return spans
+
+
 # --- observation helpers (oracles and progress read only these) --------------------------------------
 
 def _quoted(utterance: str) -> list[str]:
@@ -221,21 +241,7 @@ class ClickLink(Task):
             links = [rng.random() < 0.2 for _ in words]
             if any(links):
                 break
-        pending = ""
-        spans = []
-        for j, (w, is_link) in enumerate(zip(words, links)):
-            sep = " " if j else ""
-            if is_link:
-                if pending + sep:
-                    area.append(pending + sep)
-                node = span(w, classes="alink")
-                area.append(node)
-                spans.append(node)
-                pending = ""
-            else:
-                pending += sep + w
-        if pending:
-            area.append(pending)
+        spans = append_linked(area, words, links)
         correct = spans[rng.randi(0, len(spans))].text_content
         for node in spans:
             node.on("click", self.end(1.0 if node.text_content == correct else -1.0))
@@ -451,27 +457,10 @@ class ClickTab(Task):
         return page, area
 
     def gen_problem(self, rng: SeedRandom) -> None:
-        area = self.area
-        area.clear()
-        self.ul = Node("ul", classes="ui-tabs-nav ui-corner-all ui-helper-reset ui-helper-clearfix ui-widget-header",
-                       style=Style(border=(1, 1, 1, 1), padding=(2, 2, 0, 2), height=25))
-        self.tabs, self.panels = [], []
+        self.area.clear()
+        self._strip()
         for i in range(3):
-            a = Node("a", id=f"ui-id-{i + 1}", classes="ui-tabs-anchor", href=f"#tabs-{i + 1}", tabindex=-1,
-                     style=Style(display="inline-block"))
-            a.append(f"Tab #{i + 1}")
-            li = Node("li", classes="ui-tabs-tab ui-corner-top ui-state-default ui-tab", tabindex=-1,
-                      style=Style(display="inline-block"))
-            li.append(a)
-            self.ul.append(li)
-            self.tabs.append((li, a))
-        area.append(ws("\n"), self.ul)
-        for i in range(3):
-            p = Node("p", style=Style(margin=(10, 0, 10, 0))).append(generate_words(rng, 20))
-            panel = Node("div", id=f"tabs-{i + 1}", classes="ui-tabs-panel ui-corner-bottom ui-widget-content",
-                         style=Style(margin=(2, 2, 2, 2), padding=(10, 14, 10, 14)))
-            self.panels.append(panel.append(p))
-            area.append(panel)
+            self._panel(i, Node("p", style=Style(margin=(10, 0, 10, 0))).append(generate_words(rng, 20)))
         expected = rng.randi(1, 4)
         if expected == 2:
             active = 0
@@ -488,6 +477,29 @@ class ClickTab(Task):
             li.on("focusin", lambda event, li=li: li.add_class("ui-state-focus"))
             li.on("focusout", lambda event, li=li: li.remove_class("ui-state-focus"))
             li.on("keydown", lambda event, i=i: self.activate(i) if event.key == " " else None)
+
+    def _strip(self) -> None:
+        """The tab strip (jQuery UI's markup for the three anchors), appended to the emptied area."""
+        self.ul = Node("ul", classes="ui-tabs-nav ui-corner-all ui-helper-reset ui-helper-clearfix ui-widget-header",
+                       style=Style(border=(1, 1, 1, 1), padding=(2, 2, 0, 2), height=25))
+        self.tabs, self.panels = [], []
+        for i in range(3):
+            a = Node("a", id=f"ui-id-{i + 1}", classes="ui-tabs-anchor", href=f"#tabs-{i + 1}", tabindex=-1,
+                     style=Style(display="inline-block"))
+            a.append(f"Tab #{i + 1}")
+            li = Node("li", classes="ui-tabs-tab ui-corner-top ui-state-default ui-tab", tabindex=-1,
+                      style=Style(display="inline-block"))
+            li.append(a)
+            self.ul.append(li)
+            self.tabs.append((li, a))
+        self.area.append(ws("\n"), self.ul)
+
+    def _panel(self, i: int, p: Node) -> None:
+        """Tab ``i``'s panel holding ``p``, appended to the area."""
+        panel = Node("div", id=f"tabs-{i + 1}", classes="ui-tabs-panel ui-corner-bottom ui-widget-content",
+                     style=Style(margin=(2, 2, 2, 2), padding=(10, 14, 10, 14)))
+        self.panels.append(panel.append(p))
+        self.area.append(panel)
 
     def activate(self, k: int) -> None:
         """``_activate(k)``: the old tab loses the active classes, then the new one gains them."""
@@ -537,20 +549,7 @@ class ClickTab2(ClickTab):
                 words = re.split(r"\s", generate_words(rng, 20))
                 marks = [rng.random() < 0.2 for _ in words]
                 p = Node("p", style=Style(margin=(10, 0, 10, 0)))
-                pending = ""
-                for j, (w, is_link) in enumerate(zip(words, marks)):
-                    sep = " " if j else ""
-                    if is_link:
-                        if pending + sep:
-                            p.append(pending + sep)
-                        node = span(w, classes="alink")
-                        p.append(node)
-                        self.links.append(node)
-                        pending = ""
-                    else:
-                        pending += sep + w
-                if pending:
-                    p.append(pending)
+                self.links += append_linked(p, words, marks)
                 self._panel(i, p)
             if self.links:
                 break
@@ -565,27 +564,6 @@ class ClickTab2(ClickTab):
             li.on("focusin", lambda event, li=li: li.add_class("ui-state-focus"))
             li.on("focusout", lambda event, li=li: li.remove_class("ui-state-focus"))
             li.on("keydown", lambda event, i=i: self.activate(i) if event.key == " " else None)
-
-    def _strip(self) -> None:
-        self.ul = Node("ul", classes="ui-tabs-nav ui-corner-all ui-helper-reset ui-helper-clearfix ui-widget-header",
-                       style=Style(border=(1, 1, 1, 1), padding=(2, 2, 0, 2), height=25))
-        self.tabs, self.panels = [], []
-        for i in range(3):
-            a = Node("a", id=f"ui-id-{i + 1}", classes="ui-tabs-anchor", href=f"#tabs-{i + 1}", tabindex=-1,
-                     style=Style(display="inline-block"))
-            a.append(f"Tab #{i + 1}")
-            li = Node("li", classes="ui-tabs-tab ui-corner-top ui-state-default ui-tab", tabindex=-1,
-                      style=Style(display="inline-block"))
-            li.append(a)
-            self.ul.append(li)
-            self.tabs.append((li, a))
-        self.area.append(ws("\n"), self.ul)
-
-    def _panel(self, i: int, p: Node) -> None:
-        panel = Node("div", id=f"tabs-{i + 1}", classes="ui-tabs-panel ui-corner-bottom ui-widget-content",
-                     style=Style(margin=(2, 2, 2, 2), padding=(10, 14, 10, 14)))
-        self.panels.append(panel.append(p))
-        self.area.append(panel)
 
     def activate(self, k: int) -> None:
         """jQuery UI's ``_eventHandler``: a click on the open tab does nothing."""
