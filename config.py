@@ -116,6 +116,48 @@ class RunOption(CommandConfig):
     graftkit demo writes, else runs/)."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class DeviceOption(CommandConfig):
+    """Where and in what precision a command's model runs (mixed into every config that runs a model)."""
+
+    device: str = "auto"
+    """auto (the first CUDA device when there is one, else the CPU), cpu, cuda or cuda:N."""
+    dtype: str = "auto"
+    """auto (on a GPU the checkpoint's dtype, and bfloat16 autocast for training; float32 on the CPU), float32,
+    bfloat16 or float16; training keeps float32 master weights and runs autocast in this dtype."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        from .devices import check_device, check_dtype
+
+        check_device(self.device)
+        check_dtype(self.dtype)
+
+
+EXECUTORS = ("serial", "ray")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutorOption(CommandConfig):
+    """How the many units of a sweep run: one after another, or on Ray workers (mixed into sweep configs)."""
+
+    executor: str = "serial"
+    """serial (one after another, in this process) or ray (one worker per GPU or CPU; needs the ray extra)."""
+    ray_address: str = "local"
+    """Ray cluster for --executor ray: local (start one on this machine), auto (the running cluster) or
+    HOST:PORT."""
+    workers: int | None = None
+    """Ray workers (default: one per GPU with a CUDA --device, else one per CPU of the cluster)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice(self.executor, EXECUTORS, "--executor")
+        if self.workers is not None and self.workers < 1:
+            raise GraftkitError(f"--workers {self.workers} must be ≥ 1", "pass e.g. --workers 2")
+        if self.executor == "serial" and (self.ray_address != "local" or self.workers is not None):
+            raise GraftkitError("--ray-address and --workers need --executor ray", "add --executor ray")
+
+
 def _strip_optional(tp: Any) -> tuple[Any, bool]:
     args = typing.get_args(tp)
     if typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType", ())) and type(None) in args:

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Mapping
 
 import numpy as np
 
-from .config import CommandConfig, OnProgress, RunOption, check_choice, no_progress, opt
+from .config import CommandConfig, OnProgress, RunOption, DeviceOption, ExecutorOption, check_choice, no_progress, opt
 from .errors import GraftkitError
 from .stats import compare, fold_episodes, headroom, pass_at_k, wilson_interval
 from .store import Result, current_run, result_labels, write_result
@@ -40,7 +40,7 @@ def check_obs(obs: str, backend: str) -> None:
 
 
 @dataclass(frozen=True, kw_only=True)
-class EpisodeOptions(RunOption):
+class EpisodeOptions(RunOption, DeviceOption):
     """Which policy plays which episodes, and how (the fields ``eval`` and ``headroom`` share)."""
 
     model: Path = opt(flags=("--model",))
@@ -104,7 +104,7 @@ class EpisodeOptions(RunOption):
 
 
 @dataclass(frozen=True, kw_only=True)
-class EvalConfig(EpisodeOptions):
+class EvalConfig(EpisodeOptions, ExecutorOption):
     """``graftkit eval``: success per task, and the paired comparison with a second policy."""
 
     command = "eval"

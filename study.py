@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional
 
 
-from .config import CommandConfig, OnProgress, no_progress, opt
+from .config import CommandConfig, DeviceOption, OnProgress, no_progress, opt
 from .errors import GraftkitError
 from .evaluation import EvalConfig, HeadroomConfig, run_eval, run_headroom
 from .findings import RLRun, finding_1, finding_2, finding_3, finding_4, findings_result, suite_outcomes
@@ -72,7 +72,7 @@ class GridRun:
 
 
 @dataclass(frozen=True, kw_only=True)
-class StudyConfig(CommandConfig):
+class StudyConfig(DeviceOption):
     """One run of the miniature study (``graftkit demo``; :meth:`preset` picks the full or quick preset)."""
 
     command = "demo"

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .config import CommandConfig, OnProgress, RunOption, no_progress
+from .config import CommandConfig, OnProgress, RunOption, DeviceOption, no_progress
 from .errors import GraftkitError
 from .store import Result, View, current_run, result_labels, write_result
 from .train.configs import GRPOConfig, SweepConfig
@@ -162,7 +162,7 @@ def parse_decoys(items: tuple[str, ...]) -> dict[str, float]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainSFTConfig(RunOption):
+class TrainSFTConfig(RunOption, DeviceOption):
     """``graftkit train sft``: the command line's form of :class:`~graftkit.train.sft.SFTConfig` (budgets and
     decoys as ``TASK=N`` / ``TASK=RATE`` strings over the default recipe); :meth:`sft` builds it."""
 
@@ -189,6 +189,9 @@ class TrainSFTConfig(RunOption):
     """Seed."""
     threads: int = 2
     """torch threads."""
+    save_dtype: str = "auto"
+    """dtype of the written policy: auto (the init checkpoint's; float32 for a tiny policy), float32, bfloat16 or
+    float16."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -203,7 +206,7 @@ class TrainSFTConfig(RunOption):
         return SFTConfig(out=str(self.out), budgets=parse_budgets(self.budget, self.tasks),
                          decoys=parse_decoys(self.decoy), size=self.size, init=str(self.init) if self.init else None,
                          steps=self.steps, batch_size=self.batch_size, lr=self.lr, seed=self.seed,
-                         threads=self.threads)
+                         threads=self.threads, device=self.device, dtype=self.dtype, save_dtype=self.save_dtype)
 
 
 def run_train_sft(cfg: TrainSFTConfig, on_progress: OnProgress = no_progress, *, force: bool = False,

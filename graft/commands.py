@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..config import OnProgress, RunOption, no_progress, opt
+from ..config import OnProgress, RunOption, DeviceOption, ExecutorOption, no_progress, opt
 from ..errors import GraftkitError
 from ..store import current_run, result_labels, write_result
 from ..weights.runs import resolve_models
@@ -35,7 +35,7 @@ from .plan import GraftSpec
 
 
 @dataclass(frozen=True, kw_only=True)
-class GraftConfig(ReadOptions, RunOption):
+class GraftConfig(ReadOptions, RunOption, DeviceOption, ExecutorOption):
     """``graftkit graft``: splice RL's delta for some groups and layers into the base, or evaluate grafts."""
 
     command = "graft"

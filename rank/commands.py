@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import CommandConfig, RunOption, check_choice, no_progress, opt
+from ..config import CommandConfig, RunOption, DeviceOption, check_choice, no_progress, opt
 from ..errors import GraftkitError
 from ..stats import fold_episodes
 from ..store import Result, current_run, read_result, result_labels, write_result
@@ -30,7 +30,7 @@ WHAT = ("weights", "delta", "activations")
 
 
 @dataclass(frozen=True, kw_only=True)
-class RankConfig(ReadOptions, RunOption):
+class RankConfig(ReadOptions, RunOption, DeviceOption):
     """``graftkit rank``: spectral ranks of weights, of the RL delta, or of activations."""
 
     command = "rank"

@@ -10,13 +10,19 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import CommandConfig, opt
+from ..config import CommandConfig, DeviceOption, ExecutorOption, check_choice, opt
 from ..errors import GraftkitError
 from ..webenv.tasks import TASKS
 
 
+#: The GRPO trainers ``train grpo --engine`` runs.
+ENGINES = ("graftkit", "trl")
+#: Fields that say where a run trains or where its results go, not how it trains: a resumed run may differ in them.
+NOT_TRAINING = ("run", "device")
+
+
 @dataclass(frozen=True, kw_only=True)
-class GRPOConfig(CommandConfig):
+class GRPOConfig(DeviceOption):
     """One GRPO run: the knobs of the control grid and the variant switches (see train/grpo.py)."""
 
     command = "train grpo"
@@ -77,6 +83,15 @@ class GRPOConfig(CommandConfig):
     """Resumable checkpoint every N steps."""
     max_turns: int | None = None
     """End episodes after N turns (1: single-turn GRPO)."""
+    save_dtype: str = "auto"
+    """dtype of the written checkpoints: auto (the init checkpoint's), float32, bfloat16 or float16."""
+    engine: str = "graftkit"
+    """graftkit (this trainer, every variant) or trl (TRL's GRPOTrainer with graftkit's environment as its
+    rollout function; multi-GPU under accelerate launch; needs the trl extra)."""
+    vllm: str | None = None
+    """--engine trl: generate with TRL's vLLM integration, colocate or server (default: no vLLM)."""
+    vllm_server: str | None = None
+    """--vllm server: the trl vllm-serve address, HOST:PORT (default: TRL's, localhost:8000)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -117,6 +132,22 @@ class GRPOConfig(CommandConfig):
                                 "pick a number of stages that divides the steps")
         if not self.temperature > 0:
             raise GraftkitError(f"--temperature {self.temperature} must be > 0")
+        from ..devices import SAVE_DTYPES, check_dtype
+
+        check_dtype(self.save_dtype, "--save-dtype", SAVE_DTYPES)
+        check_choice(self.engine, ENGINES, "--engine")
+        if self.vllm is not None:
+            check_choice(self.vllm, ("colocate", "server"), "--vllm")
+        if self.engine != "trl" and (self.vllm is not None or self.vllm_server is not None):
+            raise GraftkitError("--vllm and --vllm-server need --engine trl", "add --engine trl")
+        if self.vllm_server is not None and self.vllm != "server":
+            raise GraftkitError("--vllm-server names the server of --vllm server", "add --vllm server")
+        if self.engine == "trl":
+            own = [f for f, on in (("--stages", self.stages), ("--veto-epsilon", self.veto_epsilon is not None),
+                                   ("--focal-gamma", self.focal_gamma > 0), ("--verigate", self.verigate)) if on]
+            if own:
+                raise GraftkitError(f"{', '.join(own)}: TRL's GRPOTrainer has no such variant",
+                                    "use --engine graftkit for Mu-GRPO, focal scaling and VeriGate")
         if self.max_turns is not None and self.max_turns < 1:
             raise GraftkitError(f"--max-turns {self.max_turns} must be ≥ 1")
 
@@ -126,7 +157,7 @@ class GRPOConfig(CommandConfig):
 
 
 @dataclass(frozen=True, kw_only=True)
-class SweepConfig(CommandConfig):
+class SweepConfig(ExecutorOption):
     """``graftkit sweep``: a control grid of GRPO runs (see train/sweep.py for the grid file)."""
 
     command = "sweep"
@@ -134,3 +165,13 @@ class SweepConfig(CommandConfig):
     """Grid file (YAML): out, inits, base, product, runs."""
     dry_run: bool = False
     """Print the run specs; run nothing."""
+    device: str | None = None
+    """Device of every run (auto, cpu, cuda, cuda:N; default: each run's own, else auto); with --executor ray
+    and a CUDA device each run holds one GPU."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.device is not None:
+            from ..devices import check_device
+
+            check_device(self.device)

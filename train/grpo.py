@@ -59,7 +59,7 @@ from ..webenv.render import render_text
 from ..webenv.tasks import TASKS
 from ..weights import load_model, read_tensors, save_model
 from .advantages import focal_weight, group_advantages, verigate_advantages, veto_mask
-from .configs import GRPOConfig
+from .configs import NOT_TRAINING, GRPOConfig
 from .losses import LOSSES
 
 GRPO_SEED_BASE = 2 * 10 ** 7  # environment seeds of GRPO prompts: disjoint from SFT demos and evaluation
@@ -332,8 +332,8 @@ def run_grpo(
         raise GraftkitError(f"--resume: no complete checkpoint in {_ckpt_dir(cfg)}", "run without --resume")
     if ckpt is not None:
         saved = json.loads((ckpt / "graftkit.json").read_text())
-        mine = {k: v for k, v in cfg.as_dict().items() if k != "run"}  # where results go is not the training
-        if {k: v for k, v in saved["config"].items() if k != "run"} != mine:
+        mine = {k: v for k, v in cfg.as_dict().items() if k not in NOT_TRAINING}  # where, not how it trains
+        if {k: v for k, v in saved["config"].items() if k not in NOT_TRAINING} != mine:
             diff = sorted(k for k in mine if saved["config"].get(k) != mine[k])
             raise GraftkitError(f"--resume: {ckpt} was written with a different config (differs in {', '.join(diff)})",
                                 "resume with the same settings, or start a new run without --resume")

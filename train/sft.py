@@ -84,6 +84,13 @@ class SFTConfig:
     """Seed of the initialisation, the data order and every other random choice."""
     threads: int = 2
     """torch threads (results are reproducible for a fixed count)."""
+    device: str = "auto"
+    """Where it trains: auto, cpu, cuda or cuda:N."""
+    dtype: str = "auto"
+    """Compute dtype (autocast; float32 master weights): auto (bfloat16 on a GPU that has it, else float32),
+    float32, bfloat16 or float16."""
+    save_dtype: str = "auto"
+    """dtype of the written policy: auto (the init checkpoint's; float32 for a tiny policy) or a dtype."""
 
     def __post_init__(self) -> None:
         unknown = [t for t in self.budgets if t not in TASKS]
