@@ -133,6 +133,11 @@ class DeviceOption(CommandConfig):
         check_device(self.device)
         check_dtype(self.dtype)
 
+    @property
+    def placement(self) -> dict[str, str]:
+        """``device`` and ``dtype``, to pass on to the configs of the commands this one runs."""
+        return {"device": self.device, "dtype": self.dtype}
+
 
 EXECUTORS = ("serial", "ray")
 

@@ -455,10 +455,11 @@ def run_eval(cfg: EvalConfig, on_progress: OnProgress = no_progress) -> EvalRun:
     labels = dict(zip(roles, result_labels(roles.values())))
     results, files = {}, {}
     for role, path in roles.items():
-        policy = load_policy(Path(path), allow_pickle=cfg.allow_pickle, obs=cfg.obs, config=cfg.config, base=cfg.base)
+        policy = load_policy(Path(path), allow_pickle=cfg.allow_pickle, obs=cfg.obs, config=cfg.config, base=cfg.base,
+                             device=cfg.device, dtype=cfg.dtype)
         outcome = _evaluate(cfg, policy, decode, 1, f"eval {Path(path).name}", on_progress)
         desc = _describe(cfg, path)
-        results[role] = EvalResult.from_outcome(outcome, desc, cfg)
+        results[role] = EvalResult.from_outcome(outcome, desc, cfg, placement=policy.placement)
         name = f"eval-{labels[role]}-{'sampled' if cfg.sample else 'greedy'}{'-som' if cfg.obs == 'som' else ''}.h5"
         dest = cfg.save if role == "model" and cfg.save else current_run(cfg.run) / "results" / name
         files[role] = write_result(dest, results[role].to_result())
@@ -487,13 +488,14 @@ def run_headroom(cfg: HeadroomConfig, on_progress: OnProgress = no_progress) -> 
     from .weights.runs import resolve_models
 
     cfg = cfg.replace(model=resolve_models(cfg.model)[0])  # a trainer's output_dir: its last checkpoint
-    policy = load_policy(Path(cfg.model), allow_pickle=cfg.allow_pickle, obs=cfg.obs, config=cfg.config, base=cfg.base)
+    policy = load_policy(Path(cfg.model), allow_pickle=cfg.allow_pickle, obs=cfg.obs, config=cfg.config, base=cfg.base,
+                             device=cfg.device, dtype=cfg.dtype)
     greedy = _evaluate(cfg, policy, Decode(greedy=True), 1, "greedy", on_progress)
     sampled = _evaluate(cfg, policy, Decode(greedy=False, temperature=cfg.temperature, top_p=cfg.top_p), cfg.k,
                         "sampled", on_progress)
     desc = _describe(cfg, cfg.model)
     view = HeadroomResult.from_outcomes(greedy, sampled, desc, cfg, k=cfg.k, temperature=cfg.temperature,
-                                        top_p=cfg.top_p)
+                                        top_p=cfg.top_p, placement=policy.placement)
     rows = headroom_rows(view)
     name = f"headroom-{result_labels([cfg.model])[0]}{'-som' if cfg.obs == 'som' else ''}.h5"
     dest = cfg.save or current_run(cfg.run) / "results" / name

@@ -258,7 +258,7 @@ def stage_sft(st: Study) -> None:
             if (st.sft / "train_log.jsonl").is_file():
                 write_curves(st.sft, "sft", st.results)
         else:
-            sft_cfg = TrainSFTConfig(out=st.sft, steps=cfg.sft_steps, lr=cfg.sft_lr, threads=2)
+            sft_cfg = TrainSFTConfig(out=st.sft, steps=cfg.sft_steps, lr=cfg.sft_lr, threads=2, **cfg.placement)
             run_train_sft(sft_cfg, force=True, results=st.results,
                           on_step=lambda m: st.on_work("sft", m["step"], cfg.sft_steps))
 
@@ -270,7 +270,7 @@ def stage_headroom(st: Study) -> Path:
     """Greedy vs sampled success of the SFT policy on every task."""
     cfg, dest = st.cfg, st.results / "headroom-sft.h5"
     hcfg = HeadroomConfig(model=st.sft, tasks=",".join(all_tasks()), seeds=cfg.eval_seeds, episodes=cfg.eval_episodes,
-                          k=cfg.headroom_k, save=dest)
+                          k=cfg.headroom_k, save=dest, **cfg.placement)
     st.stage("headroom", [dest], lambda: run_headroom(hcfg, _episodes(st, "headroom")),
              f"greedy vs sampled (k={cfg.headroom_k}) on {len(all_tasks())} tasks")
     return dest
@@ -287,7 +287,7 @@ def stage_grpo(st: Study) -> None:
         gcfg = GRPOConfig(init=str(st.sft_b if g.init == "sft-b" else st.sft), out=str(st.rl(run)),
                           tasks=SUITES[run.suite], steps=cfg.grpo_steps, lr=run.lr, seed=run.seed, threads=cfg.threads,
                           temperature=cfg.grpo_temperature, checkpoint_every=max(1, cfg.grpo_steps // 4),
-                          **dict(g.overrides))
+                          **cfg.placement, **dict(g.overrides))
 
         def go(gcfg=gcfg, run=run):
             run_train_grpo(gcfg, resume=latest_checkpoint(gcfg) is not None, force=True, results=st.results,
@@ -309,7 +309,7 @@ def stage_sft_b(st: Study) -> None:
         from .training import TrainSFTConfig, run_train_sft
 
         run_train_sft(TrainSFTConfig(out=st.sft_b, init=st.sft, steps=cfg.sft_b_steps, lr=cfg.sft_lr / 3,
-                                     seed=1, threads=cfg.threads), force=True, results=st.results,
+                                     seed=1, threads=cfg.threads, **cfg.placement), force=True, results=st.results,
                       on_step=lambda m: st.on_work("sft-b", m["step"], cfg.sft_b_steps))
 
     st.stage("sft-b", [st.sft_b / "graftkit.json"], run, f"second initialisation: {cfg.sft_b_steps} more SFT steps, seed 1")
@@ -325,7 +325,7 @@ def stage_eval(st: Study) -> None:
     cfg = st.cfg
     for label, path in models(st).items():
         ecfg = EvalConfig(model=path, tasks=",".join(all_tasks()), seeds=cfg.eval_seeds, episodes=cfg.eval_episodes,
-                          save=st.results / f"eval-{label}-greedy.h5")
+                          save=st.results / f"eval-{label}-greedy.h5", **cfg.placement)
         st.stage(f"eval {label}", [ecfg.save],
                  lambda ecfg=ecfg, label=label: run_eval(ecfg, _episodes(st, f"eval {label}")),
                  f"{cfg.eval_seeds} seeds × {cfg.eval_episodes} episodes, greedy")
@@ -365,7 +365,7 @@ def stage_grafts(st: Study) -> list[Path]:
     present = present_groups(open_checkpoint(st.sft).taxonomy())
     groups = tuple(g for g in cfg.graft_groups if g in present)
     n_configs = len(expand_sweep("factorial", groups, present))
-    sweep = partial(GraftConfig, base=st.sft, sweep="factorial", groups=",".join(groups), tasks="mastered",
+    sweep = partial(GraftConfig, **cfg.placement, base=st.sft, sweep="factorial", groups=",".join(groups), tasks="mastered",
                     seeds=cfg.graft_seeds, episodes=1, results=st.results)
     degrade, collapse = swept_runs(cfg, "degrade"), swept_runs(cfg, "collapse")
     files = [st.results / f"graft-factorial-{run.name}.h5" for run in (*degrade, *collapse)]
@@ -394,7 +394,7 @@ def stage_ranks(st: Study) -> None:
             if not w.exists():
                 run_rank(RankConfig(model=(path,), what="weights", save=w))
             if not a.exists():
-                run_rank(RankConfig(model=(path,), what="activations", probes=cfg.probes, save=a))
+                run_rank(RankConfig(model=(path,), what="activations", probes=cfg.probes, save=a, **cfg.placement))
             if label != "sft" and not d.exists():
                 run_rank(RankConfig(model=(path,), what="delta", vs=st.sft, save=d))
 

@@ -61,6 +61,14 @@ class Policy:
     tokenizer: object
     path: Path | None = None
 
+    @property
+    def placement(self) -> dict:
+        """Where the model runs and in what dtype (what a result records: device, dtype, torch, gpu)."""
+        from ..devices import describe
+
+        p = next(self.model.parameters())
+        return describe(p.device, p.dtype)
+
     def __post_init__(self) -> None:
         vocab = self.tokenizer.get_vocab()
         ids = {self.tokenizer.eos_token_id}
@@ -112,23 +120,30 @@ def next_token_logits(model, ids: torch.Tensor, mask: torch.Tensor, select: torc
 
 
 def load_policy(path: Path, *, allow_pickle: bool = False, obs: str = "text", config: Path | None = None,
-                base: Path | None = None) -> Policy:
+                base: Path | None = None, device: str = "auto", dtype: str = "auto") -> Policy:
     """The policy in an HF folder: a :class:`~graftkit.agent.vlm.VisionPolicy` for an
     image-text-to-text model with its processor, else a causal-LM :class:`Policy`. ``obs="som"``
     refuses a text-only folder before loading any weights. A single checkpoint file (``allow_pickle``
     for a pickled one) is built over ``config``, the HF folder of its config.json and tokenizer or
-    processor (:func:`graftkit.weights.load_model`), which must then be given."""
+    processor (:func:`graftkit.weights.load_model`), which must then be given. ``device``/``dtype``: where
+    and in what precision it runs (:mod:`graftkit.devices`: ``auto`` is the stored dtype on a GPU, float32
+    on the CPU); the weights are loaded in that dtype, so a float32 checkpoint run in bfloat16 is rounded
+    once, as ``from_pretrained(dtype=torch.bfloat16)`` rounds it."""
+    from ..devices import resolve_device, resolve_dtype
     from ..weights import is_vision_folder, load_model, load_vlm
-    from ..weights.hf import single_file_config
+    from ..weights.hf import single_file_config, stored_dtype
     from .vlm import VisionPolicy
 
     path = Path(path)
     if obs not in ("text", "som"):
         raise GraftkitError(f"unknown observation {obs!r}", "use text or som")
     folder = single_file_config(path, config, allow_pickle) if path.is_file() else path
+    dev = resolve_device(device)
+    want = resolve_dtype(dtype, dev, stored_dtype(path, allow_pickle=allow_pickle, base=base)
+                         if dev.type != "cpu" and dtype == "auto" else None)
     if is_vision_folder(folder) or (obs == "som" and is_vision_folder(folder, need_processor=False)):
-        model, processor = load_vlm(path, allow_pickle=allow_pickle, config_dir=config)
-        return VisionPolicy(model, processor.tokenizer, path, processor=processor)
+        model, processor = load_vlm(path, allow_pickle=allow_pickle, config_dir=config, dtype=want)
+        return VisionPolicy(model.to(dev), processor.tokenizer, path, processor=processor)
     if obs == "som":
         import json
 
@@ -141,8 +156,8 @@ def load_policy(path: Path, *, allow_pickle: bool = False, obs: str = "text", co
             f"--obs som needs a vision-language policy, but {path} is a text-only causal LM ({arch})",
             "pass an image-text-to-text model folder with its processor (e.g. Qwen2-VL), or use --obs text",
         )
-    model, tok = load_model(path, allow_pickle=allow_pickle, config_dir=config, base=base)
-    return Policy(model, tok, path)
+    model, tok = load_model(path, allow_pickle=allow_pickle, config_dir=config, base=base, dtype=want)
+    return Policy(model.to(dev), tok, path)
 
 
 # ------------------------------------------------------------------------------ the tiny default

@@ -323,9 +323,12 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
     tasks, seeds = resolve_tasks(cfg.tasks), seed_list(cfg.seeds)
     decode = Decode(greedy=not cfg.sample, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
     # a single-file base is built over the config (and tokenizer) its names were matched with
-    policy = load_policy(Path(base_path), allow_pickle=cfg.allow_pickle, obs="text", config=cfg.config or b.config_from)
+    policy = load_policy(Path(base_path), allow_pickle=cfg.allow_pickle, obs="text", config=cfg.config or b.config_from,
+                         device=cfg.device, dtype=cfg.dtype)
     setup = {"base": describe(b), "tasks": tasks, "seeds": seeds, "episodes": cfg.episodes,
-             "decode": asdict(decode), "unknown": cfg.unknown}
+             "decode": asdict(decode), "unknown": cfg.unknown,
+             # outcomes of one sweep come from one precision on one kind of device (a resume checks it)
+             "placement": {"device": policy.placement["device"].split(":")[0], "dtype": policy.placement["dtype"]}}
     outcomes, sweeps, files, resumed = {}, {}, {}, {}
     for key, (path, r) in runs.items():
         dest = _sweep_dest(cfg, key, labels[key])

@@ -15,6 +15,8 @@ tensors whose coefficient c changes (θ = θ_base + c · (θ_rl − θ_base), se
   keeps nothing in memory — the verified bits are the base checkpoint's, so restoring re-reads them from
   the memory-mapped file; ``"copy"`` (the default without verification) saves a copy of only the tensors
   a graft overwrites.
+- On any device: values are formed on the CPU exactly as above and copied to the parameter's device, so a
+  model on a GPU holds the same bits as the exported graft loaded there.
 - On exit — normal or by an exception — every tensor not at its original is put back: the model is bit
   for bit what it was. The checkpoints are only read.
 - Base and RL must store each tensor in one dtype; an RL checkpoint in another dtype is read through
@@ -195,8 +197,9 @@ class InPlaceGraft:
                 t.copy_(self._saved[name])
             elif c in (0, 1):
                 src = self.base if c == 0 else self.rl
-                # same dtype: the stored bytes straight into the parameter (a pread, no mapping faults)
-                if not (code_of(t.dtype) == src.metas[name].code and t.is_contiguous()
+                # same dtype on the CPU: the stored bytes straight into the parameter (a pread, no mapping
+                # faults); on a GPU (tensor_bits would be a host copy) the tensor goes over as read
+                if not (t.device.type == "cpu" and code_of(t.dtype) == src.metas[name].code and t.is_contiguous()
                         and src.readinto(name, tensor_bits(t))):
                     t.copy_(src.read(name))
             else:

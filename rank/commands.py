@@ -212,7 +212,8 @@ def _rank_activations(cfg: RankConfig, models: list[Path], labels: list[str], ru
                      "tokens": cfg.tokens, "centred": cfg.centred, "probes": {"n": len(prompts), **source},
                      "models": {}}
     for path, lab in zip(models, labels):
-        policy = load_policy(Path(path), allow_pickle=cfg.allow_pickle, config=cfg.config)
+        policy = load_policy(Path(path), allow_pickle=cfg.allow_pickle, config=cfg.config, device=cfg.device,
+                             dtype=cfg.dtype)
         desc = describe(open_one(path, allow_pickle=cfg.allow_pickle, config=cfg.config))
         tick = lambda n: on_progress(f"rank activations {lab}", n, len(prompts), "prompts")  # noqa: E731
         # the model was loaded for the measurement alone: TransformerBridge may rewire it in place

@@ -57,7 +57,9 @@ from ..webenv import make_env
 from ..webenv.items import SPLIT_RULE, NoItems, draw
 from ..webenv.render import render_text
 from ..webenv.tasks import TASKS
+from ..devices import TRAINING_CONVENTION, autocast, dtype_name, resolve_device, training_dtype
 from ..weights import load_model, read_tensors, save_model
+from ..weights.hf import save_dtype
 from .advantages import focal_weight, group_advantages, verigate_advantages, veto_mask
 from .configs import NOT_TRAINING, GRPOConfig
 from .losses import LOSSES
@@ -121,8 +123,9 @@ def shared_prefix_logits(model, rows: Rows) -> torch.Tensor:
     to the shared prompt computation), and only the action tokens run per response. Equal to the plain
     computation up to float rounding (tested), with R·L prompt positions cut to U·L."""
     dec, head = model.get_decoder(), model.get_output_embeddings()
+    dev = next(model.parameters()).device
     first: dict[tuple, int] = {}
-    inverse = torch.tensor([first.setdefault(p, len(first)) for p in rows.prompts])
+    inverse = torch.tensor([first.setdefault(p, len(first)) for p in rows.prompts], device=dev)
     uniq = list(first)
     width = max(len(p) for p in uniq)
     pids = torch.zeros((len(uniq), width), dtype=torch.long)  # padding ids are masked out
@@ -130,6 +133,7 @@ def shared_prefix_logits(model, rows: Rows) -> torch.Tensor:
     for i, p in enumerate(uniq):
         pids[i, width - len(p):] = torch.tensor(p)
         pmask[i, width - len(p):] = 1
+    pids, pmask = pids.to(dev), pmask.to(dev)
     ppos = (pmask.cumsum(-1) - 1).clamp(min=0)
     params = inspect.signature(dec.forward).parameters
     cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -140,22 +144,25 @@ def shared_prefix_logits(model, rows: Rows) -> torch.Tensor:
         return head(first_hidden).float()
     cache = getattr(out, "cache", None) or out.past_key_values
     cache.batch_select_indices(inverse)
-    fed = rows.targets[:, :-1]  # [R, T-1]: action token t is fed to predict token t + 1
-    attn = torch.cat([pmask[inverse], rows.mask[:, :-1].long()], 1)
-    pos = pmask.sum(-1)[inverse][:, None] + torch.arange(T - 1)[None]
+    fed = rows.targets[:, :-1].to(dev)  # [R, T-1]: action token t is fed to predict token t + 1
+    attn = torch.cat([pmask[inverse], rows.mask[:, :-1].long().to(dev)], 1)
+    pos = pmask.sum(-1)[inverse][:, None] + torch.arange(T - 1, device=dev)[None]
     rest = dec(input_ids=fed, attention_mask=attn, position_ids=pos, use_cache=True, **{cache_kw: cache})
     hidden = torch.cat([first_hidden[:, None], rest.last_hidden_state], 1)  # [R, T, H]
-    return head(hidden[rows.mask.bool()]).float()
+    return head(hidden[rows.mask.bool().to(dev)]).float()
 
 
 def action_logp(model, rows: Rows, temperature: float) -> tuple[torch.Tensor, float]:
     """log π(action token | context) at ``temperature``: ``[R, T]`` (0 off the mask), and the mean
     entropy of those next-token distributions (from the same logits, no gradient). Rows that repeat a
-    prompt (a group's first turns) share its computation (:func:`shared_prefix_logits`)."""
+    prompt (a group's first turns) share its computation (:func:`shared_prefix_logits`). The model may sit
+    on any device; the log-probs come back on the CPU (differentiably), where the losses are formed."""
+    dev = next(model.parameters()).device
     if rows.prompts and len(set(rows.prompts)) <= 0.75 * len(rows.prompts):
         logits = shared_prefix_logits(model, rows) / temperature  # [N, V]
     else:
-        logits = next_token_logits(model, rows.ids, rows.attn, rows.select) / temperature  # [N, V]
+        logits = next_token_logits(model, rows.ids.to(dev), rows.attn.to(dev), rows.select.to(dev)) / temperature
+    logits = logits.float().cpu()  # [N, V]
     logp_all = torch.log_softmax(logits, -1)
     flat_targets = rows.targets[rows.mask.bool()]  # [N], row-major like the selection
     lp = logp_all.gather(1, flat_targets[:, None])[:, 0]
@@ -294,7 +301,8 @@ def _load_opt_state(opt: torch.optim.Optimizer, names: list[str], tensors: dict,
         st = {}
         for key, v in tensors.items():
             if key.startswith(f"opt.{name}."):
-                st[key[len(f"opt.{name}."):]] = v
+                k = key[len(f"opt.{name}."):]
+                st[k] = v if k == "step" else v.to(p.device)  # AdamW keeps its step count on the CPU
         for key, v in scalars.items():
             if key.startswith(f"{name}."):
                 st[key[len(name) + 1:]] = v
@@ -318,7 +326,10 @@ def run_grpo(
     """Train per ``cfg``; returns the final policy folder (an HF folder with graftkit.json)."""
     torch.set_num_threads(cfg.threads)
     init = Path(cfg.init)
-    model, tok = load_model(init)
+    dev = resolve_device(cfg.device)
+    compute = training_dtype(cfg.dtype, dev)
+    model, tok = load_model(init)  # float32 master weights, wherever it trains
+    model.to(dev)
     policy = Policy(model, tok, init)
     check_tokenizer_fits(policy, cfg.tasks)
     ref = copy.deepcopy(model).eval() if cfg.beta > 0 else None
@@ -337,7 +348,7 @@ def run_grpo(
             diff = sorted(k for k in mine if saved["config"].get(k) != mine[k])
             raise GraftkitError(f"--resume: {ckpt} was written with a different config (differs in {', '.join(diff)})",
                                 "resume with the same settings, or start a new run without --resume")
-        ck_model, _ = load_model(ckpt)
+        ck_model, _ = load_model(ckpt)  # intermediate checkpoints hold the float32 master weights
         model.load_state_dict(ck_model.state_dict())
         state = read_tensors(ckpt / STATE)
         _load_opt_state(opt, names, state, saved["optimizer_scalars"])
@@ -361,14 +372,15 @@ def run_grpo(
             decode = Decode(greedy=False, temperature=cfg.temperature, top_p=cfg.top_p,
                             max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 1_000_003 + first)
             model.eval()
-            episodes = rollout(policy, jobs, decode, batch_size=max(64, cfg.prompts_per_step * cfg.group_size),
-                               max_turns=cfg.max_turns)
+            with autocast(dev, compute):
+                episodes = rollout(policy, jobs, decode, batch_size=max(64, cfg.prompts_per_step * cfg.group_size),
+                                   max_turns=cfg.max_turns)
             n = cfg.prompts_per_step * cfg.group_size
             stage_data = []
             for j in range(per_stage):
                 eps_j = episodes[j * n:(j + 1) * n]
                 rows = episode_rows(eps_j, policy.pad_id)
-                with torch.no_grad():
+                with torch.no_grad(), autocast(dev, compute):
                     # On-policy with one update per batch, the sampling policy is the current one:
                     # old log-probs are sg[logp] of the update's own forward pass (TRL does the same).
                     if cfg.num_iterations > 1 or per_stage > 1:
@@ -386,7 +398,8 @@ def run_grpo(
             g["lr"] = lr
         t_opt = time.perf_counter()
         for _ in range(cfg.num_iterations):
-            logp, entropy = action_logp(model, rows, cfg.temperature)
+            with autocast(dev, compute):
+                logp, entropy = action_logp(model, rows, cfg.temperature)
             old_logp = rows.old_logp if rows.old_logp is not None else logp.detach()
             veto = None
             if cfg.veto_epsilon is not None:
@@ -409,10 +422,13 @@ def run_grpo(
         if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and boundary and step + 1 < cfg.steps:
             _save(cfg, model, policy, log, step + 1, opt, names, _ckpt_dir(cfg) / f"step-{step + 1:06d}")
     model.eval()
-    return _save(cfg, model, policy, log, cfg.steps, None, names, Path(cfg.out), force=True)
+    return _save(cfg, model, policy, log, cfg.steps, None, names, Path(cfg.out), force=True,
+                 dtype=save_dtype(cfg.save_dtype, init))
 
 
-def _save(cfg, model, policy, log, step, opt, names, dest: Path, force: bool = True) -> Path:
+def _save(cfg, model, policy, log, step, opt, names, dest: Path, force: bool = True, dtype=None) -> Path:
+    """A checkpoint of the run: resumable ones (``opt`` given) in the float32 master weights, the final policy
+    in ``dtype``."""
     from ..weights import describe, open_checkpoint
 
     parent = describe(open_checkpoint(cfg.init))
@@ -425,6 +441,9 @@ def _save(cfg, model, policy, log, step, opt, names, dest: Path, force: bool = T
         "parents": [{"role": "sft", **parent}],
         "base_model": {"path": parent["path"], "sha256": parent["sha256"]},
         "items": {"split": SPLIT_RULE, "prompts": f"{ITEMS} (task and item of every prompt, in order)"},
+        "precision": {"compute_dtype": dtype_name(training_dtype(cfg.dtype, resolve_device(cfg.device))),
+                      "saved_dtype": dtype_name(dtype or torch.float32), "convention": TRAINING_CONVENTION,
+                      "device": str(next(model.parameters()).device)},
     }
     extra_tensors = None
     if opt is not None:
@@ -434,4 +453,4 @@ def _save(cfg, model, policy, log, step, opt, names, dest: Path, force: bool = T
     log_bytes = "".join(json.dumps(m) + "\n" for m in log).encode()
     items = "".join(f"{t}\t{i}\n" for t, i in prompt_items(cfg, step)).encode()
     return save_model(dest, model, policy.tokenizer, provenance=provenance, force=force, inputs=[Path(cfg.init)],
-                      extra_files={LOG: log_bytes, ITEMS: items}, extra_tensors=extra_tensors)
+                      extra_files={LOG: log_bytes, ITEMS: items}, extra_tensors=extra_tensors, dtype=dtype)

@@ -33,7 +33,9 @@ from ..webenv import demonstrate, make_env
 from ..webenv.items import NoItems, SPLIT_RULE, draw
 from ..webenv.render import render_text
 from ..webenv.tasks import SUITES, TASKS
+from ..devices import TRAINING_CONVENTION, autocast, dtype_name, resolve_device, training_dtype
 from ..weights import load_model, save_model
+from ..weights.hf import save_dtype
 
 TRAIN_SEED_BASE = 10 * MAX_EPISODES_PER_SEED * MAX_EPISODES_PER_SEED  # far above every evaluation seed
 
@@ -267,6 +269,8 @@ def run_sft(cfg: SFTConfig, on_step: Callable[[dict], None] = lambda m: None, fo
     """Train the SFT policy of ``cfg`` and write it to ``cfg.out``; returns the folder."""
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
+    dev = resolve_device(cfg.device)
+    compute = training_dtype(cfg.dtype, dev)
     if cfg.init:
         model, tok = load_model(Path(cfg.init))
         policy = Policy(model, tok, Path(cfg.init))
@@ -277,7 +281,7 @@ def run_sft(cfg: SFTConfig, on_step: Callable[[dict], None] = lambda m: None, fo
     if unk is not None and any(unk in e.action_ids for e in probe):
         raise GraftkitError("the tokenizer cannot encode some oracle actions (unknown tokens)",
                             "use a tokenizer that covers the task vocabulary, or the tiny default")
-    model = policy.model.train()
+    model = policy.model.to(dev).train()  # float32 master weights
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     other = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
@@ -287,11 +291,12 @@ def run_sft(cfg: SFTConfig, on_step: Callable[[dict], None] = lambda m: None, fo
     t0 = time.perf_counter()
     for step in range(cfg.steps):
         batch = stream.next_batch()
-        ids, mask, labels = batch_tensors(batch, policy.pad_id)
+        ids, mask, labels = (t.to(dev) for t in batch_tensors(batch, policy.pad_id))
         lr = lr_at(step, cfg.lr, cfg.warmup, cfg.steps)
         for g in opt.param_groups:
             g["lr"] = lr
-        loss = action_loss(model, ids, mask, labels)
+        with autocast(dev, compute):
+            loss = action_loss(model, ids, mask, labels)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -301,6 +306,7 @@ def run_sft(cfg: SFTConfig, on_step: Callable[[dict], None] = lambda m: None, fo
         log.append(m)
         on_step(m)
     model.eval()
+    saved = save_dtype(cfg.save_dtype, Path(cfg.init) if cfg.init else None)
     provenance = {
         "producer": "graftkit train sft",
         "graftkit_version": __version__,
@@ -312,7 +318,10 @@ def run_sft(cfg: SFTConfig, on_step: Callable[[dict], None] = lambda m: None, fo
                            "drawn_episodes": len(stream.cache) if all(n <= CACHE_LIMIT for n in cfg.budgets.values())
                            else "on demand", "task_weight": f"min(pool, {POOL_WEIGHT_CAP})"},
         "parents": [{"role": "init", "path": str(Path(cfg.init).resolve())}] if cfg.init else [],
+        "precision": {"compute_dtype": dtype_name(compute), "saved_dtype": dtype_name(saved), "device": str(dev),
+                      "convention": TRAINING_CONVENTION},
     }
     log_bytes = "".join(json.dumps(m) + "\n" for m in log).encode()
     return save_model(Path(cfg.out), model, policy.tokenizer, provenance=provenance, force=force,
-                      inputs=[Path(cfg.init)] if cfg.init else [], extra_files={"train_log.jsonl": log_bytes})
+                      inputs=[Path(cfg.init)] if cfg.init else [], extra_files={"train_log.jsonl": log_bytes},
+                      dtype=saved)

@@ -29,13 +29,15 @@ def save_model(
     extra_files: dict[str, bytes] | None = None,
     extra_tensors: dict | None = None,
     processor=None,
+    dtype=None,
 ) -> Path:
     """Write ``model`` (a transformers ``PreTrainedModel``) and ``tokenizer`` atomically to ``dest``.
 
     ``processor`` (an image-text processor: anything with ``save_pretrained``) writes its files too
     (``preprocessor_config.json``, its tokenizer, chat template), after the tokenizer's.
     ``extra_files`` (name → bytes) go into the folder too; ``extra_tensors`` (name → tensor) are written
-    as ``training_state.safetensors`` beside the weights (optimizer moments, RNG states: never pickled)."""
+    as ``training_state.safetensors`` beside the weights (optimizer moments, RNG states: never pickled).
+    ``dtype``: floating tensors are written cast to it (and config.json says so); default: as they are."""
     seen: set[tuple[int, int]] = set()
     specs = []
     for name, t in model.state_dict().items():
@@ -44,8 +46,12 @@ def save_model(
             continue
         seen.add(key)
         t = t.detach().cpu().contiguous()
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
         specs.append(OutSpec(name, t.dtype, tuple(t.shape), (lambda t=t: [t])))
     config = model.config.to_dict()
+    if dtype is not None:
+        config["dtype"] = str(dtype).removeprefix("torch.")
     with tempfile.TemporaryDirectory() as aux:
         if tokenizer is not None:
             tokenizer.save_pretrained(aux)
@@ -125,6 +131,35 @@ def load_model(path: Path, *, allow_pickle: bool = False, dtype=None, need_token
     if path.is_file():
         return _from_single_file(AutoModelForCausalLM, ck, src, dtype, "a causal LM"), tokenizer
     return _from_pretrained(AutoModelForCausalLM, path, allow_pickle, dtype, "a causal LM"), tokenizer
+
+
+def stored_dtype(path: Path, *, allow_pickle: bool = False, base: Path | None = None):
+    """The floating torch dtype that holds most of a checkpoint's bytes (a LoRA adapter: its base's;
+    float32 when it has no floating tensor)."""
+    import torch
+
+    from .checkpoint import open_checkpoint
+    from .lora import is_lora_folder, open_adapted
+
+    path = Path(path)
+    ck = open_adapted(path, base, "--base") if is_lora_folder(path) else open_checkpoint(path, allow_pickle=allow_pickle)
+    by: dict = {}
+    for m in ck.metas.values():
+        if m.dtype.is_floating_point:
+            by[m.dtype] = by.get(m.dtype, 0) + m.nbytes
+    return max(by, key=by.get) if by else torch.float32
+
+
+def save_dtype(name: str, init: Path | None):
+    """The dtype a trained policy is written in: ``auto`` is the init checkpoint's (:func:`stored_dtype`;
+    float32 for a policy built from scratch), else the named one."""
+    import torch
+
+    from ..devices import torch_dtype
+
+    if name != "auto":
+        return torch_dtype(name)
+    return stored_dtype(Path(init)) if init is not None else torch.float32
 
 
 def single_file_config(path: Path, config_dir: Path | None, allow_pickle: bool = True) -> Path:
