@@ -13,6 +13,7 @@ both tracks play the same episodes with the same actions, so their outcomes pair
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -144,6 +145,8 @@ class EvalOutcome:
     items: str = "heldout"
     #: Tasks left out because no evaluation item was found (their item space is one or a few items).
     no_items: tuple[str, ...] = ()
+    #: Per task, the most common outputs that did not parse as an action: ``[(text, count), ...]``.
+    invalid_outputs: dict = field(default_factory=dict)
 
     def rate(self, task: str | None = None) -> float:
         s = self.success if task is None else self.success[self.tasks.index(task)]
@@ -187,9 +190,23 @@ def evaluate(
                      keep_vision=False)
     success, reward = np.zeros(shape, bool), np.zeros(shape)
     turns, invalid = np.zeros(shape, np.int32), np.zeros(shape, np.int32)
+    bad: dict[str, Counter] = {t: Counter() for t in tasks}
     for ep in played:
         i = index[(ep.task, ep.seed, ep.sample)]
         success[i], reward[i], turns[i], invalid[i] = ep.success, ep.reward, len(ep.turns), ep.invalid
+        bad[ep.task].update(shown_output(t.action) for t in ep.turns if not t.valid)
     return EvalOutcome(list(tasks), list(seeds), episodes, samples, decode, success, reward, turns, invalid,
                        time.perf_counter() - t0, backend, obs, item=item, env_seed=env_seed, items=items,
-                       no_items=tuple(dropped))
+                       no_items=tuple(dropped),
+                       invalid_outputs={t: c.most_common(TOP_INVALID) for t, c in bad.items() if c})
+
+
+#: How many of a task's most common unparseable outputs an evaluation keeps.
+TOP_INVALID = 3
+
+
+def shown_output(text: str, limit: int = 80) -> str:
+    """An unparseable output as a report shows it: one line, at most ``limit`` characters (an empty one as
+    ``(empty)``: the model ended its turn at once)."""
+    text = " ".join(text.split()) or "(empty)"
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -30,6 +30,8 @@ import torch
 
 from ..errors import GraftkitError
 
+#: End-of-turn tokens of common chat formats (ChatML, Llama 3, Gemma): decoding stops at any of them.
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")
 SYSTEM = "You operate a web page. Answer with one action: click(REF) or type(REF, \"TEXT\")."
 _QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
 
@@ -71,13 +73,43 @@ class Policy:
 
     def __post_init__(self) -> None:
         vocab = self.tokenizer.get_vocab()
-        ids = {self.tokenizer.eos_token_id}
-        ids.update(vocab[t] for t in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>") if t in vocab)
+        self.chat = bool(getattr(self.tokenizer, "chat_template", None))
+        self.system_role = True
+        self.turn_end_id = self._turn_end() if self.chat else None
+        ids = {self.tokenizer.eos_token_id, self.turn_end_id}
+        ids.update(vocab[t] for t in END_OF_TURN if t in vocab)
         ids.discard(None)
         if not ids:
             raise GraftkitError("the tokenizer has no end-of-sequence token", "set tokenizer.eos_token")
         self.eos_ids: frozenset[int] = frozenset(ids)
-        self.chat = bool(getattr(self.tokenizer, "chat_template", None))
+
+    def _messages(self, text: str) -> list[dict]:
+        if self.system_role:
+            return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
+        return [{"role": "user", "content": f"{SYSTEM}\n\n{text}"}]  # a template without a system role
+
+    def _render(self, msgs: list[dict], **kw):
+        try:
+            return self.tokenizer.apply_chat_template(msgs, **kw)
+        except Exception as exc:  # jinja's TemplateError, or the template's own raise_exception
+            if not self.system_role or msgs[0]["role"] != "system":
+                raise GraftkitError(f"the tokenizer's chat template fails on a two-turn conversation ({exc})"
+                                    .splitlines()[0], "fix chat_template in tokenizer_config.json") from None
+            self.system_role = False  # e.g. Gemma's template refuses the system role
+            return self.tokenizer.apply_chat_template(self._messages(msgs[-1]["content"]), **kw)
+
+    def _turn_end(self) -> int | None:
+        """The token the chat template writes right after an assistant message (``<|im_end|>``,
+        ``<|eot_id|>``, ``<end_of_turn>``...): where an action ends, in training targets and in decoding."""
+        mark = "Zq9"
+        msgs = [*self._messages("x"), {"role": "assistant", "content": mark}]
+        text = self._render(msgs, tokenize=False)
+        after = text.split(mark, 1)[1] if mark in text else ""
+        specials = sorted({*self.tokenizer.all_special_tokens, *self.tokenizer.get_added_vocab()}, key=len, reverse=True)
+        for t in specials:
+            if t and after.startswith(t):
+                return self.tokenizer.convert_tokens_to_ids(t)
+        return self.tokenizer.eos_token_id
 
     @property
     def pad_id(self) -> int:
@@ -87,17 +119,19 @@ class Policy:
     def prompt_ids(self, observation_text: str, history: Sequence[str]) -> list[int]:
         text = format_prompt(observation_text, history)
         if self.chat:
-            msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
-            ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-            return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+            ids = self._render(self._messages(text), add_generation_prompt=True, tokenize=True)
+            # transformers 5 returns a BatchEncoding (a mapping, not a dict) where 4.x returned a list
+            return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         bos = self.tokenizer.bos_token_id
         return ([bos] if bos is not None else []) + list(ids)
 
     def action_ids(self, action: str) -> list[int]:
-        """The target tokens for ``action`` (for supervised training): its tokens and an end token."""
+        """The target tokens for ``action`` (for supervised training): its tokens and the end token (with a chat
+        template, the token the template ends an assistant turn with)."""
         ids = self.tokenizer(action if self.chat else " " + action, add_special_tokens=False)["input_ids"]
-        return list(ids) + [min(self.eos_ids) if self.tokenizer.eos_token_id is None else self.tokenizer.eos_token_id]
+        end = self.turn_end_id if self.turn_end_id is not None else self.tokenizer.eos_token_id
+        return list(ids) + [min(self.eos_ids) if end is None else end]
 
     def decode_action(self, ids: Sequence[int]) -> str:
         ids = [i for i in ids if i not in self.eos_ids]

@@ -172,6 +172,9 @@ def _rank_weights(cfg: RankConfig, models: list[Path], labels: list[str], run: P
     from ..weights.taxonomy import DECODER
 
     payload: dict = {"what": cfg.what, "layers": cfg.layers, "metrics": cfg.shown, "models": {}}
+    placed = [] if cfg.placement == {"device": "auto", "dtype": "auto"} else [
+        f"--device {cfg.device} --dtype {cfg.dtype} apply to --what activations: weight and delta spectra are "
+        "always computed from the stored values in float64 on the CPU"]
     read = dict(allow_pickle=cfg.allow_pickle, unknown=cfg.unknown, config=cfg.config)
     for path, lab in zip(models, labels):
         prov = {"config": cfg.as_dict()}
@@ -196,7 +199,8 @@ def _rank_weights(cfg: RankConfig, models: list[Path], labels: list[str], run: P
                                   "skipped": len(res.attrs["skipped"]), "matrices": len(res.coords["tensor"]),
                                   "numerical_rank_tol_rule": res.attrs["numerical_rank_tol_rule"],
                                   "aggregate": res.attrs["aggregate"],
-                                  "notes": notes(*filter(None, (base_ck, ckpt))) + list(res.attrs.get("pair_notes", []))}
+                                  "notes": notes(*filter(None, (base_ck, ckpt))) + list(res.attrs.get("pair_notes", []))
+                                  + placed}
         payload["band_rule"] = band_rule(tax.n_layers.get(DECODER, 0)) if tax.n_layers.get(DECODER) else None
     return payload
 
