@@ -178,7 +178,9 @@ class EvalResult:
                                   "env seed = the first of 1000 * seed + episode + j * 2**32 (j = 0, 1, ...) whose item "
                                   f"is {'held out' if outcome.items == 'heldout' else 'a training item'}"),
                  "items": outcome.items, "item_split": SPLIT_RULE, "tasks_without_items": list(outcome.no_items),
-                 "seconds": outcome.seconds, "success": "raw reward == 1 at the end of the episode", **more_attrs}
+                 "seconds": outcome.seconds, "success": "raw reward == 1 at the end of the episode",
+                 "invalid_outputs": {t: [[text, int(n)] for text, n in rows]
+                                     for t, rows in getattr(outcome, "invalid_outputs", {}).items()}, **more_attrs}
         if config is not None:
             attrs["config"] = config.as_dict()
         return cls(tuple(outcome.tasks), np.array(outcome.seeds), outcome.success.astype(np.int8), outcome.reward,
@@ -287,7 +289,33 @@ class EvalResult:
             if c["overlap"]:
                 out.append(f"{t}: {c['overlap']} of its {c['distinct']} items are outside the held-out split "
                            "(training may have used them)")
-        return out
+        return out + self.action_notes()
+
+    def unparseable(self, task: str | None = None) -> float:
+        """The share of turns whose output did not parse as an action (of one task, or of all)."""
+        if self.invalid is None or self.turns is None:
+            return float("nan")
+        i = slice(None) if task is None else self.tasks.index(task)
+        turns = int(np.asarray(self.turns)[i].sum())
+        return float(np.asarray(self.invalid)[i].sum() / turns) if turns else float("nan")
+
+    def top_invalid(self, task: str) -> str | None:
+        """The task's most common output that did not parse as an action."""
+        rows = (self.attrs.get("invalid_outputs") or {}).get(task) or []
+        return str(rows[0][0]) if len(rows) else None
+
+    def action_notes(self) -> list[str]:
+        """One line for a model at 0% because it never wrote an action (else one per such task)."""
+        never = [t for t in self.tasks if self.unparseable(t) == 1.0]
+        if not never:
+            return []
+        fix = ("it does not write the action format, click(REF) or type(REF, \"TEXT\"): fine-tune it on "
+               "demonstrations first (graftkit train sft --init MODEL)")
+        if len(never) == len(self.tasks):
+            seen = self.top_invalid(never[0])
+            return [f"0% on every task because no turn parsed as an action (most common output: {seen!r}); {fix}"]
+        return [f"{t}: 0% because no turn parsed as an action (most common output: {self.top_invalid(t)!r})"
+                for t in never]
 
 
 @dataclass(frozen=True, eq=False)
@@ -421,7 +449,9 @@ def eval_rows(model: EvalResult, compare_to: EvalResult | None = None) -> list[d
     for t in [*model.tasks, "all"]:
         pick = None if t == "all" else [t]
         a = model.outcomes(pick)
-        row = {"task": t, "model": rate_dict(wilson_interval(int(a.sum()), a.size)), **item_fields(counts, t)}
+        row = {"task": t, "model": rate_dict(wilson_interval(int(a.sum()), a.size)), **item_fields(counts, t),
+               "unparseable": model.unparseable(None if t == "all" else t),
+               "top_invalid": None if t == "all" else model.top_invalid(t)}
         if compare_to is not None:
             (a_flat, clusters), (b_flat, _) = compare_to.clustered(pick), model.clustered(pick)
             c = compare(a_flat, b_flat, clusters=clusters)
@@ -477,7 +507,7 @@ def headroom_rows(view: HeadroomResult) -> list[dict]:
                      f"pass@{k}": float(np.mean([pass_at_k(k, int(x), k) for x in c.ravel()])),
                      "headroom": h.headroom, "bootstrap": [h.comparison.bootstrap.low, h.comparison.bootstrap.high],
                      "bayes": [h.comparison.bayes.low, h.comparison.bayes.high], "verdict": h.verdict,
-                     **item_fields(counts, t)})
+                     "unparseable": view.unparseable(t), "top_invalid": view.top_invalid(t), **item_fields(counts, t)})
     return rows
 
 

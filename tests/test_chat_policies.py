@@ -80,8 +80,14 @@ def test_every_agent_command_runs_on_a_chat_model(folders, style, tmp_path, monk
     model, ep = str(folders[style]), ["--tasks", "click-button,click-link", "--seeds", "2", "--episodes", "1"]
     ev = _cli(["eval", "--model", model, *ep], tmp_path, monkeypatch)
     assert [r["task"] for r in ev["tasks"]] == ["click-button", "click-link", "all"]
+    # an untrained model writes no action: every turn unparseable, said in one line with what it wrote
+    assert all(r["unparseable"] == 1.0 for r in ev["tasks"]) and ev["tasks"][0]["top_invalid"]
+    said = [n for n in ev["notes"] if "no turn parsed as an action" in n]
+    assert len(said) == 1 and said[0].startswith("0% on every task") and "train sft --init" in said[0]
     hr = _cli(["headroom", "--model", model, "--k", "2", *ep], tmp_path, monkeypatch)
     assert {r["task"] for r in hr["tasks"]} >= {"click-button", "click-link"}
+    assert all(r["unparseable"] == 1.0 and r["top_invalid"] for r in hr["tasks"])
+    assert any("no turn parsed as an action" in n for n in hr["notes"])
     sft = tmp_path / "sft"
     _cli(["train", "sft", "--init", model, "--out", str(sft), "--steps", "3", "--batch-size", "4",
           "--tasks", "click-button", "--threads", "1"], tmp_path, monkeypatch)
@@ -92,3 +98,27 @@ def test_every_agent_command_runs_on_a_chat_model(folders, style, tmp_path, monk
     g = _cli(["graft", "--from", str(rl), "--base", str(sft), "--groups", "attn", "--eval", "--seeds", "2",
               "--tasks", "click-button", "--episodes", "1"], tmp_path, monkeypatch)
     assert g["runs"]["A"]["configs"]
+
+
+def _planted(invalid_share: dict[str, float]):
+    import numpy as np
+
+    from graftkit.evaluation import EvalResult
+
+    tasks = tuple(invalid_share)
+    shape = (len(tasks), 2, 1, 1)
+    turns = np.full(shape, 4, np.int32)
+    invalid = np.stack([np.full(shape[1:], round(4 * invalid_share[t]), np.int32) for t in tasks])
+    success = np.zeros(shape, np.int8)
+    attrs = {"invalid_outputs": {t: [["The instruction is invalid.", 5]] for t in tasks if invalid_share[t]}}
+    return EvalResult(tasks, np.arange(2), success, np.zeros(shape), turns, invalid, attrs, None)
+
+
+def test_a_model_that_never_writes_an_action_is_named_in_one_line():
+    every = _planted({"click-button": 1.0, "click-link": 1.0}).action_notes()
+    assert len(every) == 1 and every[0].startswith("0% on every task") and "'The instruction is invalid.'" in every[0]
+    some = _planted({"click-button": 1.0, "click-link": 0.5})
+    assert some.action_notes() == ["click-button: 0% because no turn parsed as an action (most common output: "
+                                   "'The instruction is invalid.')"]
+    assert some.unparseable("click-link") == 0.5 and some.unparseable() == 0.75
+    assert _planted({"click-button": 0.25}).action_notes() == []
