@@ -139,6 +139,24 @@ class DeviceOption(CommandConfig):
         return {"device": self.device, "dtype": self.dtype}
 
 
+@dataclass(frozen=True, kw_only=True)
+class LoraOption(CommandConfig):
+    """LoRA instead of full fine-tuning (mixed into the training configs)."""
+
+    lora_r: int = 0
+    """LoRA rank (0: full fine-tuning); the run writes a PEFT adapter over --init."""
+    lora_alpha: float = 16.0
+    """LoRA alpha (the adapter's scale is alpha / r)."""
+    lora_targets: str = "attn"
+    """Modules that get adapters: attn (q, k, v, o projections), qv, all-linear, or a comma list of module names."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.lora_r < 0 or not self.lora_alpha > 0 or not self.lora_targets.strip(" ,"):
+            raise GraftkitError(f"--lora-r {self.lora_r} must be ≥ 0, --lora-alpha {self.lora_alpha} > 0 and "
+                                "--lora-targets name modules", "e.g. --lora-r 8 --lora-alpha 16 --lora-targets attn")
+
+
 EXECUTORS = ("serial", "ray")
 
 

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import CommandConfig, DeviceOption, ExecutorOption, check_choice, opt
+from ..config import CommandConfig, DeviceOption, ExecutorOption, LoraOption, check_choice, opt
 from ..errors import GraftkitError
 from ..webenv.tasks import TASKS
 
@@ -22,7 +22,7 @@ NOT_TRAINING = ("run", "device")
 
 
 @dataclass(frozen=True, kw_only=True)
-class GRPOConfig(DeviceOption):
+class GRPOConfig(DeviceOption, LoraOption):
     """One GRPO run: the knobs of the control grid and the variant switches (see train/grpo.py)."""
 
     command = "train grpo"

@@ -59,7 +59,8 @@ from ..webenv.render import render_text
 from ..webenv.tasks import TASKS
 from ..devices import TRAINING_CONVENTION, autocast, dtype_name, resolve_device, training_dtype
 from ..weights import load_model, read_tensors, save_model
-from ..weights.hf import save_dtype
+from ..weights.hf import save_adapter, save_dtype
+from .lora import adapter_state, add_lora, check_lora_base, load_adapter_state, lora_spec
 from .advantages import focal_weight, group_advantages, verigate_advantages, veto_mask
 from .configs import NOT_TRAINING, GRPOConfig
 from .losses import LOSSES
@@ -333,9 +334,12 @@ def run_grpo(
     policy = Policy(model, tok, init)
     check_tokenizer_fits(policy, cfg.tasks)
     ref = copy.deepcopy(model).eval() if cfg.beta > 0 else None
-    names = [n for n, _ in model.named_parameters()]
-    opt = torch.optim.AdamW([p for _, p in model.named_parameters()], lr=cfg.lr, betas=(0.9, 0.99),
-                            weight_decay=0.0)
+    spec = lora_spec(cfg.lora_r, cfg.lora_alpha, cfg.lora_targets)
+    check_lora_base(spec, cfg.init)
+    adapter = add_lora(model, spec) if spec else None  # the adapters live inside ``model``'s modules
+    trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    names = [n for n, _ in trained]
+    opt = torch.optim.AdamW([p for _, p in trained], lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
     log: list[dict] = []
     start = 0
     ckpt = latest_checkpoint(cfg) if resume else None
@@ -348,8 +352,11 @@ def run_grpo(
             diff = sorted(k for k in mine if saved["config"].get(k) != mine[k])
             raise GraftkitError(f"--resume: {ckpt} was written with a different config (differs in {', '.join(diff)})",
                                 "resume with the same settings, or start a new run without --resume")
-        ck_model, _ = load_model(ckpt)  # intermediate checkpoints hold the float32 master weights
-        model.load_state_dict(ck_model.state_dict())
+        if adapter is not None:
+            load_adapter_state(adapter, read_tensors(ckpt / "adapter_model.safetensors"))
+        else:
+            ck_model, _ = load_model(ckpt)  # intermediate checkpoints hold the float32 master weights
+            model.load_state_dict(ck_model.state_dict())
         state = read_tensors(ckpt / STATE)
         _load_opt_state(opt, names, state, saved["optimizer_scalars"])
         torch.set_rng_state(state["rng.torch"])
@@ -410,7 +417,7 @@ def run_grpo(
                 eps_high=eps_high, beta=cfg.beta, max_len=cfg.max_new_tokens, weight=weight, veto=veto)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+            gnorm = torch.nn.utils.clip_grad_norm_([p for _, p in trained], cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
             opt.step()
         m = {"step": step + 1, "loss": loss.item(), **stats, **{k: float(v) for k, v in metrics.items()},
              "entropy": entropy, "grad_norm": gnorm.item(), "lr": lr, "tokens": int(rows.mask.sum()),
@@ -420,15 +427,15 @@ def run_grpo(
         on_step(m)
         boundary = (step + 1) % per_stage == 0
         if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and boundary and step + 1 < cfg.steps:
-            _save(cfg, model, policy, log, step + 1, opt, names, _ckpt_dir(cfg) / f"step-{step + 1:06d}")
+            _save(cfg, model, policy, log, step + 1, opt, names, _ckpt_dir(cfg) / f"step-{step + 1:06d}", adapter=adapter)
     model.eval()
     return _save(cfg, model, policy, log, cfg.steps, None, names, Path(cfg.out), force=True,
-                 dtype=save_dtype(cfg.save_dtype, init))
+                 dtype=save_dtype(cfg.save_dtype, init), adapter=adapter)
 
 
-def _save(cfg, model, policy, log, step, opt, names, dest: Path, force: bool = True, dtype=None) -> Path:
+def _save(cfg, model, policy, log, step, opt, names, dest: Path, force: bool = True, dtype=None, adapter=None) -> Path:
     """A checkpoint of the run: resumable ones (``opt`` given) in the float32 master weights, the final policy
-    in ``dtype``."""
+    in ``dtype``; with LoRA (``adapter``, the PEFT model) a PEFT adapter folder over ``cfg.init``."""
     from ..weights import describe, open_checkpoint
 
     parent = describe(open_checkpoint(cfg.init))
@@ -452,5 +459,11 @@ def _save(cfg, model, policy, log, step, opt, names, dest: Path, force: bool = T
         provenance["optimizer_scalars"] = scalars
     log_bytes = "".join(json.dumps(m) + "\n" for m in log).encode()
     items = "".join(f"{t}\t{i}\n" for t, i in prompt_items(cfg, step)).encode()
+    if adapter is not None:
+        provenance["lora"] = {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "targets": list(adapter.peft_config["default"]
+                              .target_modules), "base": str(Path(cfg.init).resolve())}
+        return save_adapter(dest, adapter_state(adapter), adapter.peft_config["default"].to_dict(), policy.tokenizer,
+                            base=Path(cfg.init), provenance=provenance, force=force, inputs=[Path(cfg.init)],
+                            extra_files={LOG: log_bytes, ITEMS: items}, extra_tensors=extra_tensors, dtype=dtype)
     return save_model(dest, model, policy.tokenizer, provenance=provenance, force=force, inputs=[Path(cfg.init)],
                       extra_files={LOG: log_bytes, ITEMS: items}, extra_tensors=extra_tensors, dtype=dtype)

@@ -35,7 +35,8 @@ from ..webenv.render import render_text
 from ..webenv.tasks import SUITES, TASKS
 from ..devices import TRAINING_CONVENTION, autocast, dtype_name, resolve_device, training_dtype
 from ..weights import load_model, save_model
-from ..weights.hf import save_dtype
+from ..weights.hf import save_adapter, save_dtype
+from .lora import adapter_state, add_lora, check_lora_base, lora_spec
 
 TRAIN_SEED_BASE = 10 * MAX_EPISODES_PER_SEED * MAX_EPISODES_PER_SEED  # far above every evaluation seed
 
@@ -93,6 +94,12 @@ class SFTConfig:
     float32, bfloat16 or float16."""
     save_dtype: str = "auto"
     """dtype of the written policy: auto (the init checkpoint's; float32 for a tiny policy) or a dtype."""
+    lora_r: int = 0
+    """LoRA rank (0: full fine-tuning): the run writes a PEFT adapter over ``init``."""
+    lora_alpha: float = 16.0
+    """LoRA alpha."""
+    lora_targets: str = "attn"
+    """Modules that get adapters (see :data:`graftkit.train.lora.TARGET_SETS`)."""
 
     def __post_init__(self) -> None:
         unknown = [t for t in self.budgets if t not in TASKS]
@@ -105,6 +112,9 @@ class SFTConfig:
                                 "e.g. --decoy focus-text-2=0.6")
         if not any(v > 0 for v in self.budgets.values()):
             raise GraftkitError("no demonstrations: every budget is 0", "give at least one task a budget > 0")
+        if lora_spec(self.lora_r, self.lora_alpha, self.lora_targets) and not self.init:
+            raise GraftkitError("--lora-r trains an adapter over a model folder, but no --init was given",
+                                "pass the model to adapt as --init DIR, or drop --lora-r")
         for name in ("steps", "batch_size", "threads"):
             if getattr(self, name) < 1:
                 raise GraftkitError(f"--{name.replace('_', '-')} must be ≥ 1")
@@ -282,8 +292,12 @@ def run_sft(cfg: SFTConfig, on_step: Callable[[dict], None] = lambda m: None, fo
         raise GraftkitError("the tokenizer cannot encode some oracle actions (unknown tokens)",
                             "use a tokenizer that covers the task vocabulary, or the tiny default")
     model = policy.model.to(dev).train()  # float32 master weights
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    other = [p for n, p in model.named_parameters() if p.dim() < 2]
+    spec = lora_spec(cfg.lora_r, cfg.lora_alpha, cfg.lora_targets)
+    check_lora_base(spec, cfg.init)
+    peft_model = add_lora(model, spec) if spec else None  # the adapters live inside ``model``'s modules
+    trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    decay = [p for n, p in trained if p.dim() >= 2]
+    other = [p for n, p in trained if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
     stream = DemoStream(policy, cfg.budgets, cfg.batch_size, random.Random(cfg.seed), cfg.decoys)
@@ -299,7 +313,7 @@ def run_sft(cfg: SFTConfig, on_step: Callable[[dict], None] = lambda m: None, fo
             loss = action_loss(model, ids, mask, labels)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        gnorm = torch.nn.utils.clip_grad_norm_([p for _, p in trained], cfg.grad_clip)
         opt.step()
         m = {"step": step + 1, "loss": loss.item(), "grad_norm": gnorm.item(), "lr": lr,
              "tokens": int((labels != -100).sum()), "seconds": time.perf_counter() - t0}
@@ -320,8 +334,14 @@ def run_sft(cfg: SFTConfig, on_step: Callable[[dict], None] = lambda m: None, fo
         "parents": [{"role": "init", "path": str(Path(cfg.init).resolve())}] if cfg.init else [],
         "precision": {"compute_dtype": dtype_name(compute), "saved_dtype": dtype_name(saved), "device": str(dev),
                       "convention": TRAINING_CONVENTION},
+        **({"lora": {"r": spec.r, "alpha": spec.alpha, "targets": list(spec.targets), "base": str(Path(cfg.init).resolve())}}
+           if spec else {}),
     }
     log_bytes = "".join(json.dumps(m) + "\n" for m in log).encode()
+    if peft_model is not None:
+        return save_adapter(Path(cfg.out), adapter_state(peft_model), peft_model.peft_config["default"].to_dict(),
+                            policy.tokenizer, base=Path(cfg.init), provenance=provenance, force=force,
+                            inputs=[Path(cfg.init)], extra_files={"train_log.jsonl": log_bytes}, dtype=saved)
     return save_model(Path(cfg.out), model, policy.tokenizer, provenance=provenance, force=force,
                       inputs=[Path(cfg.init)] if cfg.init else [], extra_files={"train_log.jsonl": log_bytes},
                       dtype=saved)

@@ -68,6 +68,30 @@ def save_model(
         )
 
 
+def save_adapter(dest: Path, tensors: dict, adapter_config: dict, tokenizer=None, *, base: Path, provenance: dict,
+                 inputs: Sequence[Path] = (), force: bool = False, extra_files: dict[str, bytes] | None = None,
+                 extra_tensors: dict | None = None, dtype=None) -> Path:
+    """Write a PEFT LoRA adapter folder atomically: ``adapter_config.json`` (``base_model_name_or_path`` set
+    to ``base``, absolute, so graftkit and PEFT find the base without a hub), ``adapter_model.safetensors``
+    (``tensors`` under PEFT's names, cast to ``dtype`` when given), the tokenizer, ``extra_files``,
+    ``extra_tensors`` as ``training_state.safetensors``, and graftkit.json."""
+    import json
+
+    config = {k: sorted(v) if isinstance(v, (set, frozenset)) else v for k, v in adapter_config.items()}
+    config["base_model_name_or_path"] = str(Path(base).resolve())
+    if dtype is not None:
+        tensors = {k: t.to(dtype) if t.is_floating_point() else t for k, t in tensors.items()}
+    files = {"adapter_config.json": json.dumps(config, indent=2, default=str).encode(),
+             "adapter_model.safetensors": tensors_bytes(tensors), **(extra_files or {})}
+    if extra_tensors:
+        files["training_state.safetensors"] = tensors_bytes(extra_tensors)
+    with tempfile.TemporaryDirectory() as aux:
+        if tokenizer is not None:
+            tokenizer.save_pretrained(aux)
+        return write_checkpoint(dest, [], provenance=provenance, inputs=inputs, aux_from=Path(aux), force=force,
+                                extra_files=files)
+
+
 def tensors_bytes(tensors: dict) -> bytes:
     """A safetensors file's bytes holding ``tensors`` (small: training state, not model weights)."""
     import io
