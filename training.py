@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .config import CommandConfig, OnProgress, RunOption, DeviceOption, no_progress
+from .config import CommandConfig, OnProgress, RunOption, DeviceOption, LoraOption, no_progress
 from .errors import GraftkitError
 from .store import Result, View, current_run, result_labels, write_result
 from .train.configs import GRPOConfig, SweepConfig
@@ -162,7 +162,7 @@ def parse_decoys(items: tuple[str, ...]) -> dict[str, float]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainSFTConfig(RunOption, DeviceOption):
+class TrainSFTConfig(RunOption, DeviceOption, LoraOption):
     """``graftkit train sft``: the command line's form of :class:`~graftkit.train.sft.SFTConfig` (budgets and
     decoys as ``TASK=N`` / ``TASK=RATE`` strings over the default recipe); :meth:`sft` builds it."""
 
@@ -206,7 +206,8 @@ class TrainSFTConfig(RunOption, DeviceOption):
         return SFTConfig(out=str(self.out), budgets=parse_budgets(self.budget, self.tasks),
                          decoys=parse_decoys(self.decoy), size=self.size, init=str(self.init) if self.init else None,
                          steps=self.steps, batch_size=self.batch_size, lr=self.lr, seed=self.seed,
-                         threads=self.threads, device=self.device, dtype=self.dtype, save_dtype=self.save_dtype)
+                         threads=self.threads, device=self.device, dtype=self.dtype, save_dtype=self.save_dtype,
+                         lora_r=self.lora_r, lora_alpha=self.lora_alpha, lora_targets=self.lora_targets)
 
 
 def run_train_sft(cfg: TrainSFTConfig, on_progress: OnProgress = no_progress, *, force: bool = False,
@@ -230,13 +231,22 @@ def run_train_grpo(cfg: GRPOConfig, on_progress: OnProgress = no_progress, *, re
                    on_step: Callable[[dict], None] | None = None) -> Trained:
     """GRPO per ``cfg`` (``resume``: from the run's newest checkpoint); write the policy and its training
     curves (to ``results``, default the current run's results/)."""
-    from .train.grpo import run_grpo
-
     if not Path(cfg.init).exists():
         raise GraftkitError(f"--init {cfg.init}: no such folder", "pass the SFT policy folder")
-    dest = run_grpo(cfg, resume=resume, force=force, on_step=_steps("grpo", cfg.steps, on_progress, on_step))
-    return Trained(dest, write_curves(dest, "grpo", results or current_run(cfg.run) / "results"))
+    steps = _steps("grpo", cfg.steps, on_progress, on_step)
+    if cfg.engine == "trl":
+        from accelerate import PartialState
 
+        from .train.trl_engine import run_grpo_trl
+
+        dest = run_grpo_trl(cfg, resume=resume, force=force, on_step=steps)
+        if not PartialState().is_main_process:  # under accelerate launch the main process writes the curves
+            return Trained(dest, training_curves(dest, "grpo"))
+    else:
+        from .train.grpo import run_grpo
+
+        dest = run_grpo(cfg, resume=resume, force=force, on_step=steps)
+    return Trained(dest, write_curves(dest, "grpo", results or current_run(cfg.run) / "results"))
 
 # ---------------------------------------------------------------------------------------------- sweep
 

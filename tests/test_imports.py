@@ -24,7 +24,7 @@ ALLOWED = {
     # the study's findings rules, read from typed result views
     "findings": {"stats", "store", "evaluation", "graft", "rank", "webenv"},
 }
-EVERYTHING = {"cli", "study", "api", "__init__"}  # the edges that know about everything
+EVERYTHING = {"cli", "study", "api", "__init__", "__main__"}  # the edges that know about everything
 
 
 def _unit(path: Path) -> str:
