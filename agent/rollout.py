@@ -130,7 +130,21 @@ def _cache_of(out):
     return cache if cache is not None else out.past_key_values
 
 
-@torch.no_grad()
+def batch_invariant_attention(model):
+    """A context in which ``model``'s attention gives each row the same result whatever its batch: on the
+    CPU in a 16-bit dtype, torch's fused scaled-dot-product kernel rounds a row differently with the left
+    padding its batch gives it (logits move by a bf16 ulp, enough to flip a sampled token), so there its
+    math backend is used; elsewhere nothing changes."""
+    import contextlib
+
+    p = next(model.parameters())
+    if p.device.type != "cpu" or p.dtype == torch.float32:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(SDPBackend.MATH)
+
+
 def generate(
     policy: Policy, prompts: Sequence[Sequence[int]], decode: Decode, gens: Sequence[torch.Generator],
     vision: Sequence[dict] | None = None,
@@ -138,6 +152,11 @@ def generate(
     """Decode one action for each prompt, batched with a KV cache. Returns (token ids, log-probs).
 
     ``vision``: for a :class:`VisionPolicy`, each prompt's image inputs (``VisionPolicy.som_prompt``)."""
+    with torch.no_grad(), batch_invariant_attention(policy.model):
+        return _generate(policy, prompts, decode, gens, vision)
+
+
+def _generate(policy, prompts, decode, gens, vision):
     model, pad, eos = policy.model, policy.pad_id, policy.eos_ids
     device = next(model.parameters()).device
     b, width = len(prompts), max(len(p) for p in prompts)
