@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
 	$(PIP) install -q "$(TORCH)"
-	$(PIP) install -q -e ".[test,browser,lens,ray,trl]" "$(TORCH)"
+	$(PIP) install -q -e ".[test,browser,lens,ray,trl,gguf]" "$(TORCH)"
 	touch $@
 
 # Real MiniWoB++ runs in Debian's Chromium (the browser tests and --backend miniwob need it).
