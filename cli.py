@@ -20,15 +20,15 @@ import numpy as np
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
-from rich.text import Text
 
 from ._version import __version__
 from .config import cli_parameters
 from .errors import GraftkitError
+from .progress import Bars, err, fmt_bytes, step_printer
 from .store import runs_root
 from .weights.commands import InspectConfig, must_exist, run_inspect
+from .weights.gguf import ImportConfig, run_import
 from .graft.anatomy import METRICS as DELTA_METRICS, DeltaConfig, DeltaResult, run_delta
 from .training import TrainSFTConfig, run_sweep_grid, run_train_grpo, run_train_sft
 from .train.configs import GRPOConfig, SweepConfig
@@ -45,7 +45,6 @@ app = typer.Typer(
 )
 # Pipes and files get wide tables (rich's default of 80 columns would truncate tensor and run names).
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, highlight=False)
 
 
 def command(parent: typer.Typer, cls: type, name: str | None = None, *, defaults: dict | None = None,
@@ -82,35 +81,6 @@ def flag(name: str, option: str, help: str, default=False, annotation=bool) -> i
                               default=typer.Option(default, option, help=help))
 
 
-class Bars:
-    """An :class:`~graftkit.config.OnProgress` drawn as rich progress bars on stderr, one per ``what``."""
-
-    def __init__(self):
-        self.p = Progress(TextColumn("[bold]{task.description}[/]"), BarColumn(), _Count(), TimeRemainingColumn(),
-                          console=err, transient=True, disable=not err.is_terminal)
-        self.ids: dict[str, int] = {}
-
-    def __enter__(self) -> "Bars":
-        self.p.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.p.__exit__(*exc)
-
-    def __call__(self, what: str, advance: int, total: int, unit: str) -> None:
-        if what not in self.ids:
-            self.ids[what] = self.p.add_task(escape(what), total=total, unit=unit)
-        self.p.advance(self.ids[what], advance)
-
-
-class _Count(ProgressColumn):
-    def render(self, task) -> Text:
-        unit = task.fields.get("unit", "")
-        if unit == "bytes":
-            return Text(f"{_fmt_bytes(task.completed)}/{_fmt_bytes(task.total or 0)}")
-        return Text(f"{task.completed:.0f}/{task.total:.0f} {unit}")
-
-
 def _print_json(obj) -> None:
     # Strict JSON: NaN/±Inf (an undefined cosine, a ratio over a zero norm) are written as null.
     sys.stdout.write(json.dumps(_finite(obj), indent=2, default=str, allow_nan=False) + "\n")
@@ -138,14 +108,6 @@ def _table(title: str, columns, left=(), fold=(), **kw) -> Table:
     return t
 
 
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1000
-    return f"{n:.2f} TB"
-
-
 def _notes(notes) -> None:
     for note in notes:
         out.print(f"note: {escape(note)}", soft_wrap=True)
@@ -165,10 +127,24 @@ def inspect(cfg: InspectConfig, as_json: bool):
                f"{'tied' if info['tied_embeddings'] else 'untied'} embeddings", ("group", "tensors", "params", "bytes"),
                left=("group",))
     for g, r in info["groups"].items():
-        t.add_row(g, str(r["tensors"]), f"{r['params']:,}", _fmt_bytes(r["bytes"]))
+        t.add_row(g, str(r["tensors"]), f"{r['params']:,}", fmt_bytes(r["bytes"]))
     out.print(t)
     if info["band_rule"]:
         out.print(info["band_rule"])
+    _notes(info["notes"])
+
+
+@command(app, ImportConfig, "import")
+def import_gguf(cfg: ImportConfig, as_json: bool):
+    """Write a GGUF checkpoint (llama.cpp's format, quantised or not) as an HF folder graftkit and transformers read."""
+    with Bars() as bars:
+        info = run_import(cfg, bars)
+    if as_json:
+        return _print_json(info)
+    quant = ", ".join(f"{n} {k}" for k, n in info["quantisation"].items())
+    out.print(f"{escape(str(cfg.source))} ({escape(info['architecture'])}; {escape(quant)} tensors"
+              f"{', dequantised' if info['dequantised'] else ''}) → {escape(info['out'])}: {info['params']:,} parameters "
+              f"in {info['dtype']}, {info['seconds']:.1f} s")
     _notes(info["notes"])
 
 
@@ -247,7 +223,7 @@ def graft(cfg: GraftConfig, as_json: bool):
                       f"{e['alpha']:g}", e["role"])
         out.print(t)
         return _notes(got["notes"])
-    selected, total = _fmt_bytes(got["selected_bytes"]), _fmt_bytes(got["total_bytes"])
+    selected, total = fmt_bytes(got["selected_bytes"]), fmt_bytes(got["total_bytes"])
     if not got.get("dry_run"):
         _notes(got["notes"])
         n = sum(row["tensors"] for row in got["selected"])
@@ -257,7 +233,7 @@ def graft(cfg: GraftConfig, as_json: bool):
                ("group", "layer", "tensors", "bytes"), left=("group",))
     for row in got["selected"]:
         t.add_row(row["group"], "—" if row["layer"] is None else str(row["layer"]), str(row["tensors"]),
-                  _fmt_bytes(row["bytes"]))
+                  fmt_bytes(row["bytes"]))
     out.print(t)
     out.print(f"{selected} of {total} selected")
     _notes(got["notes"])
@@ -331,15 +307,14 @@ def eval_cmd(cfg: EvalConfig, as_json: bool):
     if as_json:
         return _print_json(run.as_json(cfg))
     compared = (escape(Path(cfg.compare_to or "").name), "diff \\[bootstrap] \\[Bayes]", "McNemar p", "verdict")
-    t = _table(f"{escape(str(cfg.model))}: success over {cfg.seeds} seeds × {cfg.episodes} episodes "
-               f"({'sampled' if cfg.sample else 'greedy'}, {cfg.backend}, obs {cfg.obs})",
-               ("task", "items", "success (95% Wilson)", *(compared if cfg.compare_to else ())), left=("task", "verdict"))
-    for row in run.rows:
-        cells = [escape(row["task"]), str(row.get("items", "?")), _rate_text(row["model"])]
-        if cfg.compare_to:
-            cells += [_rate_text(row["compare"]), _diff_text(row, "diff"), f"{row['mcnemar_p']:.3g}", row["verdict"]]
-        t.add_row(*cells)
-    out.print(t)
+    for role in run.models:  # one block per model
+        t = _table(f"{escape(str(run.results[role].model_path))}: success over {cfg.seeds} seeds × {cfg.episodes} episodes "
+                   f"({'sampled' if cfg.sample else 'greedy'}, {cfg.backend}, obs {cfg.obs})",
+                   ("task", "items", "success (95% Wilson)", *(compared if cfg.compare_to else ())), left=("task", "verdict"))
+        for row in run.tables[role]:
+            t.add_row(escape(row["task"]), str(row.get("items", "?")), _rate_text(row["model"]), *(() if not cfg.compare_to else (
+                _rate_text(row["compare"]), _diff_text(row, "diff"), f"{row['mcnemar_p']:.3g}", row["verdict"])))
+        out.print(t)
     _notes(run.notes)
     for role, path in run.files.items():
         out.print(f"saved {escape(str(path))} ({run.results[role].seconds:.1f} s)")
@@ -373,24 +348,11 @@ _RESUME = flag("resume", "--resume/--no-resume", "Continue from the newest check
 _SWEEP_COLUMNS = ("name", "status", "init", "lr", "beta", "seed", "epsilon", "epsilon_high", "loss", "steps")
 
 
-def _step_printer(total: int, what: str, keys: tuple[str, ...]):
-    """A progress bar on stderr whose description shows the latest metrics."""
-    p = Progress(TextColumn(f"[bold]{escape(what)}[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                 TextColumn("{task.description}"), TimeRemainingColumn(), console=err, transient=True,
-                 disable=not err.is_terminal)
-    task = p.add_task("", total=total)
-
-    def on_step(m: dict) -> None:
-        p.update(task, completed=m["step"], description=" ".join(f"{k} {m[k]:.3g}" for k in keys if k in m))
-
-    return p, on_step
-
-
 @command(train_app, TrainSFTConfig, "sft", extra=(_FORCE,))
 def train_sft(cfg: TrainSFTConfig, as_json: bool, force: bool):
     """Supervised fine-tuning on oracle demonstrations (loss on action tokens only)."""
     t0 = time.perf_counter()
-    p, on_step = _step_printer(cfg.steps, "sft", ("loss", "lr"))
+    p, on_step = step_printer(cfg.steps, "sft", ("loss", "lr"))
     with p:
         run = run_train_sft(cfg, force=force, on_step=on_step)
     info = {"out": str(run.policy), "steps": cfg.steps, "final_loss": run.curves.last("loss"),
@@ -405,7 +367,7 @@ def train_sft(cfg: TrainSFTConfig, as_json: bool, force: bool):
 def train_grpo(cfg: GRPOConfig, as_json: bool, resume: bool, force: bool):
     """GRPO from an SFT policy, with every knob of the control grid and the Mu-GRPO/focal/VeriGate switches."""
     t0 = time.perf_counter()
-    p, on_step = _step_printer(cfg.steps, "grpo", ("success", "loss", "entropy"))
+    p, on_step = step_printer(cfg.steps, "grpo", ("success", "loss", "entropy"))
     with p:
         run = run_train_grpo(cfg, resume=resume, force=force, on_step=on_step)
     c = run.curves
@@ -559,7 +521,7 @@ def report(cfg: ReportConfig, as_json: bool, open_it: bool):
         webbrowser.open(Path(info["path"]).resolve().as_uri())
     if as_json:
         return _print_json(info)
-    out.print(f"[bold]report[/] {escape(info['path'])} ({_fmt_bytes(info['bytes'])}, {info['figures']} figures)")
+    out.print(f"[bold]report[/] {escape(info['path'])} ({fmt_bytes(info['bytes'])}, {info['figures']} figures)")
     out.print("[bold]sections[/] " + (escape(", ".join(info["sections"])) or "none"))
     if info["absent"]:
         out.print("[bold]no results for[/] " + escape(", ".join(info["absent"])))

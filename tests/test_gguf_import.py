@@ -323,3 +323,20 @@ def test_config_builds_cli_parameters():
     assert params["dtype"].default.default == "auto" and "bfloat16" in params["dtype"].default.help
     assert ImportConfig(source="a.gguf", out="o").as_dict() == {
         "command": "import", "source": "a.gguf", "out": "o", "dtype": "auto", "force": False}
+
+
+def test_import_command_line(f32_file, imported_f32, tmp_path):
+    from typer.testing import CliRunner
+
+    from graftkit.cli import app
+
+    runner, f32_file, imported_f32 = CliRunner(), f32_file[0], imported_f32[0]
+    res = runner.invoke(app, ["import", str(f32_file), "--out", str(tmp_path / "cli"), "--json"])
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.stdout)
+    assert info["quantisation"] == {"F32": 20} and info["out"] == str((tmp_path / "cli").resolve())
+    assert (tmp_path / "cli" / "model.safetensors").read_bytes() == (imported_f32 / "model.safetensors").read_bytes()
+    again = runner.invoke(app, ["import", str(f32_file), "--out", str(tmp_path / "cli")])
+    assert again.exit_code == 2 and "--force" in again.output and "Traceback" not in again.output
+    text = runner.invoke(app, ["import", str(f32_file), "--out", str(tmp_path / "cli"), "--force"])
+    assert text.exit_code == 0 and "20 F32 tensors" in text.stdout

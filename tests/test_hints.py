@@ -12,8 +12,8 @@ from graftkit.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
-#: Flags of other programs that hints may name (pip, pytest).
-OTHERS = {"--extra-index-url", "--index-url"}
+#: Flags of other programs that hints may name (pip, pytest, ray).
+OTHERS = {"--extra-index-url", "--index-url", "--head"}
 
 
 def _command_flags() -> dict[str, set[str]]:

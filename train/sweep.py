@@ -101,15 +101,50 @@ def expand(grid_path: Path) -> list[RunSpec]:
     return specs
 
 
+def _train(state, unit: tuple[GRPOConfig, bool]) -> str:
+    """One run on a Ray worker (the device as the worker sees its GPU)."""
+    from dataclasses import replace
+
+    from ..executor import worker_device
+
+    cfg, resume = unit
+    return str(run_grpo(replace(cfg, device=worker_device(cfg.device)), resume=resume, force=True))
+
+
+def sweep_device(specs: list[RunSpec]) -> str:
+    """The device the runs of a grid ask for, for sizing Ray workers: cuda where any run names a CUDA
+    device, cpu where every run does, else auto."""
+    devices = {s.config.device for s in specs}
+    return "cuda" if any(d.startswith("cuda") for d in devices) else ("cpu" if devices == {"cpu"} else "auto")
+
+
 def run_sweep(specs: list[RunSpec], on_run: Callable[[RunSpec, str], None] = lambda s, st: None,
-              on_step: Callable[[RunSpec, dict], None] = lambda s, m: None) -> list[dict]:
-    """Run every spec in order: skip completed ones, resume partial ones. Returns one record per run."""
-    records = []
-    for spec in specs:
-        status = spec.status()
-        on_run(spec, status)
-        if status != "done":
-            run_grpo(spec.config, resume=status == "partial", force=True,
-                     on_step=lambda m, spec=spec: on_step(spec, m))
-        records.append({"name": spec.name, "status": status, "out": spec.config.out})
+              on_step: Callable[[RunSpec, dict], None] = lambda s, m: None, *, executor: str = "serial",
+              ray_address: str = "local", workers: int | None = None,
+              on_done: Callable[[RunSpec], None] = lambda s: None) -> list[dict]:
+    """Run every spec in order: skip completed ones, resume partial ones. Returns one record per run.
+
+    With ``executor="ray"`` each run that is not done trains on a Ray worker (one GPU each where the runs
+    ask for CUDA); ``on_run`` is called here as each is handed to a worker, ``on_done`` as each finishes
+    (``on_step`` is not: a worker's steps stay on the worker)."""
+    statuses = [s.status() for s in specs]
+    records = [{"name": s.name, "status": st, "out": s.config.out} for s, st in zip(specs, statuses)]
+    if executor != "ray":
+        for spec, status in zip(specs, statuses):
+            on_run(spec, status)
+            if status != "done":
+                run_grpo(spec.config, resume=status == "partial", force=True,
+                         on_step=lambda m, spec=spec: on_step(spec, m))
+            on_done(spec)
+        return records
+    from ..executor import run_units
+
+    todo = [i for i, st in enumerate(statuses) if st != "done"]
+    for i, (spec, status) in enumerate(zip(specs, statuses)):
+        if status == "done":
+            on_run(spec, status)
+    run_units([(specs[i].config, statuses[i] == "partial") for i in todo], _train, address=ray_address,
+              workers=workers, device=sweep_device([specs[i] for i in todo]) if todo else "cpu",
+              on_start=lambda j: on_run(specs[todo[j]], statuses[todo[j]]),
+              on_result=lambda j, out: on_done(specs[todo[j]]))
     return records
