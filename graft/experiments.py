@@ -296,9 +296,9 @@ class SweepWorker:
         return outcome.success[..., 0].astype(np.int8)
 
 
-def _play(worker: SweepWorker, unit: tuple, **episodes) -> np.ndarray:
-    key, e = unit
-    return worker.play(key, e, **episodes)
+def _play(worker: SweepWorker, unit: tuple, seeds, **episodes) -> np.ndarray:
+    key, e, part = unit
+    return worker.play(key, e, seeds=[seeds[i] for i in part], **episodes)
 
 
 def distribute_graft_sweep(
@@ -321,19 +321,34 @@ def distribute_graft_sweep(
 ) -> dict[str, np.ndarray]:
     """:func:`run_graft_sweep` on the workers of ``pool`` (:func:`graftkit.executor.worker_pool`, each
     worker a :class:`SweepWorker` holding run ``key``'s RL checkpoint): the configurations ``done`` lacks
-    are handed out one at a time as workers free up; ``on_start`` as each is handed out, ``on_result`` (in
-    this process) as each finishes, in the order they finish. Returns what :func:`run_graft_sweep` returns."""
+    are handed out as workers free up, each split into one block of evaluation seeds per worker (episodes
+    depend only on their seed, so the blocks put together are the configuration's outcomes, and no worker
+    idles while another plays a sweep's last configuration alone); ``on_start`` as a configuration is first
+    handed out, ``on_result`` (in this process) as its last block finishes. Returns what
+    :func:`run_graft_sweep` returns."""
     import functools
 
     done = _checked_done(done, (len(tasks), len(seeds), episodes))
     plan_sweep(base.taxonomy(unknown), experiments)  # a bad spec fails here, before any unit is handed out
     todo = [e for e in experiments if e.label not in done]
+    blocks = [b.tolist() for b in np.array_split(np.arange(len(seeds)), min(len(pool.actors), len(seeds)))]
+    units = [(key, e, b) for e in todo for b in blocks]
     work = functools.partial(_play, tasks=list(tasks), seeds=list(seeds), episodes=episodes, decode=decode,
                              batch_size=batch_size, backend=backend, obs=obs)
     results = {label: np.asarray(s, dtype=np.int8) for label, s in done.items()}
-    for i, success in pool.map(work, [(key, e) for e in todo], on_start=lambda i: on_start(todo[i])):
-        results[todo[i].label] = success
-        on_result(todo[i], success)
+    pieces: dict[str, dict[int, np.ndarray]] = {}
+
+    def started(i: int) -> None:
+        if units[i][2] is blocks[0]:
+            on_start(units[i][1])
+
+    for i, success in pool.map(work, units, on_start=started):
+        e = units[i][1]
+        got = pieces.setdefault(e.label, {})
+        got[i % len(blocks)] = success
+        if len(got) == len(blocks):
+            results[e.label] = np.concatenate([got[j] for j in range(len(blocks))], axis=1)
+            on_result(e, results[e.label])
     return {e.label: results[e.label] for e in experiments}
 
 
