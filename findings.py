@@ -170,11 +170,13 @@ def suite_outcomes(res, tasks) -> np.ndarray:
     return EvalResult.from_result(res).outcomes(tasks)
 
 
-def suite_tasks(res: Result | EvalResult, suite: str) -> tuple[list[str], list[str]]:
-    """The tasks of ``suite`` that an evaluation played, and those it left out (a task with no evaluation
-    item is not played held-out; its evaluation's ``tasks_without_items`` says so)."""
+def suite_tasks(res: Result | EvalResult, suite: str,
+                suites: Mapping[str, Sequence[str]] = SUITES) -> tuple[list[str], list[str]]:
+    """The tasks of ``suite`` (in ``suites``, the study's two suites) that an evaluation played, and those it
+    left out (a task with no evaluation item is not played held-out; its evaluation's ``tasks_without_items``
+    says so)."""
     ev = _view(res)
-    return [t for t in SUITES[suite] if t in ev.tasks], [t for t in SUITES[suite] if t not in ev.tasks]
+    return [t for t in suites[suite] if t in ev.tasks], [t for t in suites[suite] if t not in ev.tasks]
 
 
 def _left_out(left: Sequence[str], suite: str, where: str = "the SFT evaluation") -> str:
@@ -274,12 +276,12 @@ FINDING_1 = ("No GRPO configuration credibly improves a strong SFT baseline on m
 
 
 def finding_1(evals: Mapping[str, Result | EvalResult], runs: Sequence[RLRun], *, sft_decoy: bool = False,
-              level: float = 0.95) -> Finding:
+              level: float = 0.95, suites: Mapping[str, Sequence[str]] = SUITES) -> Finding:
     """No configuration credibly improves the SFT baseline on the mastered suite; the middle learning rate
     degrades it and the highest collapses it.
 
     ``evals``: label → greedy eval result ("sft" and every run's name); ``runs``: the study's runs (those
-    with ``suite == "mastered"`` are read). Rule:
+    with ``suite == "mastered"`` are read); ``suites``: the study's task suites. Rule:
 
     - improves: a mastered-suite run whose paired comparison with SFT is "credibly better" (every run of
       the grid counts, whatever its regime);
@@ -297,7 +299,7 @@ def finding_1(evals: Mapping[str, Result | EvalResult], runs: Sequence[RLRun], *
     grid = [r for r in runs if r.suite == "mastered"]
     if not grid:
         return _unmeasured(1, FINDING_1, "no mastered-suite GRPO run")
-    tasks, left = suite_tasks(evals["sft"], "mastered")
+    tasks, left = suite_tasks(evals["sft"], "mastered", suites)
     if not tasks:
         return _unmeasured(1, FINDING_1, "the SFT evaluation has no task of the mastered suite")
     sft = suite_episodes(evals["sft"], tasks, "the SFT evaluation")
@@ -358,7 +360,8 @@ FINDING_2 = "On tasks with headroom (sampled success above greedy), GRPO raises 
 
 
 def finding_2(evals: Mapping[str, Result | EvalResult], runs: Sequence[RLRun],
-              headroom: Result | HeadroomResult | None, *, sft_decoy: bool = False, level: float = 0.95) -> Finding:
+              headroom: Result | HeadroomResult | None, *, sft_decoy: bool = False, level: float = 0.95,
+              suites: Mapping[str, Sequence[str]] = SUITES) -> Finding:
     """On the headroom suite (sampled success above greedy), the same recipe raises greedy success.
 
     ``evals`` and ``runs`` as :func:`finding_1`; ``headroom``: the SFT policy's headroom result. Rule:
@@ -382,7 +385,7 @@ def finding_2(evals: Mapping[str, Result | EvalResult], runs: Sequence[RLRun],
     if not hr:
         return _unmeasured(2, FINDING_2, "no headroom-suite GRPO run")
     hv = _view(headroom, HeadroomResult)
-    tasks = {s: suite_tasks(evals["sft"], s) for s in ("headroom", "mastered")}
+    tasks = {s: suite_tasks(evals["sft"], s, suites) for s in ("headroom", "mastered")}
     H = [t for t in tasks["headroom"][0] if t in hv.tasks]
     if not H or not tasks["mastered"][0]:
         return _unmeasured(2, FINDING_2, "the SFT evaluation or its headroom result has no task of a suite")
@@ -414,7 +417,7 @@ def finding_2(evals: Mapping[str, Result | EvalResult], runs: Sequence[RLRun],
             + ".")
     verdict = (NOT_TESTABLE if not has_room else REPRODUCED if credible and beyond else PARTLY if credible
                else NOT_REPRODUCED)
-    left = [t for t in SUITES["headroom"] if t not in H]
+    left = [t for t in suites["headroom"] if t not in H]
     text += (_left_out(left, "headroom", "the SFT evaluation or its headroom result")
              + _left_out(tasks["mastered"][1], "mastered"))
     return Finding(2, FINDING_2, text + decoy_note([*hr, *ctrl_runs], sft_decoy), gain.diff, gain.low, gain.high,

