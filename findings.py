@@ -649,10 +649,12 @@ def finding_3(degrade: Sweeps, collapse: Sweeps, *,
 FINDING_4 = "Late-layer effective rank tracks capability in both directions (at 4B; at 8B the two come apart)."
 
 
-def finding_4(coupling: CouplingResult | None, *, runs: Sequence[RLRun] = (), sft_decoy: bool = False) -> Finding:
+def finding_4(coupling: CouplingResult | None, *, runs: Sequence[RLRun] = (), sft_decoy: bool = False,
+              missing: str = "no coupling result") -> Finding:
     """Late-layer effective rank tracks capability in both directions.
 
-    ``coupling``: the study's coupling result with its both-directions arrays (None if not computed);
+    ``coupling``: the study's coupling result with its both-directions arrays (None if not computed, and
+    ``missing`` says why);
     ``runs``: the study's runs (for the decoy note). Rule: "both directions" is testable when the late band
     has at least :data:`MIN_RUNS_PER_DIRECTION` credibly improved AND credibly degraded runs (the counts
     the both-directions test used); then reproduced when the late band's Spearman interval lies above zero
@@ -661,7 +663,7 @@ def finding_4(coupling: CouplingResult | None, *, runs: Sequence[RLRun] = (), sf
     no late band or no both-directions arrays → not measured. Estimate: the late band's Spearman ρ.
     """
     if coupling is None:
-        return _unmeasured(4, FINDING_4, "no coupling result")
+        return _unmeasured(4, FINDING_4, missing)
     res = coupling
     if "late" not in res.bands:
         return _unmeasured(4, FINDING_4, "the model has no late layer band")

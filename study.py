@@ -184,6 +184,8 @@ class StudyConfig(DeviceOption):
     """Evaluation seeds of each graft configuration."""
     probes: int = opt(64, cli=False)
     """Probe prompts for activation ranks."""
+    rank_weight_layers: str = opt("all", cli=False)
+    """Layers of the weight and delta ranks (``rank --layers``; all: every tensor, the embedding included)."""
     rank_layers: str = opt("late", cli=False)
     """Layer band of the rank–success coupling."""
     threads: int = opt(1, cli=False)
@@ -247,6 +249,8 @@ class Study:
     #: on_work(stage, completed, total): fine-grained progress inside a stage.
     on_work: Callable[[str, int, int], None] = lambda stage, done, total: None
     timings: dict = field(default_factory=dict)
+    #: stage → why it has no output (a measurement the run's outcomes leave undefined).
+    notes: dict = field(default_factory=dict)
 
     @property
     def root(self) -> Path:
@@ -556,11 +560,11 @@ def stage_ranks(st: Study) -> None:
 
         def go(label=label, path=path, w=w, a=a, d=d):
             if not w.exists():
-                run_rank(RankConfig(model=(path,), what="weights", save=w))
+                run_rank(RankConfig(model=(path,), what="weights", layers=cfg.rank_weight_layers, save=w))
             if not a.exists():
                 run_rank(RankConfig(model=(path,), what="activations", probes=cfg.probes, save=a, **cfg.placement))
             if label != "sft" and not d.exists():
-                run_rank(RankConfig(model=(path,), what="delta", vs=st.sft, save=d))
+                run_rank(RankConfig(model=(path,), what="delta", vs=st.sft, layers=cfg.rank_weight_layers, save=d))
 
         st.stage(f"rank {label}", [w, a] + ([d] if label != "sft" else []), go, "weights, activations"
                  + (", delta" if label != "sft" else ""))
@@ -632,7 +636,8 @@ def stage_findings(st: Study) -> list:
     found = [finding_1(evals, runs, sft_decoy=sft_decoy, suites=cfg.suites),
              finding_2(evals, runs, headroom_res, sft_decoy=sft_decoy, suites=cfg.suites),
              finding_3(sweeps["degrade"], sweeps["collapse"], movement=movement, runs=runs, sft_decoy=sft_decoy),
-             finding_4(CouplingResult.read(coupling) if coupling.exists() else None, runs=runs, sft_decoy=sft_decoy)]
+             finding_4(CouplingResult.read(coupling) if coupling.exists() else None, runs=runs, sft_decoy=sft_decoy,
+                       missing=st.notes.get("coupling", "no coupling result"))]
     res = findings_result(found, cfg)
     res.attrs["items"] = json.dumps(item_audit(st))
     res.attrs["regime_calibration"] = cfg.regime_calibration
@@ -699,8 +704,13 @@ def stage_coupling(st: Study) -> Path:
     dest = st.results / f"coupling-activations-{COUPLING_METRIC}.h5"
     couple = CoupleConfig(run=st.root, what="activations", metric=COUPLING_METRIC, save=dest,
                           models=tuple(models(st).values()), reference=st.sft)
-    st.stage("coupling", [dest], lambda: run_couple(couple),
-             f"activation {COUPLING_METRIC} vs success across {len(models(st))} policies")
+    def go():
+        try:
+            run_couple(couple)
+        except GraftkitError as e:  # e.g. every policy at the same success: no correlation to measure
+            st.notes["coupling"] = f"no coupling result: {e.what}"
+
+    st.stage("coupling", [dest], go, f"activation {COUPLING_METRIC} vs success across {len(models(st))} policies")
     return dest
 
 

@@ -350,6 +350,8 @@ def test_finding_4_min_runs_is_the_fewest_that_can_agree_credibly():
 
 def test_finding_4_not_measured_without_coupling_or_both_directions():
     assert finding_4(None).verdict == NOT_MEASURED
+    why = finding_4(None, missing="no coupling result: success is constant (1) across runs")
+    assert why.verdict == NOT_MEASURED and "success is constant (1)" in why.statement
     assert finding_4(coupling_of(*_grid4(5, 5), both=False)).verdict == NOT_MEASURED
     runs = [RLRun("up0", "headroom", "headroom", 1e-3, 0, decoy=True)]
     assert "up0." in finding_4(coupling_of(*_grid4(5, 5)), runs=runs).statement

@@ -13,7 +13,7 @@ from graftkit.cli import app
 ROOT = Path(__file__).resolve().parents[1]
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 #: Flags of other programs that hints may name (pip, pytest, ray).
-OTHERS = {"--extra-index-url", "--index-url", "--head"}
+OTHERS = {"--extra-index-url", "--index-url", "--head", "--no-deps"}
 
 
 def _command_flags() -> dict[str, set[str]]:
