@@ -25,8 +25,9 @@ from rich.table import Table
 from ._version import __version__
 from .config import cli_parameters
 from .errors import GraftkitError
+from .files import fmt_size, os_error
 from .progress import Bars, err, fmt_bytes, step_printer
-from .store import runs_root
+from .store import CleanConfig, run_clean, runs_root
 from .weights.commands import InspectConfig, must_exist, run_inspect
 from .weights.gguf import ImportConfig, run_import
 from .graft.anatomy import METRICS as DELTA_METRICS, DeltaConfig, DeltaResult, run_delta
@@ -63,7 +64,8 @@ def command(parent: typer.Typer, cls: type, name: str | None = None, *, defaults
             try:
                 cfg = cls(**{k: v for k, v in kw.items() if k in names})
                 return render(cfg, **{k: v for k, v in kw.items() if k not in names})
-            except GraftkitError as e:
+            except (GraftkitError, OSError) as e:  # the operating system's faults too: one line, exit 2
+                e = os_error(e, doing="accessing") if isinstance(e, OSError) else e
                 err.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
                 raise typer.Exit(e.exit_code) from None
 
@@ -543,9 +545,23 @@ def results(cfg: ResultsConfig, as_json: bool):
     for r in info["results"]:
         t.add_row(escape(r["kind"]), escape(r["file"]), escape(r["created"]),
                   escape(" ".join(f"{d}={n}" for d, n in r["dims"].items())))
+    for r in info["damaged"]:
+        t.add_row("[bold red]damaged[/]", escape(r["file"]), "—", escape(r["reason"]))
     out.print(t)
     if info["csv"] is not None:
         out.print(f"wrote {len(info['csv'])} CSV files to {escape(str(cfg.csv))}")
+
+
+@command(app, CleanConfig, "clean")
+def clean(cfg: CleanConfig, as_json: bool):
+    """List and remove the temporaries (.NAME.tmp-PID) that killed graftkit processes left in a run."""
+    info = run_clean(cfg)
+    if as_json:
+        return _print_json(info)
+    for s in info["stale"]:
+        out.print(f"{'would remove' if cfg.dry_run else 'removed'} {escape(s['path'])} (pid {s['pid']}, {fmt_size(s['bytes'])})")
+    out.print(f"{len(info['stale'])} stale temporaries ({fmt_size(info['bytes'])}) in {escape(info['run'])}"
+              + (" (dry run: nothing removed)" if cfg.dry_run else ""))
 
 
 @app.command()

@@ -24,8 +24,11 @@ Files written before this layout (``/coords/<dim>`` scales attached to ``/data/<
 groups, each array's dimensions in a JSON ``dims`` attribute) are still read by :func:`read_result`
 and so by :func:`open_result`; ``xarray.open_dataset`` finds no arrays in them.
 
-Files are written to a temporary sibling, fsynced and renamed: a reader never sees half a result, and a
-crash never damages an earlier one.
+Files are built in memory, checked against the free space, written to a temporary sibling, fsynced,
+renamed and the folder fsynced (:func:`graftkit.files.write_atomic`): a reader never sees half a result, a
+crash never damages an earlier one, and a full disk is one error, never HDF5 closing a half-written file.
+A file that cannot be read (truncated, not HDF5, garbled attributes) is a :class:`DamagedResult` saying
+why; :func:`scan_results` returns the readable results of a run and names the damaged ones.
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ import h5py
 import numpy as np
 
 from ._version import __version__
+from .config import CommandConfig, opt
 from .errors import GraftkitError
+from .files import check_file_dest, find_stale, remove, write_atomic
 
 _STR = h5py.string_dtype("utf-8")
 
@@ -217,40 +222,43 @@ def free_result_path(path: str | os.PathLike, result: Result) -> Path:
     return path.with_name(f"{path.stem}-{tag}{path.suffix}")
 
 
-def write_result(path: str | os.PathLike, result: Result) -> Path:
+def result_image(result: Result) -> bytes:
+    """The bytes of ``result``'s HDF5 file, built in memory (h5py's core driver, no backing store): no
+    byte reaches the disk until the whole image exists, so a full disk is one failed ``write`` of a file
+    graftkit owns, never HDF5 closing a half-written file."""
+    with h5py.File(f"graftkit-result-{os.getpid()}-{id(result)}.h5", "w", driver="core", backing_store=False) as f:
+        f.attrs["kind"] = result.kind
+        f.attrs["graftkit_version"] = __version__
+        f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        f.attrs["attrs"] = json.dumps(result.attrs, default=_json_default)
+        # netCDF-4: coordinate variables and arrays side by side in the root group (see the module docstring)
+        scales = {}
+        for dim, labels in result.coords.items():
+            arr = _as_h5(labels)
+            ds = f.create_dataset(dim, data=arr, dtype=_STR if arr.dtype == object else arr.dtype)
+            ds.make_scale(dim)
+            scales[dim] = ds
+        for name, (dims, values) in result.data.items():
+            arr = _as_h5(values)
+            ds = f.create_dataset(name, data=arr, dtype=_STR if arr.dtype == object else arr.dtype)
+            ds.attrs["attrs"] = json.dumps(dict(result.var_attrs.get(name, {})), default=_json_default)
+            for i, d in enumerate(dims):
+                ds.dims[i].label = d
+                ds.dims[i].attach_scale(scales[d])
+        f.flush()
+        return f.id.get_file_image()
+
+
+def write_result(path: str | os.PathLike, result: Result, flag: str | None = None) -> Path:
     """Write ``result`` atomically to ``path``, or — where ``path`` holds a result about other checkpoints —
     beside it (:func:`free_result_path`): an earlier result of another model is never replaced. Returns the
-    path written."""
+    path written. The file is built in memory (:func:`result_image`), its size checked against the free
+    space, then written to a temporary sibling, fsynced, renamed and the folder fsynced
+    (:func:`graftkit.files.write_atomic`, which also removes stale temporaries of dead processes there).
+    ``flag``: the option that named ``path``, for errors."""
+    check_file_dest(path, flag, f"{result.kind}.h5")
     path = free_result_path(path, result)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with h5py.File(tmp, "w") as f:
-            f.attrs["kind"] = result.kind
-            f.attrs["graftkit_version"] = __version__
-            f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-            f.attrs["attrs"] = json.dumps(result.attrs, default=_json_default)
-            # netCDF-4: coordinate variables and arrays side by side in the root group (see the module docstring)
-            scales = {}
-            for dim, labels in result.coords.items():
-                arr = _as_h5(labels)
-                ds = f.create_dataset(dim, data=arr, dtype=_STR if arr.dtype == object else arr.dtype)
-                ds.make_scale(dim)
-                scales[dim] = ds
-            for name, (dims, values) in result.data.items():
-                arr = _as_h5(values)
-                ds = f.create_dataset(name, data=arr, dtype=_STR if arr.dtype == object else arr.dtype)
-                ds.attrs["attrs"] = json.dumps(dict(result.var_attrs.get(name, {})), default=_json_default)
-                for i, d in enumerate(dims):
-                    ds.dims[i].label = d
-                    ds.dims[i].attach_scale(scales[d])
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, result_image(result), flag=flag, what=f"the {result.kind} result")
 
 
 def _from_h5(ds: h5py.Dataset) -> np.ndarray:
@@ -288,18 +296,57 @@ def _read_arrays(f: h5py.File):
     return coords, data, var_attrs
 
 
+class DamagedResult(GraftkitError):
+    """A result file that cannot be read: truncated, not HDF5, garbled or missing attributes. ``reason``
+    says which, in a few words (``graftkit results`` and ``graftkit report`` list it beside the file)."""
+
+    def __init__(self, path: Path, reason: str):
+        self.path, self.reason = Path(path), reason
+        super().__init__(f"{path}: not a graftkit result file, or a damaged one ({reason})",
+                         "rerun the command that wrote it, or remove the file")
+
+
+_TRUNCATED = re.compile(r"truncated file: eof = (\d+).*stored_eof = (\d+)")
+
+
+def damage_reason(path: Path, exc: BaseException) -> str:
+    """Why the result file at ``path`` could not be read, in a few words."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if isinstance(exc, json.JSONDecodeError):
+        return f"garbled attributes: not valid JSON ({exc.msg} at character {exc.pos})"
+    if isinstance(exc, KeyError):
+        return f"missing {exc.args[0] if exc.args else 'an entry'}: not a graftkit result or written incompletely"
+    m = _TRUNCATED.search(text)
+    if m:
+        return f"truncated: {int(m[1]):,} of {int(m[2]):,} bytes"
+    if "signature" in text:
+        try:
+            size = path.stat().st_size
+        except OSError:
+            size = None
+        return "empty file" if size == 0 else "not an HDF5 file"
+    return f"unreadable ({type(exc).__name__}: {text})"
+
+
 def read_result(path: str | os.PathLike) -> Result:
-    """Load a result written by :func:`write_result` (this layout or the one before it)."""
+    """Load a result written by :func:`write_result` (this layout or the one before it). A file that cannot
+    be read raises :class:`DamagedResult` (a :class:`GraftkitError`) saying why."""
     path = Path(path)
+    if path.is_dir():
+        raise GraftkitError(f"{path} is a folder, not a result file", "point at a .h5 written by graftkit")
+    if not path.exists():
+        raise GraftkitError(f"{path}: no such file, not a graftkit result", "check the path (graftkit results lists a run's results)")
     try:
         with h5py.File(path, "r") as f:
             coords, data, var_attrs = _read_arrays(f)
             attrs = json.loads(f.attrs["attrs"])
+            if not isinstance(attrs, dict):
+                raise ValueError("attrs is not a JSON object")
             attrs.setdefault("graftkit_version", f.attrs["graftkit_version"])
             attrs.setdefault("created", f.attrs["created"])
             return Result(str(f.attrs["kind"]), coords, data, attrs, var_attrs)
-    except (OSError, KeyError) as exc:
-        raise GraftkitError(f"{path}: not a graftkit result file ({exc})", "point at a .h5 written by graftkit") from None
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError) as exc:  # JSONDecodeError is a ValueError
+        raise DamagedResult(path, damage_reason(path, exc)) from None
 
 
 def open_result(path: str | os.PathLike):
@@ -322,17 +369,31 @@ def open_run(run_dir: str | os.PathLike) -> dict:
 
 
 def list_results(run_dir: str | os.PathLike) -> list[dict[str, str]]:
-    """Every result file under ``run_dir``: path, kind and creation time, oldest first."""
-    out = []
+    """Every readable result file under ``run_dir``: path, kind and creation time, oldest first. Damaged
+    files are not in it: :func:`scan_results` names them."""
+    return [row for row, _ in scan_results(run_dir)[0]]
+
+
+def scan_results(run_dir: str | os.PathLike) -> tuple[list[tuple[dict[str, str], Result]], list[DamagedResult]]:
+    """Every result file under ``run_dir``, read: (row with path, kind and created, the result), oldest
+    first; and every file that could not be read (:class:`DamagedResult`, path and reason), by path.
+    Temporaries and partial results (hidden names) are not results."""
+    found, damaged = [], []
     for p in sorted(Path(run_dir).rglob("*.h5")):
-        if p.name.startswith("."):
+        if any(part.startswith(".") for part in p.relative_to(run_dir).parts):
             continue
         try:
+            res = read_result(p)
             with h5py.File(p, "r") as f:
-                out.append({"path": str(p), "kind": str(f.attrs["kind"]), "created": str(f.attrs["created"])})
-        except (OSError, KeyError):
+                created = str(f.attrs["created"])
+        except DamagedResult as exc:
+            damaged.append(exc)
             continue
-    return sorted(out, key=lambda r: r["created"])
+        except (OSError, KeyError) as exc:  # changed since it was read
+            damaged.append(DamagedResult(p, damage_reason(p, exc)))
+            continue
+        found.append(({"path": str(p), "kind": res.kind, "created": created}, res))
+    return sorted(found, key=lambda x: x[0]["created"]), damaged
 
 
 # -------------------------------------------------------------------------------- the run folder
@@ -376,3 +437,30 @@ def result_labels(paths) -> list[str]:
             lab += "'"
         labels.append(lab)
     return labels
+
+
+# ------------------------------------------------------------------------------------- graftkit clean
+
+
+@dataclass(frozen=True, kw_only=True)
+class CleanConfig(CommandConfig):
+    """``graftkit clean``: list and remove the temporaries that killed graftkit processes left in a run."""
+
+    command = "clean"
+    run: Path | None = opt(None, argument=True)
+    """Run folder, or any folder graftkit wrote into (default: the current run)."""
+    dry_run: bool = False
+    """List the stale temporaries; remove nothing."""
+
+
+def run_clean(cfg: CleanConfig) -> dict[str, Any]:
+    """Every stale temporary under the run (``.NAME.tmp-PID`` of a PID that no longer runs; see
+    :mod:`graftkit.files`), removed unless ``dry_run``: folder, path, PID and bytes of each, and the total."""
+    run = cfg.run or current_run()
+    if not run.is_dir():
+        raise GraftkitError(f"{run}: no such folder", "pass a run folder (e.g. runs/demo) or a folder graftkit wrote into")
+    stale = find_stale(run)
+    removed = [s for s in stale if cfg.dry_run or remove(s)]
+    return {"run": str(run), "dry_run": cfg.dry_run,
+            "stale": [{"path": str(s.path), "pid": s.pid, "bytes": s.nbytes} for s in removed],
+            "bytes": sum(s.nbytes for s in removed)}

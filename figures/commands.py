@@ -8,7 +8,7 @@ from typing import Any
 
 from ..config import CommandConfig, opt
 from ..errors import GraftkitError
-from ..store import current_run, list_results, read_result
+from ..store import current_run, scan_results
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,19 +52,22 @@ class ResultsConfig(CommandConfig):
 
 
 def run_results(cfg: ResultsConfig) -> dict[str, Any]:
-    """Per result of the run: kind, file (relative to the run), created, dimensions, arrays; and the CSV
-    files written (``csv``: None without ``cfg.csv``)."""
+    """Per result of the run: kind, file (relative to the run), created, dimensions, arrays; the files that
+    could not be read (``damaged``: file and reason); and the CSV files written (``csv``: None without
+    ``cfg.csv``)."""
     from .tables import export_csv
 
     run = cfg.run or current_run()
     if not run.is_dir():
         raise GraftkitError(f"{run}: no such run folder", "pass a run folder (e.g. runs/demo), or run `graftkit demo`")
     rows = []
-    for r in list_results(run):
-        res = read_result(r["path"])
+    found, damaged = scan_results(run)
+    for r, res in found:
         path = Path(r["path"])
         rows.append({"kind": r["kind"], "file": str(path.relative_to(run) if path.is_relative_to(run) else path),
                      "created": r["created"], "dims": {d: len(c) for d, c in res.coords.items()},
                      "arrays": list(res.data)})
     written = export_csv(run, cfg.csv) if cfg.csv is not None else None
-    return {"run": str(run), "results": rows, "csv": written}
+    return {"run": str(run), "results": rows, "csv": written,
+            "damaged": [{"file": str(d.path.relative_to(run) if d.path.is_relative_to(run) else d.path),
+                         "reason": d.reason} for d in damaged]}

@@ -9,7 +9,9 @@ the page and entity-escaped inside figures (figures/_common.py says why).
 
 Sections, in order, each present when its results exist and otherwise a one-line note naming the command
 that adds them: findings, training curves, success with intervals, headroom, delta anatomy, graft
-effects, rank by layer, rank–success coupling, then the list of result files (provenance).
+effects, rank by layer, rank–success coupling, then the list of result files (provenance). A result file
+that cannot be read (truncated, garbled attributes) is named with the reason in a notice at the top of the
+page and in the report's notes; every section is drawn from the rest.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from ..errors import GraftkitError
 from ..findings import FindingsResult
 from ..graft.anatomy import DeltaResult
 from ..stats import Comparison
-from ..store import Result, list_results, read_result, result_labels
+from ..files import write_atomic
+from ..store import DamagedResult, Result, result_labels, scan_results
 from . import anatomy, curves, grafts, rank, success
 from ._common import fmt
 
@@ -120,18 +123,23 @@ def delta_label(run: str, path: Path | None, n_files: int) -> str:
     return run if n_files == 1 or path is None else f"{run} · {path.stem}"
 
 
-def load_run(run_dir: str | os.PathLike) -> list[Loaded]:
-    """Every result of ``run_dir``, oldest first, each with a label unique within its kind."""
+def scan_run(run_dir: str | os.PathLike) -> tuple[list[Loaded], list[DamagedResult]]:
+    """Every readable result of ``run_dir``, oldest first, each with a label unique within its kind; and
+    every result file that could not be read, with the reason (:func:`graftkit.store.scan_results`)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise GraftkitError(f"{run_dir}: no such run folder", "pass a run folder (e.g. runs/demo), or run `graftkit demo`")
-    loaded = []
-    for row in list_results(run_dir):
-        path = Path(row["path"])
-        res = read_result(path)
-        loaded.append(Loaded(path, row["kind"], row["created"], res, base_label(path, row["kind"], res)))
+    found, damaged = scan_results(run_dir)
+    loaded = [Loaded(Path(row["path"]), row["kind"], row["created"], res, base_label(Path(row["path"]), row["kind"], res))
+              for row, res in found]
     labels = distinct_labels([(x.kind, x.label, x.path) for x in loaded])
-    return [Loaded(x.path, x.kind, x.created, x.result, lab) for x, lab in zip(loaded, labels)]
+    return [Loaded(x.path, x.kind, x.created, x.result, lab) for x, lab in zip(loaded, labels)], damaged
+
+
+def load_run(run_dir: str | os.PathLike) -> list[Loaded]:
+    """Every readable result of ``run_dir``, oldest first, each with a label unique within its kind
+    (:func:`scan_run` also names the damaged ones)."""
+    return scan_run(run_dir)[0]
 
 
 def _of(loaded: Sequence[Loaded], *kinds: str) -> list[Loaded]:
@@ -431,7 +439,7 @@ header p{margin:2px 0;color:#d1d5db;font-size:.9em}main{max-width:1180px;margin:
 nav ol{columns:2;padding-left:1.2em}h2{border-bottom:2px solid #e5e7eb;padding-bottom:4px;margin-top:36px}
 figure{background:#fff;border:1px solid #e5e7eb;border-radius:6px;margin:16px 0;padding:8px}
 figcaption{font-size:.9em;color:#444;padding:4px 8px 2px}.graph{width:100%;min-height:300px}
-.absent{color:#6b7280;font-style:italic}.note{color:#92400e;background:#fffbeb;padding:4px 8px;border-radius:4px}
+.absent{color:#6b7280;font-style:italic}.damaged{border:2px solid #b91c1c;background:#fef2f2;padding:4px 12px;border-radius:6px}.note{color:#92400e;background:#fffbeb;padding:4px 8px;border-radius:4px}
 table{border-collapse:collapse;background:#fff;margin:12px 0;font-size:.92em}
 td,th{border:1px solid #e5e7eb;padding:4px 8px;text-align:left;vertical-align:top}caption{text-align:left;color:#666}
 code{background:#eef;padding:0 3px;border-radius:3px}
@@ -451,11 +459,26 @@ _RENDER = """
 """
 
 
-def render_html(run_dir: Path, loaded: Sequence[Loaded], sections: Sequence[Section], created: str) -> str:
-    """The page: header, table of contents, sections, provenance; plotly.js inlined once."""
+def _damaged_html(run_dir: Path, damaged: Sequence[DamagedResult]) -> str:
+    """The visible notice naming every result file the report could not read, and why."""
+    if not damaged:
+        return ""
+    items = "".join(f"<li><code>{_h(d.path.relative_to(run_dir) if d.path.is_relative_to(run_dir) else d.path)}</code>: "
+                    f"{_h(d.reason)}</li>" for d in damaged)
+    return (f"<section id='damaged' class='damaged'><h2>Damaged result files ({len(damaged)})</h2><p>These files "
+            "could not be read and are left out of every section below; rerun the command that wrote each, or "
+            f"remove it.</p><ul>{items}</ul></section>")
+
+
+def render_html(run_dir: Path, loaded: Sequence[Loaded], sections: Sequence[Section], created: str,
+                damaged: Sequence[DamagedResult] = ()) -> str:
+    """The page: header, the notice of damaged result files, table of contents, sections, provenance;
+    plotly.js inlined once."""
     from plotly.offline import get_plotlyjs
 
-    figs, body, toc = [], [], []
+    figs, body, toc = [], [_damaged_html(run_dir, damaged)], []
+    if damaged:
+        toc.append(f"<li><a href='#damaged'>Damaged result files</a> ({len(damaged)})</li>")
     for sec in sections:
         toc.append(f"<li><a href='#{sec.key}'>{_h(sec.title)}</a>{'' if sec.present else ' (none)'}</li>")
         body.append(f"<section id='{sec.key}'><h2>{_h(sec.title)}</h2>")
@@ -505,20 +528,25 @@ class Report:
     absent: tuple[str, ...]
     n_figures: int
     notes: tuple[str, ...]
+    #: Result files that could not be read (named in the page and in ``notes``).
+    damaged: tuple[DamagedResult, ...] = ()
 
 
 def make_report(run_dir: str | os.PathLike) -> Report:
-    """Read the run's results, plan the sections and render the page."""
+    """Read the run's results, plan the sections and render the page. A damaged result file is named at the
+    top of the page and in the notes; the rest of the report is drawn without it."""
     run_dir = Path(run_dir)
-    loaded = load_run(run_dir)
+    loaded, damaged = scan_run(run_dir)
     sections = plan_report(loaded)
     created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return Report(
-        html=render_html(run_dir, loaded, sections, created),
+        html=render_html(run_dir, loaded, sections, created, damaged),
         sections=tuple(s.key for s in sections if s.present),
         absent=tuple(s.key for s in sections if not s.present),
         n_figures=sum(len(s.panels) for s in sections),
-        notes=tuple(n for s in sections for n in s.notes),
+        notes=tuple(f"damaged result file {d.path} left out of the report: {d.reason}" for d in damaged)
+        + tuple(n for s in sections for n in s.notes),
+        damaged=tuple(damaged),
     )
 
 
@@ -527,19 +555,12 @@ def build_report(run_dir: str | os.PathLike) -> str:
     return make_report(run_dir).html
 
 
-def write_report(run_dir: str | os.PathLike, out_path: str | os.PathLike) -> Report:
-    """Write the report of ``run_dir`` to ``out_path`` atomically (temporary sibling, fsync, rename)."""
+def write_report(run_dir: str | os.PathLike, out_path: str | os.PathLike, flag: str | None = "--out") -> Report:
+    """Write the report of ``run_dir`` to ``out_path`` atomically (:func:`graftkit.files.write_atomic`:
+    kind of path and free space checked, temporary sibling, fsync, rename, folder fsync)."""
+    from ..files import check_file_dest
+
+    check_file_dest(out_path, flag, "report.html")  # before the results are read and drawn
     report = make_report(run_dir)
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(report.html)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, out_path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomic(out_path, report.html, flag=flag, example="report.html", what="the report")
     return report

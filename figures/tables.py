@@ -18,7 +18,8 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import GraftkitError
-from ..store import Result, list_results, read_result, tidy_columns
+from ..files import check_folder_dest, translated, write_atomic
+from ..store import Result, scan_results, tidy_columns
 
 
 def _cell(v: object) -> object:
@@ -38,19 +39,6 @@ def tidy_rows(res: Result, name: str) -> tuple[list[str], Iterator[list[object]]
     return [*header[:-1], "value"], ([_cell(c[i]) for c in cols] for i in range(len(cols[-1])))
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def export_csv(run_dir: str | os.PathLike, out_dir: str | os.PathLike) -> list[dict[str, str]]:
     """Write every array of every result under ``run_dir`` to ``out_dir``; returns what was written.
 
@@ -59,16 +47,17 @@ def export_csv(run_dir: str | os.PathLike, out_dir: str | os.PathLike) -> list[d
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     if not run_dir.is_dir():
         raise GraftkitError(f"{run_dir}: no such run folder", "pass a run folder (e.g. runs/demo)")
-    found = list_results(run_dir)
-    inputs = {Path(r["path"]).resolve().parent for r in found}
+    check_folder_dest(out_dir, "--csv")
+    found = scan_results(run_dir)[0]  # a damaged file has no arrays to export (`graftkit results` names it)
+    inputs = {Path(r["path"]).resolve().parent for r, _ in found}
     if out_dir.resolve() in inputs:
         raise GraftkitError(f"--csv {out_dir}: this folder holds the run's result files",
                             "pick a separate folder, e.g. RUN/csv")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    with translated(out_dir, "--csv"):
+        out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for row in found:
+    for row, res in found:
         path = Path(row["path"])
-        res = read_result(path)
         stem = "__".join(path.relative_to(run_dir).with_suffix("").parts) if path.is_relative_to(run_dir) else path.stem
         for name in res.data:
             header, rows = tidy_rows(res, name)
@@ -77,7 +66,7 @@ def export_csv(run_dir: str | os.PathLike, out_dir: str | os.PathLike) -> list[d
             w.writerow(header)
             w.writerows(rows)
             dest = out_dir / f"{stem}.{name}.csv"
-            _write_atomic(dest, buf.getvalue())
+            write_atomic(dest, buf.getvalue(), flag="--csv", what="the table")
             written.append({"result": str(path), "kind": row["kind"], "array": name, "dims": ",".join(res.dims(name)),
                             "file": str(dest)})
     return written

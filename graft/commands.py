@@ -164,6 +164,7 @@ def run_graft(cfg: GraftConfig, on_progress: OnProgress = no_progress):
     if cfg.experiments:
         return run_graft_experiments(cfg, on_progress)
     from ..weights import check_fine_tune, notes, open_pair, shared_vocab, stream_pair_distance
+    from ..weights.writer import check_output_room
     from .export import export_graft
     from .plan import plan_graft
 
@@ -194,11 +195,15 @@ def run_graft(cfg: GraftConfig, on_progress: OnProgress = no_progress):
     }
     if cfg.dry_run:
         return {**summary, "dry_run": True}
+    out = cfg.out_dir or default_graft_out(cfg)
+    # the output's size is known (the base's): a disk that cannot hold it, or cannot be written, is refused
+    # before the fine-tune pass reads every matrix
+    check_output_room(out, b.nbytes, "--out", "the graft")
     # one extra streaming pass (numpy, one matrix pair at a time), on the checkpoint as stored
     judged = shared_vocab(stored, b, tax) if cfg.shared_vocab else stored  # the stored values, over shared rows
     forced = check_fine_tune(stream_pair_distance(b, judged), b, judged, force=cfg.force_pair)
     written = export_graft(
-        b, r, plan, cfg.out_dir or default_graft_out(cfg), force=cfg.force, max_shard_size=cfg.max_shard_size,
+        b, r, plan, out, force=cfg.force, max_shard_size=cfg.max_shard_size,
         command={"unknown": cfg.unknown, "max_shard_size": cfg.max_shard_size, "cast": cfg.cast,
                  "force_pair": cfg.force_pair},
         on_tensor=lambda s: on_progress("graft", s.out.nbytes, b.nbytes, "bytes"), notes=forced,

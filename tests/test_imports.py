@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LEAVES = {"errors", "_version", "config", "devices", "executor", "progress"}  # importable from anywhere
+LEAVES = {"errors", "_version", "config", "devices", "executor", "progress", "files"}  # importable from anywhere
 ALLOWED = {
     "weights": set(),
     "webenv": set(),

@@ -60,6 +60,7 @@ from ..webenv.tasks import TASKS
 from ..devices import TRAINING_CONVENTION, autocast, dtype_name, resolve_device, training_dtype
 from ..weights import load_model, read_tensors, save_model
 from ..weights.hf import save_adapter, save_dtype
+from ..weights.writer import check_output_room
 from .lora import adapter_state, add_lora, check_lora_base, load_adapter_state, lora_spec
 from .advantages import focal_weight, group_advantages, verigate_advantages, veto_mask
 from .configs import NOT_TRAINING, GRPOConfig
@@ -364,6 +365,7 @@ def run_grpo(
         log = [json.loads(line) for line in (ckpt / LOG).read_text().splitlines() if line]
     elif Path(cfg.out).exists() and not force:
         raise GraftkitError(f"output folder {cfg.out} already exists", "pass --force to replace it, or --resume")
+    _check_room(cfg, model, adapter)  # before training, not when the first checkpoint is written
     model.train()
     eps_high = cfg.eps_high
     per_stage = cfg.steps // cfg.stages if cfg.stages else 1
@@ -431,6 +433,15 @@ def run_grpo(
     model.eval()
     return _save(cfg, model, policy, log, cfg.steps, None, names, Path(cfg.out), force=True,
                  dtype=save_dtype(cfg.save_dtype, init), adapter=adapter)
+
+
+def _check_room(cfg: GRPOConfig, model, adapter) -> None:
+    """The output (and checkpoint) folders can be written and their disk holds the final policy (float32 at
+    most) plus one resumable checkpoint (weights, Adam's two moments) where ``checkpoint_every`` asks."""
+    params = [p for p in model.parameters() if p.requires_grad] if adapter is not None else list(model.parameters())
+    numel = sum(p.numel() for p in params)
+    check_output_room(Path(cfg.out), 4 * numel * (4 if cfg.checkpoint_every else 1), "--out",
+                      f"the policy {cfg.out}" + (" and its checkpoints" if cfg.checkpoint_every else ""))
 
 
 def _save(cfg, model, policy, log, step, opt, names, dest: Path, force: bool = True, dtype=None, adapter=None) -> Path:

@@ -36,6 +36,7 @@ from ..webenv.tasks import SUITES, TASKS
 from ..devices import TRAINING_CONVENTION, autocast, dtype_name, resolve_device, training_dtype
 from ..weights import load_model, save_model
 from ..weights.hf import save_adapter, save_dtype
+from ..weights.writer import check_output_room
 from .lora import adapter_state, add_lora, check_lora_base, lora_spec
 
 TRAIN_SEED_BASE = 10 * MAX_EPISODES_PER_SEED * MAX_EPISODES_PER_SEED  # far above every evaluation seed
@@ -296,6 +297,9 @@ def run_sft(cfg: SFTConfig, on_step: Callable[[dict], None] = lambda m: None, fo
     check_lora_base(spec, cfg.init)
     peft_model = add_lora(model, spec) if spec else None  # the adapters live inside ``model``'s modules
     trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    # before training: the output folder can be written and its disk holds the policy (float32 at most)
+    check_output_room(Path(cfg.out), 4 * sum(p.numel() for _, p in (trained if spec else model.named_parameters())),
+                      "--out", f"the policy {cfg.out}")
     decay = [p for n, p in trained if p.dim() >= 2]
     other = [p for n, p in trained if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},

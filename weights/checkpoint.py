@@ -115,15 +115,16 @@ class Checkpoint:
         e = self.raw.get(name)
         if e is None or out.nbytes != e.nbytes or not out.flags.c_contiguous or not out.flags.writeable:
             return False
-        view = memoryview(out).cast("B")
+        view = memoryview(out.reshape(-1).view(np.uint8))
         fd = os.open(e.file, os.O_RDONLY)
         try:
             done = 0
             while done < e.nbytes:
                 n = os.preadv(fd, [view[done:]], e.start + done)
                 if n <= 0:
-                    raise GraftkitError(f"{e.file}: tensor {name} ends early (short read)",
-                                        "the file changed or is truncated; re-create it")
+                    raise GraftkitError(
+                        f"{e.file}: the file is {os.fstat(fd).st_size:,} bytes now, tensor {name} needs bytes up to "
+                        f"{e.end:,}; the checkpoint changed while it was read", "rerun when it is complete")
                 done += n
         finally:
             os.close(fd)

@@ -13,11 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable
+
+from ..errors import GraftkitError
+from ..files import write_atomic
 
 _CHUNK = 8 << 20
 _SETTLE_S = 2.0
@@ -51,12 +53,9 @@ def _save_cache(cache: dict[str, str]) -> None:
     d = cache_dir()
     try:
         d.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".sha256-")
-        with os.fdopen(fd, "w") as f:
-            json.dump(cache, f)
-        os.replace(tmp, d / "sha256.json")
-    except OSError:
-        pass  # a read-only home only costs a re-hash next time
+        write_atomic(d / "sha256.json", json.dumps(cache))  # a killed writer's temporary is swept next time
+    except (OSError, GraftkitError):
+        pass  # a read-only or full home only costs a re-hash next time
 
 
 def file_digests(files: Iterable[Path]) -> dict[Path, str]:

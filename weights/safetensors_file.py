@@ -5,8 +5,9 @@ A safetensors file is an 8-byte little-endian header length ``n``, ``n`` bytes o
 to the end of the header), then the raw little-endian tensor bytes.
 
 Reading validates the whole header before any tensor is touched (a truncated file, a corrupt or oversized
-header, offsets that do not fit the shape are each one clear error) and memory-maps the file, so a tensor
-is a zero-copy view whose pages the kernel can drop again. Writing is a stream: :func:`header_bytes` lays
+header, offsets that do not fit the shape are each one clear error), then reads one tensor at a time with
+``pread``, checking the file's size first and the byte count after: no memory map, so a file truncated
+while it is read is an error naming it, not a bus error that kills the process. Writing is a stream: :func:`header_bytes` lays
 out the header from the tensor list first, so every tensor's offset is known before any byte is written
 (``weights/writer.py`` then fills the file in parallel, copying unchanged byte ranges in the kernel).
 """
@@ -15,11 +16,10 @@ from __future__ import annotations
 
 import json
 import math
-import mmap
 import os
 import struct
+import weakref
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Iterable
 
@@ -98,34 +98,56 @@ def _itemsize(code: str) -> int:
 
 
 class SafetensorsFile:
-    """One validated safetensors file; tensors are read as zero-copy views of a private mmap."""
+    """One validated safetensors file; each tensor is read with ``pread`` into memory of its own.
+
+    The file stays open from its header on, so every tensor comes from the file whose header was read,
+    and each read checks the file's size against the header's end of data first and counts the bytes it
+    got: a file that shrinks while it is read (a checkpoint being rewritten, network storage) is one
+    :class:`GraftkitError` naming it, never a ``SIGBUS`` through a memory map."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.entries, self.metadata, self.data_start = read_header(self.path)
+        self.data_end = max((e.end for e in self.entries.values()), default=self.data_start)
+        self._fd = os.open(self.path, os.O_RDONLY)
+        weakref.finalize(self, os.close, self._fd)
 
-    @cached_property
-    def _map(self) -> mmap.mmap:
-        with open(self.path, "rb") as f:
-            # ACCESS_COPY: a writable private mapping, so torch can wrap it without copying, while no
-            # write can ever reach the file.
-            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    def _changed(self, actual: int, name: str) -> GraftkitError:
+        return GraftkitError(f"{self.path}: the file is {actual:,} bytes now, its header needs {self.data_end:,} "
+                             f"(reading tensor {name}); the checkpoint changed while it was read",
+                             "rerun when it is complete")
+
+    def _pread_into(self, name: str, buf: memoryview) -> None:
+        e = self.entries[name]
+        size = os.fstat(self._fd).st_size
+        if size < self.data_end:
+            raise self._changed(size, name)
+        done = 0
+        while done < e.nbytes:
+            n = os.preadv(self._fd, [buf[done:]], e.start + done)
+            if n <= 0:
+                raise self._changed(os.fstat(self._fd).st_size, name)
+            done += n
 
     def read(self, name: str):
-        """The tensor ``name`` (torch) as a view of the mapped file (treat it as read-only)."""
+        """The tensor ``name`` (torch), read from the file into a tensor of its own."""
         import torch
 
         e = self.entries[name]
         if e.numel == 0:
             return torch.empty(e.shape, dtype=e.torch_dtype)
-        flat = torch.frombuffer(self._map, dtype=torch.uint8, count=e.nbytes, offset=e.start)
+        flat = torch.empty(e.nbytes, dtype=torch.uint8)
+        self._pread_into(name, memoryview(flat.numpy()))
         return flat.view(e.torch_dtype).reshape(e.shape)
 
     def array(self, name: str) -> np.ndarray:
-        """The tensor ``name`` as a numpy view of the mapped file, typed by :data:`NUMPY` (bfloat16 and
-        float8 as their raw bits). No torch involved."""
+        """The tensor ``name`` as numpy, typed by :data:`NUMPY` (bfloat16 and float8 as their raw bits).
+        No torch involved."""
         e = self.entries[name]
-        return np.frombuffer(self._map, dtype=NUMPY[e.dtype], count=e.numel, offset=e.start).reshape(e.shape)
+        out = np.empty(e.shape, dtype=NUMPY[e.dtype])
+        if e.numel:
+            self._pread_into(name, memoryview(out.reshape(-1).view(np.uint8)))
+        return out
 
 
 def read_header(path: Path) -> tuple[dict[str, TensorEntry], dict[str, str], int]:

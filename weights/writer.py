@@ -8,8 +8,9 @@ the kernel) or as a function yielding the tensor in row chunks, into a new HF fo
   ``model-0000i-of-0000n.safetensors`` with ``model.safetensors.index.json``);
 - dtypes kept as given; config, tokenizer, processor and generation files copied from a source folder;
 - ``graftkit.json`` recording what produced it;
-- atomically: everything goes to a hidden sibling folder, is fsynced, then renamed into place. An
-  interrupted write leaves the destination as it was. The destination may never be, contain, or lie
+- atomically: everything goes to a hidden sibling folder, is fsynced, then renamed into place and the
+  parent folder fsynced. An interrupted write leaves the destination as it was; the next writer removes
+  what a killed one left (``graftkit.files``). Free space is checked against the output's size first. The destination may never be, contain, or lie
   inside an input, and an existing one is replaced only with ``force`` (and only if graftkit wrote it).
 """
 
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
 from ..errors import GraftkitError
+from ..files import check_folder_dest, check_space, check_writable, fsync_dir, sweep_stale, temp_path, translated, write_atomic
 from .checkpoint import INDEX, PROVENANCE, tensor_bits
 from .safetensors_file import OutTensor, TensorEntry, code_of, header_bytes
 
@@ -108,10 +110,14 @@ def check_destination(dest: Path, inputs: Iterable[Path], force: bool, files: It
             raise GraftkitError(
                 f"output folder {dest} overlaps the input {i}", "choose an output folder outside every input"
             )
+    if dest.exists() and not dest.is_dir():
+        raise GraftkitError(f"{dest} is a file, not an output folder, and was not written by graftkit",
+                            "remove it yourself or choose another output folder")
+    check_folder_dest(dest)  # a parent that is a file
     if dest.exists():
         if not force:
             raise GraftkitError(f"output folder {dest} already exists", "pass --force to replace it")
-        if not dest.is_dir() or (any(dest.iterdir()) and not (dest / PROVENANCE).is_file()):
+        if any(dest.iterdir()) and not (dest / PROVENANCE).is_file():
             raise GraftkitError(
                 f"{dest} exists and was not written by graftkit; --force only replaces graftkit outputs",
                 "remove it yourself or choose another output folder",
@@ -124,48 +130,51 @@ def _fsync_tree(folder: Path) -> None:
         if p.is_file():
             with open(p, "rb") as f:
                 os.fsync(f.fileno())
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(folder)
 
 
 @contextlib.contextmanager
 def atomic_folder(dest: Path) -> Iterator[Path]:
-    """Yield a hidden sibling folder to fill; on success it replaces ``dest`` in one rename."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    """Yield a hidden sibling folder to fill; on success it replaces ``dest`` in one rename, and the parent
+    folder is fsynced. Stale temporaries of dead processes beside ``dest`` are removed first
+    (:func:`graftkit.files.sweep_stale`); what the operating system refuses is one GraftkitError."""
+    with translated(dest):
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        sweep_stale(dest.parent)
+        tmp = temp_path(dest)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
     try:
-        yield tmp
-        _fsync_tree(tmp)
-        if dest.exists():
-            old = dest.parent / f".{dest.name}.old-{os.getpid()}"
-            os.replace(dest, old)
-            try:
+        with translated(dest):
+            yield tmp
+            _fsync_tree(tmp)
+            if dest.exists():
+                old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+                os.replace(dest, old)
+                try:
+                    os.replace(tmp, dest)
+                except BaseException:
+                    os.replace(old, dest)  # put the earlier output back before reporting the failure
+                    raise
+                shutil.rmtree(old, ignore_errors=True)
+            else:
                 os.replace(tmp, dest)
-            except BaseException:
-                os.replace(old, dest)  # put the earlier output back before reporting the failure
-                raise
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, dest)
-        fd = os.open(dest.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            fsync_dir(dest.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
 def write_json_atomic(path: Path, obj: object) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
-    os.replace(tmp, path)
+    """``obj`` as indented JSON at ``path``, atomically (:func:`graftkit.files.write_atomic`)."""
+    write_atomic(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def output_bytes(specs: Sequence[OutSpec], aux_from: Path | None, extra_files: dict[str, bytes] | None) -> int:
+    """What a checkpoint folder of ``specs`` will take: the tensors, their headers, the copied files."""
+    tensors = sum(s.out.nbytes for s in specs) + sum(len(s.name) + 96 for s in specs)
+    aux = sum(p.stat().st_size for p in aux_files(aux_from))
+    return tensors + aux + sum(len(v) for v in (extra_files or {}).values())
 
 
 def aux_files(folder: Path | None) -> list[Path]:
@@ -206,7 +215,7 @@ def _start_writeback(fd: int, pos: int, nbytes: int) -> None:
         _SYNC_FILE_RANGE(fd, pos, nbytes, 2)
 
 
-def _copy_at(src_fd: int, src_pos: int, dst_fd: int, dst_pos: int, nbytes: int) -> None:
+def _copy_at(src_fd: int, src_pos: int, dst_fd: int, dst_pos: int, nbytes: int, src: Path | None = None) -> None:
     """Copy a byte range between files at explicit offsets (thread-safe: no file position moves).
 
     ``copy_file_range`` keeps the bytes in the kernel (and shares extents on file systems that can);
@@ -224,8 +233,9 @@ def _copy_at(src_fd: int, src_pos: int, dst_fd: int, dst_pos: int, nbytes: int) 
     while done < nbytes:
         chunk = os.pread(src_fd, min(16 << 20, nbytes - done), src_pos + done)
         if not chunk:
-            raise GraftkitError(f"a source file ended early while copying ({nbytes - done} bytes short)",
-                                "the input changed or is truncated; re-run on an intact checkpoint")
+            raise GraftkitError(f"{src or 'an input file'}: the file is {os.fstat(src_fd).st_size:,} bytes now, a tensor "
+                                f"needs bytes up to {src_pos + nbytes:,}; the checkpoint changed while it was read",
+                                "rerun when it is complete")
         done += _write_all(dst_fd, chunk, dst_pos + done)
 
 
@@ -255,7 +265,7 @@ def _write_shard(
     def job(i: int) -> OutSpec:
         s, at = specs[i], starts[i]
         if isinstance(s.source, TensorEntry):
-            _copy_at(source_fd(s.source.file), s.source.start, fd, at, s.source.nbytes)
+            _copy_at(source_fd(s.source.file), s.source.start, fd, at, s.source.nbytes, s.source.file)
             written = s.source.nbytes
         else:
             written = 0
@@ -282,6 +292,14 @@ def _write_shard(
             os.close(sfd)
 
 
+def check_output_room(dest: Path, nbytes: int, flag: str = "--out", what: str = "the output") -> None:
+    """Before long work that ends in writing ``nbytes`` at folder ``dest``: a folder path (no file in the
+    way), writable (a probe file is created and removed), and room for it on its disk."""
+    check_folder_dest(dest, flag)
+    check_writable(dest, flag)  # in the folder its temporary sibling goes to
+    check_space(dest, nbytes, flag, what)
+
+
 def write_checkpoint(
     dest: Path,
     specs: Sequence[OutSpec],
@@ -302,6 +320,8 @@ def write_checkpoint(
     ``input_files``: inputs that are single files standing alone (see :func:`check_destination`)."""
     dest = check_destination(dest, inputs, force, input_files)
     shards = plan_shards(specs, parse_size(max_shard_size))
+    # known before the first byte: refuse a disk that cannot hold it, rather than fill it and fail
+    check_space(dest, output_bytes(specs, aux_from, extra_files), what="the checkpoint")
     with atomic_folder(dest) as tmp:
         for p in aux_files(aux_from):
             shutil.copy2(p, tmp / p.name)
