@@ -555,7 +555,7 @@ def run_eval(cfg: EvalConfig, on_progress: OnProgress = no_progress) -> EvalRun:
     for role in roles:
         name = f"eval-{labels[role]}-{'sampled' if cfg.sample else 'greedy'}{'-som' if cfg.obs == 'som' else ''}.h5"
         dest = cfg.save if role == "model" and cfg.save else current_run(cfg.run) / "results" / name
-        files[role] = write_result(dest, results[role].to_result())
+        files[role] = write_result(dest, results[role].to_result(), flag="--save" if dest == cfg.save else None)
     tables = {r: tuple(eval_rows(results[r], results.get("compare"))) for r in roles if r != "compare"}
     return EvalRun(tables["model"], results, files, tables)
 
@@ -593,4 +593,4 @@ def run_headroom(cfg: HeadroomConfig, on_progress: OnProgress = no_progress) -> 
     rows = headroom_rows(view)
     name = f"headroom-{result_labels([cfg.model])[0]}{'-som' if cfg.obs == 'som' else ''}.h5"
     dest = cfg.save or current_run(cfg.run) / "results" / name
-    return HeadroomRun(tuple(rows), view, write_result(dest, view.to_result()))
+    return HeadroomRun(tuple(rows), view, write_result(dest, view.to_result(), flag="--save" if cfg.save else None))

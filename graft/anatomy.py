@@ -469,7 +469,8 @@ def run_delta(cfg: DeltaConfig, on_progress: OnProgress = no_progress) -> DeltaR
     res = delta_anatomy(b, rls, labels, tax, cfg.tol, provenance=prov, force_pair=cfg.force_pair,
                         on_tensor=lambda name, nbytes: on_progress("delta", nbytes, total, "bytes"))
     stem = f"delta-{result_labels([cfg.rl[0]])[0]}-trajectory" if cfg.all_checkpoints else f"delta-{'+'.join(labels)}"
-    written = write_result(cfg.save or current_run(cfg.run) / "results" / f"{stem}.h5", res)
+    written = write_result(cfg.save or current_run(cfg.run) / "results" / f"{stem}.h5", res,
+                           flag="--save" if cfg.save else None)
     for p in cfg.rl:  # a trainer run's own logged curves, for the report to draw beside its movement
         if (run := trainer_run(Path(p))) is not None and run.state is not None:
             steps, series = trainer_series(run.state)

@@ -191,7 +191,8 @@ def _rank_weights(cfg: RankConfig, models: list[Path], labels: list[str], run: P
         res = (delta_ranks(base_ck, ckpt, tax, cfg.layers, on_tensor=tick, provenance=prov, force_pair=cfg.force_pair)
                if base_ck
                else weight_ranks(ckpt, tax, cfg.layers, on_tensor=tick, provenance=prov))
-        dest = write_result(cfg.save or run / "results" / f"rank-{cfg.what}-{lab}{cfg.tag}.h5", res)
+        dest = write_result(cfg.save or run / "results" / f"rank-{cfg.what}-{lab}{cfg.tag}.h5", res,
+                            flag="--save" if cfg.save else None)
         view = RankResult.from_result(res, dest)
         payload["models"][lab] = {"path": str(path), "base": str(base_ck.path) if base_ck else None,
                                   "result_file": str(dest), "layers": view.layer_rows(cfg.shown),
@@ -225,8 +226,8 @@ def _rank_activations(cfg: RankConfig, models: list[Path], labels: list[str], ru
                                backend=cfg.backend, batch_size=cfg.batch_size, on_batch=tick, give_model=True,
                                checkpoint=desc, provenance={"config": cfg.as_dict(), "probes": payload["probes"]})
         del policy
-        dest = cfg.save or run / "results" / f"rank-activations-{lab}{cfg.tag}.h5"
-        write_result(dest, res)
+        dest = write_result(cfg.save or run / "results" / f"rank-activations-{lab}{cfg.tag}.h5", res,
+                            flag="--save" if cfg.save else None)
         payload["models"][lab] = {"path": str(path), "base": None, "result_file": str(dest),
                                   "layers": RankResult.from_result(res, dest).layer_rows(cfg.shown),
                                   "outside_decoder": [], "n_prompts": len(prompts),
@@ -443,8 +444,8 @@ def run_couple(cfg: CoupleConfig, on_progress=no_progress) -> dict:
     parent = _parents(cfg, both)
     bd, diffs = _both_directions(cfg, both, parent, R, success, outcome, labels, layer_ids, n_layers)
     res = CouplingResult(coupling_result(corr, bd))
-    dest = cfg.save or results / f"coupling-{cfg.what}-{cfg.metric}.h5"
-    write_result(dest, res.to_result())
+    dest = write_result(cfg.save or results / f"coupling-{cfg.what}-{cfg.metric}.h5", res.to_result(),
+                        flag="--save" if cfg.save else None)
     index = {k: i for i, k in enumerate(both)}
     checkpoints = [{"label": lab, "model": k, "success": float(success[i]), "episodes": int(n_success[i]),
                     "parent": labels[index[parent[k]]] if k in parent else None, "vs_parent": diffs.get(k),
