@@ -58,6 +58,8 @@ class EpisodeOptions(RunOption, DeviceOption):
     """Episodes per seed and task."""
     backend: str = "py"
     """py (the pure-Python mirror) or miniwob (real MiniWoB++ in Chromium)."""
+    max_new_tokens: int = 32
+    """Longest output in tokens: a web action, or a verifiable problem's completion (raise it for reasoning)."""
     obs: str = "text"
     """Observation: text (element list) or som (Set-of-Marks screenshot)."""
     temperature: float = 1.0
@@ -192,6 +194,8 @@ class EvalResult:
     @classmethod
     def from_outcome(cls, outcome, model_desc: dict, config: CommandConfig | None = None, **more_attrs):
         """The view of an ``agent.EvalOutcome`` of the checkpoint ``model_desc`` (``weights.describe``)."""
+        from .agent.tasks import task_sources
+
         attrs = {"model": model_desc, "label": Path(model_desc.get("path", "model")).name,
                  "decode": asdict(outcome.decode), "backend": outcome.backend, "obs": outcome.obs,
                  "episode_seed": ("env seed = 1000 * seed + episode" if outcome.items == "all" else
@@ -200,7 +204,8 @@ class EvalResult:
                  "items": outcome.items, "item_split": SPLIT_RULE, "tasks_without_items": list(outcome.no_items),
                  "seconds": outcome.seconds, "success": "raw reward == 1 at the end of the episode",
                  "invalid_outputs": {t: [[text, int(n)] for text, n in rows]
-                                     for t, rows in getattr(outcome, "invalid_outputs", {}).items()}, **more_attrs}
+                                     for t, rows in getattr(outcome, "invalid_outputs", {}).items()},
+                 "task_sources": task_sources(outcome.tasks), **more_attrs}
         if config is not None:
             attrs["config"] = config.as_dict()
         return cls(tuple(outcome.tasks), np.array(outcome.seeds), outcome.success.astype(np.int8), outcome.reward,
@@ -329,13 +334,16 @@ class EvalResult:
         never = [t for t in self.tasks if self.unparseable(t) == 1.0]
         if not never:
             return []
-        fix = ("it does not write the action format, click(REF) or type(REF, \"TEXT\"): fine-tune it on "
-               "demonstrations first (graftkit train sft --init MODEL)")
-        if len(never) == len(self.tasks):
+        problems = set(self.attrs.get("task_sources") or {})  # verifiable tasks: an answer, not an action
+        what = {t: "no completion stated an answer as <answer>…</answer>" if t in problems else
+                "no turn parsed as an action" for t in never}
+        fix = ("it does not write the answer format <answer>…</answer>" if all(t in problems for t in never) else
+               "it does not write the action format, click(REF) or type(REF, \"TEXT\")") + \
+            ": fine-tune it on demonstrations first (graftkit train sft --init MODEL)"
+        if len(never) == len(self.tasks) and len(set(what.values())) == 1:
             seen = self.top_invalid(never[0])
-            return [f"0% on every task because no turn parsed as an action (most common output: {seen!r}); {fix}"]
-        return [f"{t}: 0% because no turn parsed as an action (most common output: {self.top_invalid(t)!r})"
-                for t in never]
+            return [f"0% on every task because {what[never[0]]} (most common output: {seen!r}); {fix}"]
+        return [f"{t}: 0% because {what[t]} (most common output: {self.top_invalid(t)!r})" for t in never]
 
 
 @dataclass(frozen=True, eq=False)
@@ -532,7 +540,8 @@ def run_eval(cfg: EvalConfig, on_progress: OnProgress = no_progress) -> EvalRun:
     from .agent import Decode
     from .weights.runs import resolve_models
 
-    decode = Decode(greedy=not cfg.sample, temperature=cfg.temperature, top_p=cfg.top_p)
+    decode = Decode(greedy=not cfg.sample, temperature=cfg.temperature, top_p=cfg.top_p,
+                    max_new_tokens=cfg.max_new_tokens)
     models = [p for m in cfg.model for p in resolve_models(m, cfg.all_checkpoints)]
     if cfg.save and len(models) > 1:
         raise GraftkitError(f"--save names one result file, but {len(models)} policies are evaluated",
@@ -584,8 +593,9 @@ def run_headroom(cfg: HeadroomConfig, on_progress: OnProgress = no_progress) -> 
     cfg = cfg.replace(model=resolve_models(cfg.model)[0])  # a trainer's output_dir: its last checkpoint
     policy = load_policy(Path(cfg.model), allow_pickle=cfg.allow_pickle, obs=cfg.obs, config=cfg.config, base=cfg.base,
                              device=cfg.device, dtype=cfg.dtype)
-    greedy = _evaluate(cfg, policy, Decode(greedy=True), 1, "greedy", on_progress)
-    sampled = _evaluate(cfg, policy, Decode(greedy=False, temperature=cfg.temperature, top_p=cfg.top_p), cfg.k,
+    greedy = _evaluate(cfg, policy, Decode(greedy=True, max_new_tokens=cfg.max_new_tokens), 1, "greedy", on_progress)
+    sampled = _evaluate(cfg, policy, Decode(greedy=False, temperature=cfg.temperature, top_p=cfg.top_p,
+                                                  max_new_tokens=cfg.max_new_tokens), cfg.k,
                         "sampled", on_progress)
     desc = _describe(cfg, cfg.model)
     view = HeadroomResult.from_outcomes(greedy, sampled, desc, cfg, k=cfg.k, temperature=cfg.temperature,

@@ -133,10 +133,11 @@ def parse_budgets(items: tuple[str, ...], tasks: str | None) -> dict[str, int]:
 
     budgets = dict(DEFAULT_BUDGETS)
     if tasks:
-        from .agent import resolve_tasks
+        from .agent import is_problem, resolve_tasks
 
         keep = set(resolve_tasks(tasks))
-        budgets = {t: n for t, n in budgets.items() if t in keep} | {t: 400 for t in keep - set(budgets)}
+        fresh = {t: 1_000_000 if is_problem(t) else 400 for t in keep - set(budgets)}  # problems: fresh items
+        budgets = {t: n for t, n in budgets.items() if t in keep} | fresh
     for item in items:
         task, sep, n = item.partition("=")
         if not sep or not n.strip().isdigit():

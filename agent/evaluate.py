@@ -20,8 +20,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import GraftkitError
-from ..webenv import tasks as webtasks
 from .policy import Policy
+from .tasks import make_task_env, resolve_tasks
 from .rollout import Decode, Episode, rollout
 from .vlm import require_vision
 
@@ -42,7 +42,6 @@ def plan_episodes(tasks: Sequence[str], seeds: Sequence[int], episodes: int, ite
     shows the same first observation): ``(tasks kept, env_seed [T, S, E], item [T, S, E], tasks left out)``.
     A task is left out under ``items="heldout"`` (``"train"``) when an episode finds no evaluation (training)
     item. ``"train"`` plays training items only: the split to choose hyperparameters on."""
-    from ..webenv import make_env
     from ..webenv.items import NoItems, draw, item_id
 
     if items not in ITEM_MODES:
@@ -50,7 +49,7 @@ def plan_episodes(tasks: Sequence[str], seeds: Sequence[int], episodes: int, ite
                             "only: for choosing hyperparameters) or all")
     kept, seeds_out, items_out, dropped = [], [], [], []
     for t in tasks:
-        env = make_env(t)
+        env = make_task_env(t)
         es, it = np.zeros((len(seeds), episodes), np.int64), np.empty((len(seeds), episodes), object)
         try:
             for b, s in enumerate(seeds):
@@ -73,28 +72,6 @@ def plan_episodes(tasks: Sequence[str], seeds: Sequence[int], episodes: int, ite
     return kept, np.stack(seeds_out), np.stack(items_out), dropped
 
 
-def resolve_tasks(spec: str | Sequence[str]) -> list[str]:
-    """A suite name (``mastered``, ``headroom``, ``all``) or a comma list of task names."""
-    TASKS, SUITES = webtasks.TASKS, getattr(webtasks, "SUITES", {})
-    names = spec.split(",") if isinstance(spec, str) else list(spec)
-    out: list[str] = []
-    for n in (x.strip() for x in names if x.strip()):
-        if n == "all":
-            out.extend(TASKS)
-        elif n in SUITES:
-            out.extend(SUITES[n])
-        elif n in TASKS:
-            out.append(n)
-        else:
-            raise GraftkitError(
-                f"unknown task or suite {n!r}",
-                f"suites: {', '.join(SUITES)}; tasks: {', '.join(sorted(TASKS))}",
-            )
-    if not out:
-        raise GraftkitError("no tasks selected", "pass --tasks mastered, headroom, or task names")
-    return list(dict.fromkeys(out))
-
-
 def seed_list(n: int) -> list[int]:
     """Evaluation seeds 0..n-1 (``--seeds n``, n ≥ 1)."""
     if n < 1:
@@ -103,19 +80,20 @@ def seed_list(n: int) -> list[int]:
 
 
 def first_prompts(tasks: str | Sequence[str], n: int, seed: int = 0) -> list[str]:
-    """``n`` first-turn prompts from the web tasks, rendered as the policy reads them: prompt k is episode
-    ``seed + k // T`` of task ``k mod T`` (T tasks: a suite name or a task list)."""
-    from ..webenv import make_env
-    from ..webenv.render import render_text
-    from .policy import format_prompt
+    """``n`` first-turn prompts from the tasks, as the policy reads them in its plain format: prompt k is
+    episode ``seed + k // T`` of task ``k mod T`` (T tasks: a suite name or a task list)."""
+    from ..verifiable import ProblemObservation, lookup
+    from .policy import format_problem, format_prompt
+    from .tasks import observation_text
 
     names = resolve_tasks(tasks)
-    envs = {t: make_env(t) for t in names}
+    envs = {t: make_task_env(t) for t in names}
     out = []
     for k in range(n):
         task = names[k % len(names)]
         obs = envs[task].reset(seed + k // len(names))
-        out.append(format_prompt(render_text(obs), []))
+        out.append(format_problem(obs.utterance, lookup(task).system) if isinstance(obs, ProblemObservation)
+                   else format_prompt(observation_text(obs), []))
     for env in envs.values():
         getattr(env, "close", lambda: None)()
     return out

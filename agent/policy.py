@@ -42,6 +42,11 @@ def format_prompt(observation_text: str, history: Sequence[str]) -> str:
     return f"{observation_text}\nprevious: {previous}\naction:"
 
 
+def format_problem(prompt: str, system: str) -> str:
+    """The plain prompt of a verifiable problem: the task's instruction, the problem, then ``answer:``."""
+    return f"{system}\n{prompt}\nanswer:"
+
+
 def canonical_action(text: str) -> str:
     """Undo a word-level decoder's spacing: no spaces around ``( ) ,`` outside quotes, none just inside
     the quotes. ``type ( 5 , " John Smith " )`` → ``type(5,"John Smith")``."""
@@ -83,10 +88,10 @@ class Policy:
             raise GraftkitError("the tokenizer has no end-of-sequence token", "set tokenizer.eos_token")
         self.eos_ids: frozenset[int] = frozenset(ids)
 
-    def _messages(self, text: str) -> list[dict]:
+    def _messages(self, text: str, system: str = SYSTEM) -> list[dict]:
         if self.system_role:
-            return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
-        return [{"role": "user", "content": f"{SYSTEM}\n\n{text}"}]  # a template without a system role
+            return [{"role": "system", "content": system}, {"role": "user", "content": text}]
+        return [{"role": "user", "content": f"{system}\n\n{text}"}]  # a template without a system role
 
     def _render(self, msgs: list[dict], **kw):
         try:
@@ -96,7 +101,7 @@ class Policy:
                 raise GraftkitError(f"the tokenizer's chat template fails on a two-turn conversation ({exc})"
                                     .splitlines()[0], "fix chat_template in tokenizer_config.json") from None
             self.system_role = False  # e.g. Gemma's template refuses the system role
-            return self.tokenizer.apply_chat_template(self._messages(msgs[-1]["content"]), **kw)
+            return self.tokenizer.apply_chat_template(self._messages(msgs[1]["content"], msgs[0]["content"]) + msgs[2:], **kw)
 
     def _turn_end(self) -> int | None:
         """The token the chat template writes right after an assistant message (``<|im_end|>``,
@@ -117,14 +122,40 @@ class Policy:
         return pid if pid is not None else next(iter(self.eos_ids))
 
     def prompt_ids(self, observation_text: str, history: Sequence[str]) -> list[int]:
-        text = format_prompt(observation_text, history)
+        return self._prompt(format_prompt(observation_text, history), SYSTEM)
+
+    def problem_ids(self, prompt: str, system: str) -> list[int]:
+        """The prompt of a verifiable problem: ``system`` then the problem (chat), or :func:`format_problem`."""
+        return self._prompt(prompt if self.chat else format_problem(prompt, system), system)
+
+    def _prompt(self, text: str, system: str) -> list[int]:
         if self.chat:
-            ids = self._render(self._messages(text), add_generation_prompt=True, tokenize=True)
+            ids = self._render(self._messages(text, system), add_generation_prompt=True, tokenize=True)
             # transformers 5 returns a BatchEncoding (a mapping, not a dict) where 4.x returned a list
             return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         bos = self.tokenizer.bos_token_id
         return ([bos] if bos is not None else []) + list(ids)
+
+    def turn_ids(self, obs, history: Sequence[str]) -> list[int]:
+        """The prompt of one turn from an observation of either kind (a web page, or a problem)."""
+        from ..verifiable import ProblemObservation, lookup
+
+        if isinstance(obs, ProblemObservation):
+            return self.problem_ids(obs.utterance, lookup(obs.task).system)
+        from ..webenv.render import render_text
+
+        return self.prompt_ids(render_text(obs), history)
+
+    def read_output(self, obs, ids: Sequence[int]) -> str:
+        """The text of an output: a web action (:meth:`decode_action`), or a problem's whole completion."""
+        from ..verifiable import ProblemObservation
+
+        return self.decode_completion(ids) if isinstance(obs, ProblemObservation) else self.decode_action(ids)
+
+    def decode_completion(self, ids: Sequence[int]) -> str:
+        """A verifiable problem's completion, every line of it, without its end token."""
+        return self.tokenizer.decode([i for i in ids if i not in self.eos_ids], skip_special_tokens=True).strip()
 
     def action_ids(self, action: str) -> list[int]:
         """The target tokens for ``action`` (for supervised training): its tokens and the end token (with a chat

@@ -32,9 +32,9 @@ from typing import Callable, Sequence
 import torch
 
 from ..errors import GraftkitError
-from ..webenv import ParseError, make_env
-from ..webenv.render import render_text
-from ..webenv.tasks import TASKS
+from ..webenv import ParseError
+from ..verifiable import ProblemEnv
+from .tasks import check_known, is_problem, make_task_env
 from .policy import Policy
 from .vlm import VisionPolicy, require_vision
 
@@ -271,9 +271,9 @@ def rollout(
     evaluation does not need them, and they are the bulk of an episode's memory).
     ``max_turns``: end episodes after this many turns if the task allows more (single-turn GRPO)."""
     require_vision(policy, obs)
-    for task, _, _ in jobs:
-        if task not in TASKS:
-            raise GraftkitError(f"unknown web task {task!r}", f"choose from {', '.join(sorted(TASKS))}")
+    check_known(sorted({task for task, _, _ in jobs}))
+    if obs == "som" and any(is_problem(t) for t, _, _ in jobs):
+        raise GraftkitError("--obs som shows web pages; a verifiable problem has no screenshot", "use --obs text")
     episodes = [Episode(t, s, k) for t, s, k in jobs]
     env_kw = {"screenshots": True} if obs == "som" else {}
     if backend == "miniwob":
@@ -287,7 +287,7 @@ def rollout(
                 i = pending.popleft()
                 ep = episodes[i]
                 free = pool.setdefault(ep.task, [])
-                env = free.pop() if free else make_env(ep.task, backend, **env_kw)
+                env = free.pop() if free else make_task_env(ep.task, backend, **env_kw)
                 o = env.reset(ep.seed)
                 live[i] = _Live(env, o, o, torch.Generator().manual_seed(
                     row_seed(decode.seed, ep.task, ep.seed, ep.sample)))
@@ -307,7 +307,7 @@ def _turn(policy: Policy, episodes: list[Episode], live: dict[int, _Live], decod
     if obs_kind == "som":
         prompts, vision = map(list, zip(*(policy.som_prompt(live[i].obs, live[i].history) for i in rows)))
     else:
-        prompts, vision = [policy.prompt_ids(render_text(live[i].obs), live[i].history) for i in rows], None
+        prompts, vision = [policy.turn_ids(live[i].obs, live[i].history) for i in rows], None
     toks: list = [None] * len(rows)
     lps: list = [None] * len(rows)
     for group in length_groups([len(p) for p in prompts]):
@@ -318,16 +318,16 @@ def _turn(policy: Policy, episodes: list[Episode], live: dict[int, _Live], decod
     ended = []
     for j, i in enumerate(rows):
         ep, st = episodes[i], live[i]
-        action = policy.decode_action(toks[j])
+        action = policy.read_output(st.obs, toks[j])
         try:
             step = st.env.step(action)
-            valid = True
+            valid = st.env.parseable(action) if isinstance(st.env, ProblemEnv) else True  # a problem's answer format
         except ParseError:
             step, valid = None, False
         if step is not None:
             st.obs = step.observation
             ep.reward, ep.done = step.reward, step.done
-        spec = TASKS[ep.task]
+        spec = st.env.spec
         progress = spec.progress(st.first, st.obs, ep.reward, ep.done) if not st.obs.empty or ep.done else 0.0
         ep.turns.append(Turn(prompts[j], toks[j], lps[j], action, valid, progress,
                              vision[j] if vision is not None and keep_vision else None))

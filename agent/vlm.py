@@ -34,7 +34,7 @@ import torch
 
 from ..errors import GraftkitError
 from ..weights import ImageTextProcessor
-from .policy import SIZES, SYSTEM, Policy, format_prompt, tiny_tokenizer
+from .policy import SIZES, Policy, format_prompt, tiny_tokenizer
 
 SOM_SYSTEM = ("You operate the web page in the screenshot; every element you can act on has a numbered box. "
               "Answer with one action: click(REF) or type(REF, \"TEXT\"), REF being a box's number.")
@@ -93,12 +93,11 @@ class VisionPolicy(Policy):
         owner = self.processor if getattr(self.processor, "chat_template", None) else self.tokenizer
         return owner.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
-    def prompt_ids(self, observation_text: str, history: Sequence[str]) -> list[int]:
-        """The text-track prompt (``--obs text``): the element list, no image."""
+    def _prompt(self, text: str, system: str) -> list[int]:
+        """A text-only prompt (``--obs text``, or a verifiable problem): no image."""
         if not self.chat:
-            return super().prompt_ids(observation_text, history)
-        text = format_prompt(observation_text, history)
-        s = self._template([{"role": "system", "content": [{"type": "text", "text": SYSTEM}]},
+            return super()._prompt(text, system)
+        s = self._template([{"role": "system", "content": [{"type": "text", "text": system}]},
                             {"role": "user", "content": [{"type": "text", "text": text}]}])
         return list(self.tokenizer(s, add_special_tokens=False)["input_ids"])
 

@@ -338,6 +338,8 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
     def open_worker():  # on a Ray worker: the base loaded once, the checkpoints opened as above
         from ..executor import worker_device
 
+        resolve_tasks(cfg.tasks)  # a user's verifiable tasks are loaded in the worker too
+
         wb, wrl = open_pair(base_path, paths, allow_pickle=cfg.allow_pickle, unknown=cfg.unknown, config=cfg.config)
         wrl = [_cast_pair(cfg, wb, r, wb.taxonomy(cfg.unknown)) for r in wrl]
         return X.SweepWorker(load(worker_device(cfg.device)), wb, dict(zip(keys, wrl)), cfg.unknown)

@@ -10,17 +10,18 @@ LEAVES = {"errors", "_version", "config", "devices", "executor", "progress", "fi
 ALLOWED = {
     "weights": set(),
     "webenv": set(),
+    "verifiable": set(),
     "stats": set(),
     "store": set(),
-    "agent": {"webenv", "weights"},
-    "train": {"agent", "webenv", "weights"},
+    "agent": {"webenv", "weights", "verifiable"},
+    "train": {"agent", "webenv", "weights", "verifiable"},
     "graft": {"weights", "agent", "stats", "store", "rank"},
     "rank": {"weights", "agent", "stats", "store"},
     # figures read results through the typed views defined beside their producers
     "figures": {"store", "stats", "graft", "rank", "evaluation", "training", "findings"},
     # the run functions of eval/headroom and of training (they write results, which agent/train may not)
-    "evaluation": {"agent", "webenv", "weights", "stats", "store"},
-    "training": {"train", "agent", "webenv", "weights", "store"},
+    "evaluation": {"agent", "webenv", "weights", "stats", "store", "verifiable"},
+    "training": {"train", "agent", "webenv", "weights", "store", "verifiable"},
     # the study's findings rules, read from typed result views
     "findings": {"stats", "store", "evaluation", "graft", "rank", "webenv"},
 }

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from ..config import CommandConfig, DeviceOption, ExecutorOption, LoraOption, check_choice, opt
 from ..errors import GraftkitError
-from ..webenv.tasks import TASKS
 
 
 #: The GRPO trainers ``train grpo --engine`` runs.
@@ -98,10 +97,10 @@ class GRPOConfig(DeviceOption, LoraOption):
         for name in ("init", "out"):  # the command line gives paths; the recorded config keeps strings
             if isinstance(getattr(self, name), os.PathLike):
                 object.__setattr__(self, name, os.fspath(getattr(self, name)))
-        if isinstance(self.tasks, str):  # a suite or comma list, as on the command line
-            from ..agent import resolve_tasks
+        from ..agent import resolve_tasks
 
-            object.__setattr__(self, "tasks", tuple(resolve_tasks(self.tasks)))
+        # a suite or comma list, as on the command line, or names (a user's task file loads here)
+        object.__setattr__(self, "tasks", tuple(resolve_tasks(self.tasks)) if self.tasks else ())
         self._validate()
 
     def _validate(self) -> None:
@@ -121,10 +120,11 @@ class GRPOConfig(DeviceOption, LoraOption):
             raise GraftkitError(f"unknown --scale-rewards {self.scale_rewards!r}", "use group, batch or none")
         if self.reward not in ("success", "raw"):
             raise GraftkitError(f"unknown --reward {self.reward!r}", "use success or raw")
-        bad = [t for t in self.tasks if t not in TASKS]
+        from ..agent.tasks import HINT, known
+
+        bad = [t for t in self.tasks if not known(t)]
         if bad or not self.tasks:
-            raise GraftkitError(f"unknown task(s) {', '.join(bad) or '(none given)'}",
-                                f"choose from {', '.join(sorted(TASKS))}")
+            raise GraftkitError(f"unknown task(s) {', '.join(bad) or '(none given)'}", HINT)
         if self.beta < 0 or self.focal_gamma < 0 or self.warmup < 0 or self.checkpoint_every < 0:
             raise GraftkitError("--beta, --focal-gamma, --warmup and --checkpoint-every must be ≥ 0")
         if self.stages < 0 or (self.stages and self.steps % self.stages):

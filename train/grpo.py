@@ -53,10 +53,8 @@ import torch
 from .._version import __version__
 from ..agent import Decode, Episode, Policy, next_token_logits, rollout
 from ..errors import GraftkitError
-from ..webenv import make_env
+from ..agent.tasks import make_task_env, task_spec
 from ..webenv.items import SPLIT_RULE, NoItems, draw
-from ..webenv.render import render_text
-from ..webenv.tasks import TASKS
 from ..devices import TRAINING_CONVENTION, autocast, dtype_name, resolve_device, training_dtype
 from ..weights import load_model, read_tensors, save_model
 from ..weights.hf import save_adapter, save_dtype
@@ -237,7 +235,7 @@ def trajectory_veto(rows: Rows, logp: torch.Tensor, old_logp: torch.Tensor, adv_
 
 @lru_cache(maxsize=None)
 def _mirror(task: str):
-    return make_env(task)
+    return make_task_env(task)
 
 
 def _prompts(cfg: GRPOConfig, step: int) -> list[tuple[str, int, str]]:
@@ -265,11 +263,11 @@ def prompt_items(cfg: GRPOConfig, steps: int) -> list[tuple[str, str]]:
 def check_tokenizer_fits(policy: Policy, tasks: Sequence[str], seeds: int = 5) -> None:
     """Every oracle action of a few episodes per task must encode and decode back exactly."""
     for task in tasks:
-        env = make_env(task)
+        env = make_task_env(task)
         for s in range(seeds):
             obs = env.reset(GRPO_SEED_BASE + s)
-            for action in TASKS[task].oracle(obs):
-                back = policy.decode_action(policy.action_ids(action))
+            for action in task_spec(task).oracle(obs):
+                back = policy.read_output(obs, policy.action_ids(action))
                 unk = policy.tokenizer.unk_token_id
                 if back.replace(" ", "") != action.replace(" ", "") or (unk is not None and unk in policy.action_ids(action)):
                     raise GraftkitError(

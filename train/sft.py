@@ -26,13 +26,14 @@ from typing import Callable, Mapping
 import torch
 
 from .._version import __version__
-from ..agent import Policy, next_token_logits, task_words, tiny_policy
+from ..agent import Policy, next_token_logits, tiny_policy
 from ..agent.evaluate import MAX_EPISODES_PER_SEED
 from ..errors import GraftkitError
-from ..webenv import demonstrate, make_env
+from ..agent.tasks import HINT, is_problem, known, make_task_env, tiny_words
+from ..webenv import demonstrate
 from ..webenv.items import NoItems, SPLIT_RULE, draw
 from ..webenv.render import render_text
-from ..webenv.tasks import SUITES, TASKS
+from ..webenv.tasks import TASKS
 from ..devices import TRAINING_CONVENTION, autocast, dtype_name, resolve_device, training_dtype
 from ..weights import load_model, save_model
 from ..weights.hf import save_adapter, save_dtype
@@ -103,10 +104,9 @@ class SFTConfig:
     """Modules that get adapters (see :data:`graftkit.train.lora.TARGET_SETS`)."""
 
     def __post_init__(self) -> None:
-        unknown = [t for t in self.budgets if t not in TASKS]
+        unknown = [t for t in self.budgets if not known(t)]
         if unknown:
-            raise GraftkitError(f"unknown task(s) in budgets: {', '.join(unknown)}",
-                                f"choose from {', '.join(sorted(TASKS))}")
+            raise GraftkitError(f"unknown task(s) in budgets: {', '.join(unknown)}", HINT)
         bad = [f"{t}={r}" for t, r in self.decoys.items() if t not in TASKS or not 0 <= r < 1]
         if bad:
             raise GraftkitError(f"decoy rates {', '.join(bad)}: need a known task and a rate in [0, 1)",
@@ -154,8 +154,10 @@ def episode_examples(policy: Policy, env, task: str, seed: int, decoy_rate: floa
     after which the episode has ended (none for an episode the task declares ambiguous: its observation
     does not determine the answer). The episode is the first training item from ``seed`` on
     (:func:`~graftkit.webenv.items.draw`): evaluation items are never demonstrated."""
-    spec = TASKS[task]
     seed, _, obs = draw(env, seed, heldout=False)
+    if is_problem(task):  # one turn: the problem → a completion that solves it
+        return [Example(task, tuple(policy.turn_ids(obs, [])), tuple(policy.action_ids(env.demonstration(obs)[0])))]
+    spec = TASKS[task]
     if spec.ambiguous(obs):
         return []
     if decoy_rate and random.Random(seed).random() < decoy_rate:
@@ -177,7 +179,7 @@ def demonstrations(policy: Policy, budgets: Mapping[str, int]) -> list[Example]:
     """Every turn of the first ``budgets[task]`` oracle episodes of each task."""
     examples = []
     for task, n in budgets.items():
-        env = make_env(task)
+        env = make_task_env(task)
         for i in range(n):
             try:
                 examples.extend(episode_examples(policy, env, task, TRAIN_SEED_BASE + i))
@@ -211,7 +213,7 @@ class DemoStream:
         self.pools = {t: n for t, n in budgets.items() if n > 0}
         self.tasks = list(self.pools)
         self.weights = [min(self.pools[t], POOL_WEIGHT_CAP) for t in self.tasks]
-        self.envs = {t: make_env(t) for t in self.tasks}
+        self.envs = {t: make_task_env(t) for t in self.tasks}
         self.cache: dict[tuple[str, int], list[Example]] = {}
         self.no_items: set[str] = set()
         self.batches: list[list[Example]] = []
@@ -286,7 +288,7 @@ def run_sft(cfg: SFTConfig, on_step: Callable[[dict], None] = lambda m: None, fo
         model, tok = load_model(Path(cfg.init))
         policy = Policy(model, tok, Path(cfg.init))
     else:
-        policy = tiny_policy(task_words(), cfg.size, seed=cfg.seed)
+        policy = tiny_policy(tiny_words(tuple(cfg.budgets)), cfg.size, seed=cfg.seed)
     unk = policy.tokenizer.unk_token_id
     probe = demonstrations(policy, {t: min(n, 5) for t, n in cfg.budgets.items()})
     if unk is not None and any(unk in e.action_ids for e in probe):

@@ -35,8 +35,11 @@ SPLIT_RULE = f"item digest ≡ 0 mod {HELDOUT_MOD} held out for evaluation; trai
 
 
 def item_id(obs: Observation, obs_mode: str = "text") -> str:
-    """The item of a first observation: 16 hex digits of the SHA-256 of what the policy sees."""
-    if obs_mode == "som":
+    """The item of a first observation: 16 hex digits of the SHA-256 of what the policy sees (a problem's
+    prompt, for an observation that carries ``item_text``)."""
+    if hasattr(obs, "item_text"):  # an observation that is its own text (a verifiable problem)
+        seen = obs.item_text()
+    elif obs_mode == "som":
         marks = ";".join(f"{m.ref}:{','.join(f'{v:.1f}' for v in m.box)}" for m in som_marks(obs))
         seen = f"{obs.utterance}\n{marks}"
     else:

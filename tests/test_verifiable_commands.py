@@ -1,0 +1,150 @@
+"""Every command that evaluates or trains, on verifiable tasks: built-in ones, a user's JSONL file and a
+Python entry point — ``train sft``, ``eval`` (paired), ``headroom`` (pass@k), ``train grpo`` (VeriGate's
+process fallback) and ``graft --eval``."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from graftkit.cli import app
+from graftkit.store import read_result
+from graftkit.verifiable import registry
+
+runner = CliRunner()
+
+
+def _run(args, tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAFTKIT_RUNS", str(tmp_path / "runs"))
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def policies(tmp_path_factory):
+    """A briefly trained SFT policy on arithmetic-2 and a GRPO run from it (VeriGate on)."""
+    import os
+
+    root = tmp_path_factory.mktemp("verifiable")
+    old = os.environ.get("GRAFTKIT_RUNS")
+    os.environ["GRAFTKIT_RUNS"] = str(root / "runs")
+    try:
+        res = runner.invoke(app, ["train", "sft", "--out", str(root / "sft"), "--tasks", "arithmetic-2,multiples",
+                                  "--steps", "40", "--size", "nano", "--threads", "1", "--batch-size", "16"])
+        assert res.exit_code == 0, res.output
+        res = runner.invoke(app, ["train", "grpo", "--init", str(root / "sft"), "--out", str(root / "rl"), "--tasks",
+                                  "arithmetic-2", "--steps", "2", "--prompts-per-step", "2", "--group-size", "4",
+                                  "--lr", "1e-3", "--verigate", "--max-new-tokens", "12"])
+        assert res.exit_code == 0, res.output
+    finally:
+        if old is None:
+            os.environ.pop("GRAFTKIT_RUNS")
+        else:
+            os.environ["GRAFTKIT_RUNS"] = old
+    return root
+
+
+def test_sft_demonstrates_solutions_of_training_items(policies):
+    prov = json.loads((policies / "sft" / "graftkit.json").read_text())
+    assert set(prov["config"]["budgets"]) == {"arithmetic-2", "multiples"}
+    assert prov["config"]["budgets"]["arithmetic-2"] == 1_000_000  # fresh problems throughout
+
+
+def test_grpo_on_a_problem_task_logs_verigate_paths_and_items(policies):
+    log = [json.loads(line) for line in (policies / "rl" / "train_log.jsonl").read_text().splitlines()]
+    assert len(log) == 2
+    for m in log:
+        assert abs(m["verigate_outcome"] + m["verigate_process"] + m["verigate_none"] - 1) < 1e-9
+    rows = (policies / "rl" / "train_items.tsv").read_text().splitlines()
+    assert len(rows) == 4 and all(r.startswith("arithmetic-2\t") for r in rows)
+    from graftkit.webenv.items import is_heldout
+
+    assert not any(is_heldout(r.split("\t")[1]) for r in rows)  # GRPO never trains on an evaluation item
+
+
+def test_eval_pairs_two_policies_on_identical_problems(policies, tmp_path, monkeypatch):
+    res = _run(["eval", "--model", policies / "rl", "--compare", policies / "sft", "--tasks", "arithmetic-2",
+                "--seeds", "3", "--episodes", "4", "--json"], tmp_path, monkeypatch)
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.stdout)
+    a, b = read_result(payload["files"]["model"]), read_result(payload["files"]["compare"])
+    assert (a["item"] == b["item"]).all() and a["success"].shape == (1, 3, 4, 1)
+    assert a.attrs["task_sources"] == {"arithmetic-2": "builtin"}
+    assert payload["tasks"][0]["task"] == "arithmetic-2"
+
+
+def test_headroom_samples_k_completions(policies, tmp_path, monkeypatch):
+    res = _run(["headroom", "--model", policies / "sft", "--tasks", "arithmetic-2,multiples", "--seeds", "2",
+                "--episodes", "3", "--k", "4", "--json"], tmp_path, monkeypatch)
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.stdout)
+    stored = read_result(next(iter(payload["files"].values())) if isinstance(payload.get("files"), dict)
+                         else payload["file"])
+    assert stored["success"].shape == (2, 2, 3, 4)
+    assert [r["task"] for r in payload["tasks"]][:2] == ["arithmetic-2", "multiples"]
+
+
+def test_graft_eval_on_a_problem_task(policies, tmp_path, monkeypatch):
+    res = _run(["graft", "--from", policies / "rl", "--base", policies / "sft", "--groups", "mlp", "--eval",
+                "--tasks", "arithmetic-2", "--seeds", "2", "--episodes", "3", "--json"], tmp_path, monkeypatch)
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.stdout)
+    assert "arithmetic-2" in json.dumps(payload)
+
+
+@pytest.fixture
+def clean_registry():
+    registry._REGISTERED.clear()
+    yield
+    registry._REGISTERED.clear()
+
+
+def test_eval_on_a_users_jsonl_and_entry_point(policies, tmp_path, monkeypatch, clean_registry):
+    items = tmp_path / "sums.jsonl"
+    items.write_text("".join(json.dumps({"prompt": f"What is {i} + {i}?", "answer": 2 * i, "verifier": "numeric"}) + "\n"
+                             for i in range(40)))
+    res = _run(["eval", "--model", policies / "sft", "--tasks", f"{items},arithmetic-2", "--seeds", "2",
+                "--episodes", "3", "--items", "all", "--json"], tmp_path, monkeypatch)
+    assert res.exit_code == 0, res.output
+    stored = read_result(json.loads(res.stdout)["files"]["model"])
+    assert list(stored.coords["task"]) == ["sums", "arithmetic-2"]
+    assert stored.attrs["task_sources"]["sums"].startswith(str(items.resolve()))
+    (tmp_path / "mytasks.py").write_text(textwrap.dedent("""
+        from graftkit.verifiable import Arithmetic
+
+        def suite():
+            return [Arithmetic(name="add-one-digit", digits=1)]
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    res = _run(["eval", "--model", policies / "sft", "--tasks", "mytasks:suite", "--seeds", "2", "--episodes", "2",
+                "--items", "all", "--json"], tmp_path, monkeypatch)
+    assert res.exit_code == 0, res.output
+    stored = read_result(json.loads(res.stdout)["files"]["model"])
+    assert list(stored.coords["task"]) == ["add-one-digit"] and stored.attrs["task_sources"] == {
+        "add-one-digit": "mytasks:suite"}
+
+
+def test_a_bad_task_file_is_one_line_and_exit_2(policies, tmp_path, monkeypatch, clean_registry):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "x", "answer": 1}\n{"answer": 2}\n')
+    res = _run(["eval", "--model", policies / "sft", "--tasks", bad, "--seeds", "1"], tmp_path, monkeypatch)
+    assert res.exit_code == 2
+    assert f"{bad}:2" in res.output and "prompt" in res.output and "Traceback" not in res.output
+    res = _run(["eval", "--model", policies / "sft", "--tasks", "no_such_module_xyz:suite", "--seeds", "1"], tmp_path,
+               monkeypatch)
+    assert res.exit_code == 2 and "no_such_module_xyz" in res.output
+
+
+def test_an_untrained_policy_is_told_the_answer_format(tmp_path, monkeypatch):
+    from graftkit.agent import tiny_policy, tiny_words
+    from graftkit.weights import save_model
+
+    p = tiny_policy(tiny_words(("arithmetic",)), "nano", seed=3)
+    folder = save_model(tmp_path / "raw", p.model, p.tokenizer, provenance={"producer": "test"})
+    res = _run(["eval", "--model", folder, "--tasks", "arithmetic", "--seeds", "1", "--episodes", "4",
+                "--max-new-tokens", "3"], tmp_path, monkeypatch)
+    assert res.exit_code == 0, res.output
+    assert "no completion stated an answer as <answer>" in " ".join(res.output.split())

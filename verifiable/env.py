@@ -1,0 +1,113 @@
+"""A verifiable problem played as a one-turn episode, with the web environments' interface.
+
+    env = ProblemEnv("arithmetic")
+    obs = env.reset(seed=3)                        # ProblemObservation: the problem's prompt
+    obs, reward, done = env.step("<answer>912</answer>")   # done after the one turn; reward from the verifier
+
+The finished observation keeps the completion's process score (``ProblemObservation.process``), which
+``spec.progress`` reports as the turn's progress: VeriGate's fallback reads it as it reads a web task's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ..errors import GraftkitError
+from .base import Problem, VerifiableTask
+
+
+@dataclass(frozen=True)
+class ProblemObservation:
+    """What the policy sees of a problem: its prompt (empty once the turn is played)."""
+
+    task: str
+    problem: Problem | None
+    process: float = 0.0
+
+    @property
+    def empty(self) -> bool:
+        return self.problem is None
+
+    @property
+    def utterance(self) -> str:
+        return self.problem.prompt if self.problem is not None else ""
+
+    def item_text(self) -> str:
+        """The text an item id digests: the prompt the policy reads."""
+        return self.utterance
+
+
+class Step(NamedTuple):
+    observation: ProblemObservation
+    reward: float
+    done: bool
+
+
+class ProblemSpec:
+    """A task's episode rules in the shape rollouts read from a web task: one turn, the solution as the
+    oracle's plan, the completion's process score as progress."""
+
+    max_steps = 1
+
+    def __init__(self, task: VerifiableTask):
+        self.task, self.name = task, task.name
+
+    def oracle(self, obs: ProblemObservation) -> list[str]:
+        return [self.task.solution(obs.problem)]
+
+    def ambiguous(self, obs: ProblemObservation) -> bool:
+        return False
+
+    @staticmethod
+    def progress(first, obs: ProblemObservation, reward: float, done: bool) -> float:
+        if not done:
+            return 0.0
+        return 1.0 if reward == 1.0 else min(max(obs.process, 0.0), 0.99)
+
+
+class ProblemEnv:
+    """One verifiable task: ``reset(seed)`` shows problem ``seed``, ``step(completion)`` scores it and ends."""
+
+    backend = "py"
+
+    def __init__(self, task: VerifiableTask):
+        self.task, self.spec = task.name, ProblemSpec(task)
+        self._task = task
+        self.done, self.raw_reward = True, 0.0
+        self._problem: Problem | None = None
+
+    def reset(self, seed: int) -> ProblemObservation:
+        self._problem = self._task.problem(int(seed))
+        self.done, self.raw_reward = False, 0.0
+        return ProblemObservation(self.task, self._problem)
+
+    def step(self, completion: str) -> Step:
+        if self.done or self._problem is None:
+            raise GraftkitError(f"{self.task}: step() after the episode ended", "call reset(seed) first")
+        reward = float(self._task.reward(self._problem, completion))
+        if not 0.0 <= reward <= 1.0:
+            raise GraftkitError(f"task {self.task} ({self._task.source}): its verifier returned {reward}, not a "
+                                "score in [0, 1]", "make the verifier return a float between 0 and 1")
+        process = float(self._task.process(self._problem, completion)) if reward < 1.0 else 1.0
+        self.done, self.raw_reward = True, reward
+        return Step(ProblemObservation(self.task, None, process), reward, True)
+
+    def parseable(self, completion: str) -> bool:
+        return self._task.parseable(completion)
+
+    def demonstration(self, obs: ProblemObservation) -> list[str]:
+        return self.spec.oracle(obs)
+
+    @property
+    def success(self) -> bool:
+        return self.done and self.raw_reward == 1.0
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> ProblemEnv:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
