@@ -184,7 +184,11 @@ def test_resolve_tasks_mixes_both_kinds_and_names_every_choice_on_a_typo():
 def test_web_vocabulary_is_unchanged_by_the_problem_tasks():
     assert tiny_words(("click-tab",)) == task_words()
     words = tiny_words(("arithmetic",))
-    assert {"What", "is", "+", "answer", "<", "/", "999"} <= set(words) and "Instruction" not in words
+    assert {"What", "is", "+", "answer", "<", "/"} <= set(words) and "Instruction" not in words
+    assert not any(c.isdigit() for w in words for c in w)  # numbers are written digit by digit
+    policy = tiny_policy(words, "nano")
+    assert policy.tokenizer.tokenize("What is 507 + 66?") == ["What", "is", "5", "##0", "##7", "+", "6", "##6", "?"]
+    assert "999" in tiny_words(("arithmetic", "click-tab"))  # beside a web task, the web vocabulary's numbers
 
 
 # ---------------------------------------------------------------------------------------- rollouts

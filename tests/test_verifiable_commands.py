@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import textwrap
 
-import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -81,8 +80,7 @@ def test_headroom_samples_k_completions(policies, tmp_path, monkeypatch):
                 "--episodes", "3", "--k", "4", "--json"], tmp_path, monkeypatch)
     assert res.exit_code == 0, res.output
     payload = json.loads(res.stdout)
-    stored = read_result(next(iter(payload["files"].values())) if isinstance(payload.get("files"), dict)
-                         else payload["file"])
+    stored = read_result(payload["file"])
     assert stored["success"].shape == (2, 2, 3, 4)
     assert [r["task"] for r in payload["tasks"]][:2] == ["arithmetic-2", "multiples"]
 
