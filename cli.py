@@ -487,7 +487,7 @@ def demo(cfg: StudyConfig, as_json: bool):
     if cfg.sft is not None:
         must_exist(cfg.sft, "--sft")
     cfg = StudyConfig.preset(cfg.out, cfg.quick, cfg.policy, cfg.domain, sft=cfg.sft, train_sft=cfg.train_sft or None,
-                             **cfg.placement)
+                             mastered_tasks=cfg.mastered_tasks, headroom_tasks=cfg.headroom_tasks, **cfg.placement)
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     runs_root().mkdir(parents=True, exist_ok=True)
     (runs_root() / ".current").write_text(str(Path(cfg.out).resolve()) + "\n")

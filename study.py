@@ -147,6 +147,11 @@ class StudyConfig(DeviceOption):
     domain: str = opt("web", flags=("--domain",))
     """The tasks of the study: web (the MiniWoB++ tasks) or arithmetic (single-turn verifiable tasks: 2-digit
     addition and multiples, on a tiny policy trained in the run)."""
+    mastered_tasks: str | None = opt(None, flags=("--mastered",))
+    """--domain arithmetic: the mastered suite's tasks instead of the preset's (built-in verifiable tasks, a
+    FILE.jsonl, a module:function entry point; comma-separated)."""
+    headroom_tasks: str | None = opt(None, flags=("--headroom",))
+    """--domain arithmetic: the headroom suite's tasks instead of the preset's (as --mastered)."""
     suites: Mapping[str, tuple[str, ...]] = opt(default_factory=lambda: {k: tuple(v) for k, v in SUITES.items()},
                                                 cli=False)
     """The study's two task suites: ``mastered`` (the grid trains and the grafts play it) and ``headroom``."""
@@ -233,6 +238,10 @@ class StudyConfig(DeviceOption):
                 raise GraftkitError(f"--domain {domain} trains its own tiny policy", "drop --policy and --sft")
             base = cls(out=out, quick=quick, domain=domain, train_sft=True,
                        **DOMAIN_PRESETS[domain]["quick" if quick else "full"])
+            base = _own_suites(base, overrides.pop("mastered_tasks", None), overrides.pop("headroom_tasks", None))
+        elif overrides.get("mastered_tasks") or overrides.get("headroom_tasks"):
+            raise GraftkitError("--mastered and --headroom set the suites of a verifiable study",
+                                "add --domain arithmetic (the web study's suites are its measured ones)")
         elif policy != "embedded":
             base = cls(out=out, quick=quick, policy=policy, train_sft=True,
                        **PRETRAINED_PRESETS["quick" if quick else "full"])
@@ -250,6 +259,29 @@ class StudyConfig(DeviceOption):
         for name in ("out", "sft"):  # the command line gives paths; the recorded config keeps strings
             if isinstance(getattr(self, name), os.PathLike):
                 object.__setattr__(self, name, os.fspath(getattr(self, name)))
+
+
+def _own_suites(cfg: StudyConfig, mastered: str | None, headroom: str | None) -> StudyConfig:
+    """``cfg`` with the user's verifiable tasks as its suites (a JSONL file or an entry point is loaded here),
+    demonstrated by its SFT and probed by its activation ranks."""
+    if not mastered and not headroom:
+        return cfg
+    from .agent.tasks import is_problem, resolve_tasks
+
+    suites = dict(cfg.suites)
+    for name, spec, flag in (("mastered", mastered, "--mastered"), ("headroom", headroom, "--headroom")):
+        if spec:
+            tasks = tuple(resolve_tasks(spec))
+            web = [t for t in tasks if not is_problem(t)]
+            if web:
+                raise GraftkitError(f"{flag} {spec}: {', '.join(web)} is a web task, not a verifiable one",
+                                    "name verifiable tasks (built-in, FILE.jsonl or module:function), or run the "
+                                    "web study without --domain")
+            suites[name] = tasks
+    tasks = ",".join(dict.fromkeys(suites["mastered"] + suites["headroom"]))
+    return replace(cfg, mastered_tasks=mastered, headroom_tasks=headroom, suites=suites, sft_tasks=tasks,
+                   probe_tasks=tasks, regime_calibration=f"{cfg.regime_calibration} (suites given by the user: "
+                   f"{', '.join(suites['mastered'])} / {', '.join(suites['headroom'])})")
 
 
 def grid(cfg: StudyConfig) -> list[GridRun]:

@@ -146,3 +146,79 @@ def test_an_untrained_policy_is_told_the_answer_format(tmp_path, monkeypatch):
                 "--max-new-tokens", "3"], tmp_path, monkeypatch)
     assert res.exit_code == 0, res.output
     assert "no completion stated an answer as <answer>" in " ".join(res.output.split())
+
+
+def _user_tasks(tmp_path, monkeypatch):
+    """A user's JSONL file (sums of two numbers) and an entry point (one-digit sums), both importable here."""
+    items = tmp_path / "sums.jsonl"
+    items.write_text("".join(json.dumps({"prompt": f"What is {i} + {i + 3}?", "answer": 2 * i + 3, "verifier": "numeric"})
+                             + "\n" for i in range(10, 210)))
+    (tmp_path / "mytasks.py").write_text(textwrap.dedent("""
+        from graftkit.verifiable import Arithmetic
+
+        def suite():
+            return [Arithmetic(name="add-one-digit", digits=1)]
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return str(items), "mytasks:suite"
+
+
+def test_train_headroom_and_graft_on_a_users_tasks(policies, tmp_path, monkeypatch, clean_registry):
+    jsonl, entry = _user_tasks(tmp_path, monkeypatch)
+    res = _run(["train", "sft", "--out", tmp_path / "sft", "--init", policies / "sft", "--tasks", f"{jsonl},{entry}",
+                "--steps", "3", "--batch-size", "4", "--threads", "1"], tmp_path, monkeypatch)
+    assert res.exit_code == 0, res.output
+    budgets = json.loads((tmp_path / "sft" / "graftkit.json").read_text())["config"]["budgets"]
+    assert set(budgets) == {"sums", "add-one-digit"}
+    res = _run(["train", "grpo", "--init", tmp_path / "sft", "--out", tmp_path / "rl", "--tasks", jsonl, "--steps", "2",
+                "--prompts-per-step", "2", "--group-size", "2", "--lr", "1e-3", "--max-new-tokens", "10"],
+               tmp_path, monkeypatch)
+    assert res.exit_code == 0, res.output
+    rows = (tmp_path / "rl" / "train_items.tsv").read_text().splitlines()
+    assert len(rows) == 4 and all(r.startswith("sums\t") for r in rows)
+    res = _run(["headroom", "--model", tmp_path / "sft", "--tasks", entry, "--seeds", "2", "--episodes", "3", "--k", "2",
+                "--json"], tmp_path, monkeypatch)
+    assert res.exit_code == 0, res.output
+    stored = read_result(json.loads(res.stdout)["file"])
+    assert list(stored.coords["task"]) == ["add-one-digit"] and stored["success"].shape == (1, 2, 3, 2)
+    res = _run(["graft", "--from", tmp_path / "rl", "--base", tmp_path / "sft", "--groups", "attn", "--eval",
+                "--tasks", jsonl, "--seeds", "2", "--episodes", "2", "--json"], tmp_path, monkeypatch)
+    assert res.exit_code == 0, res.output
+    assert "sums" in json.dumps(json.loads(res.stdout))
+
+
+def test_the_study_takes_a_users_tasks_as_its_suites(tmp_path, monkeypatch, clean_registry):
+    from graftkit.errors import GraftkitError
+    from graftkit.study import StudyConfig, all_tasks
+
+    jsonl, entry = _user_tasks(tmp_path, monkeypatch)
+    cfg = StudyConfig.preset(str(tmp_path / "run"), True, domain="arithmetic", mastered_tasks=jsonl,
+                             headroom_tasks=entry)
+    assert cfg.suites == {"mastered": ("sums",), "headroom": ("add-one-digit",)}
+    assert cfg.sft_tasks == cfg.probe_tasks == "sums,add-one-digit" and all_tasks(cfg) == ["sums", "add-one-digit"]
+    assert "suites given by the user" in cfg.regime_calibration
+    keep = StudyConfig.preset("x", True, domain="arithmetic", headroom_tasks="countdown")
+    assert keep.suites == {"mastered": ("multiples",), "headroom": ("countdown",)}
+    with pytest.raises(GraftkitError, match="click-tab is a web task"):
+        StudyConfig.preset("x", True, domain="arithmetic", mastered_tasks="click-tab")
+    with pytest.raises(GraftkitError, match="add --domain arithmetic"):
+        StudyConfig.preset("x", True, mastered_tasks=jsonl)
+
+
+@pytest.mark.slow
+def test_the_study_runs_end_to_end_on_a_jsonl_and_an_entry_point(tmp_path, monkeypatch, clean_registry):
+    from graftkit.study import StudyConfig, run_study
+
+    jsonl, entry = _user_tasks(tmp_path, monkeypatch)
+    cfg = StudyConfig.preset(str(tmp_path / "run"), True, domain="arithmetic", mastered_tasks=jsonl,
+                             headroom_tasks=entry, sft_steps=40, grpo_steps=2, seeds=(0,), degrade_seeds=(0,),
+                             variants=(), regimes={"degrade": 2e-3, "collapse": 1e-2}, eval_seeds=3, headroom_k=2,
+                             graft_seeds=2, graft_groups=("attn", "mlp"), probes=4)
+    info = run_study(cfg)
+    root = tmp_path / "run"
+    ev = read_result(root / "results" / "eval-sft-greedy.h5")
+    assert list(ev.coords["task"]) == ["sums", "add-one-digit"]
+    assert ev.attrs["task_sources"]["add-one-digit"] == entry and ev.attrs["task_sources"]["sums"].startswith(
+        str((tmp_path / "sums.jsonl").resolve()))
+    assert info["items"]["sft_overlap"] == 0 and set(info["items"]["grpo_overlap"].values()) == {0}
+    assert len(info["findings"]) == 4 and (root / "report.html").is_file()
