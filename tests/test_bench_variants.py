@@ -70,7 +70,7 @@ def test_verdicts_all_reproduced_on_planted_figures():
     out = bv.verdicts(_planted(True))
     assert [c for c, _, _ in out] == CLAIMS
     assert [ok for _, _, ok in out] == [True] * 6
-    assert out[0][1] == ("2.00× (on-policy 4.20 s / staged 2.10 s, 1280 completions each; generation 70% of the "
+    assert out[0][1] == ("2.00× (median of paired repetitions; on-policy 4.20 s / staged 2.10 s, 1280 completions each; generation 70% of the "
                          "on-policy loop)")
     assert "0.800 without (frac_reward_zero_std) → 0.100 with" in out[2][1]
     assert "plain 0.100 → VeriGate 0.200 (+100% relative), diff +0.100 bootstrap [+0.040, +0.160]" in out[3][1]
@@ -206,6 +206,11 @@ def test_tiny_run_writes_every_figure_at_equal_samples(tmp_path, capsys):
     for key in ("speedup", "speedup_repeats", "generation_share_on_policy", "episodes", "equal_samples", "comparison"):
         assert key in mu
     assert 0 < mu["generation_share_on_policy"] < 1 and mu["speedup"] > 0
+    import statistics
+
+    on, staged = mu["arms"]["on_policy"]["seconds"], mu["arms"]["staged"]["seconds"]
+    assert mu["speedup_repeats"] == [a / b for a, b in zip(on, staged)]
+    assert mu["speedup"] == statistics.median(mu["speedup_repeats"])  # paired repetitions, not a ratio of medians
     assert mu["arms"]["staged"]["max_staleness"] == 1 and mu["arms"]["on_policy"]["max_staleness"] == 0
     # the invariant, counted from the logs themselves: both arms consumed the same sampled completions
     runs = tmp_path / "variants"
