@@ -222,3 +222,14 @@ def test_the_study_runs_end_to_end_on_a_jsonl_and_an_entry_point(tmp_path, monke
         str((tmp_path / "sums.jsonl").resolve()))
     assert info["items"]["sft_overlap"] == 0 and set(info["items"]["grpo_overlap"].values()) == {0}
     assert len(info["findings"]) == 4 and (root / "report.html").is_file()
+
+
+def test_a_sweep_grid_names_verifiable_tasks(tmp_path, monkeypatch, clean_registry):
+    from graftkit.train.sweep import expand
+
+    jsonl, _ = _user_tasks(tmp_path, monkeypatch)
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(f"out: runs\ninits:\n  sft: {tmp_path}\nbase: {{init: sft, steps: 2, tasks: 'countdown-4,{jsonl}'}}\n"
+                    "product: {lr: [1.0e-4, 1.0e-3]}\n")
+    specs = expand(grid)
+    assert [s.config.tasks for s in specs] == [("countdown-4", "sums")] * 2
