@@ -432,7 +432,8 @@ def rank(cfg: RankConfig, as_json: bool):
             t.add_row(escape(o["tensor"]), *(f"{o[k]:.4g}" for k in shown))
         out.print(t)
         _notes(m["notes"])
-        out.print(f"saved {escape(m['result_file'])} ({m['matrices']} matrices, {m['skipped']} 1-D tensors skipped)")
+        out.print(f"saved {escape(m['result_file'])} ({m['matrices']} matrices, {m['skipped']} 1-D tensors skipped; "
+                  f"spectra on {escape(payload['device'])})")
     if cfg.what == "activations":
         out.print(escape(payload["band_rule"]))
 

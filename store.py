@@ -177,14 +177,19 @@ def _json_default(o: Any) -> Any:
 
 
 def subject(attrs: Mapping[str, Any]) -> tuple[str, ...]:
-    """The checkpoints a result is about: the sorted content fingerprints (``sha256``) of every checkpoint
-    description (a mapping with ``path`` and ``sha256``, as ``weights.describe`` writes) in its provenance."""
+    """The checkpoints a result is about: the sorted content fingerprints of every checkpoint description
+    in its provenance (a mapping with ``path`` and ``fingerprint``, ``"blake3:<hex>"`` as
+    ``weights.describe`` writes; or with ``sha256``, a single file's digest, as ``graftkit import`` records
+    its source and older results their checkpoints, taken as ``"sha256:<hex>"``)."""
     found: set[str] = set()
 
     def walk(o: Any) -> None:
         if isinstance(o, Mapping):
-            if isinstance(o.get("sha256"), str) and "path" in o:
-                found.add(o["sha256"])
+            if "path" in o:
+                if isinstance(o.get("fingerprint"), str):
+                    found.add(o["fingerprint"])
+                elif isinstance(o.get("sha256"), str):
+                    found.add(f"sha256:{o['sha256']}")
             for v in o.values():
                 walk(v)
         elif isinstance(o, (list, tuple)):

@@ -54,7 +54,7 @@ def make_policies(root: Path) -> dict[str, Path]:
         for _, q in m.named_parameters():
             q.add_(0.3 * q.abs().mean() * torch.randn(q.shape, generator=g))
     paths["rl"] = save_model(root / "rl", m, sft.tokenizer, force=True, provenance={
-        "producer": "bench_ray_sweep (planted)", "base_model": {"path": d["path"], "sha256": d["sha256"]}})
+        "producer": "bench_ray_sweep (planted)", "base_model": {"path": d["path"], "fingerprint": d["fingerprint"]}})
     return paths
 
 

@@ -129,7 +129,7 @@ def build_pair(out: Path, size: dict, seed: int = 0):
     d = describe(open_checkpoint(base))
     rl = save_model(out / "rl", model, tok, inputs=[base], force=True, dtype=torch.bfloat16,
                     provenance={"producer": "gpu_check (planted late attn+mlp delta)",
-                                "base_model": {"path": d["path"], "sha256": d["sha256"]}})
+                                "base_model": {"path": d["path"], "fingerprint": d["fingerprint"]}})
     del model
     return base, rl, n_params
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .._version import __version__
-from ..weights import Checkpoint, OutSpec, check_pair, describe, write_checkpoint
+from ..weights import Checkpoint, OutSpec, check_pair, describe_later, write_checkpoint
 from .plan import GraftPlan
 from .splice import splice_chunks
 
@@ -62,18 +62,25 @@ def export_graft(
 ) -> Path:
     """Write base ⊕ plan ⊕ RL to ``out`` with provenance; inputs are only read. ``notes`` join the
     checkpoints' and the plan's notes in ``graftkit.json``."""
-    base_desc, rl_desc = describe(base), describe(rl)
-    provenance = {
-        "producer": "graftkit graft",
-        "graftkit_version": __version__,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "config": {**plan.spec.as_dict(), **(command or {})},
-        "parents": [{"role": "base", **base_desc}, {"role": "rl", **rl_desc}],
-        "base_model": {"path": base_desc["path"], "sha256": base_desc["sha256"]},
-        "moved_tensors": len(plan.moved()),
-        "selected_tensors": list(plan.selected),
-        "notes": [*base.notes, *rl.notes, *plan.notes, *notes],
-    }
+    # the inputs' fingerprints are hashed in background threads while the export reads and writes the
+    # same files, and are needed only for graftkit.json, written last
+    base_later, rl_later = describe_later(base), describe_later(rl)
+    created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+    def provenance() -> dict:
+        base_desc, rl_desc = base_later(), rl_later()
+        return {
+            "producer": "graftkit graft",
+            "graftkit_version": __version__,
+            "created": created,
+            "config": {**plan.spec.as_dict(), **(command or {})},
+            "parents": [{"role": "base", **base_desc}, {"role": "rl", **rl_desc}],
+            "base_model": {"path": base_desc["path"], "fingerprint": base_desc["fingerprint"]},
+            "moved_tensors": len(plan.moved()),
+            "selected_tensors": list(plan.selected),
+            "notes": [*base.notes, *rl.notes, *plan.notes, *notes],
+        }
+
     # a single-file checkpoint (rl.ckpt) stands alone: an output beside it is no output inside a model folder
     alone = [c.path for c in (base, rl) if c.loose]
     inputs = [c.path for c in (base, rl) if not c.loose] + [p.parent for p in rl.weight_files if not rl.loose]

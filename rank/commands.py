@@ -171,10 +171,13 @@ def _rank_weights(cfg: RankConfig, models: list[Path], labels: list[str], run: P
     from ..weights.lora import is_lora_folder, open_adapted
     from ..weights.taxonomy import DECODER
 
-    payload: dict = {"what": cfg.what, "layers": cfg.layers, "metrics": cfg.shown, "models": {}}
-    placed = [] if cfg.placement == {"device": "auto", "dtype": "auto"} else [
-        f"--device {cfg.device} --dtype {cfg.dtype} apply to --what activations: weight and delta spectra are "
-        "always computed from the stored values in float64 on the CPU"]
+    from ..devices import resolve_device
+
+    device = resolve_device(cfg.device)  # where the float64 Grams and eigvalsh run (a GPU when auto finds one)
+    payload: dict = {"what": cfg.what, "layers": cfg.layers, "metrics": cfg.shown, "device": str(device), "models": {}}
+    placed = [] if cfg.dtype == "auto" else [
+        f"--dtype {cfg.dtype} applies to --what activations: weight and delta spectra are always computed from "
+        "the stored values in float64"]
     read = dict(allow_pickle=cfg.allow_pickle, unknown=cfg.unknown, config=cfg.config)
     for path, lab in zip(models, labels):
         prov = {"config": cfg.as_dict()}
@@ -188,9 +191,10 @@ def _rank_weights(cfg: RankConfig, models: list[Path], labels: list[str], run: P
         tax = (base_ck or ckpt).taxonomy(cfg.unknown)
         total = (base_ck or ckpt).nbytes * (2 if base_ck else 1)
         tick = lambda n, nbytes: on_progress(f"rank {lab}", nbytes, total, "bytes")  # noqa: E731
-        res = (delta_ranks(base_ck, ckpt, tax, cfg.layers, on_tensor=tick, provenance=prov, force_pair=cfg.force_pair)
+        res = (delta_ranks(base_ck, ckpt, tax, cfg.layers, on_tensor=tick, provenance=prov, force_pair=cfg.force_pair,
+                           device=device)
                if base_ck
-               else weight_ranks(ckpt, tax, cfg.layers, on_tensor=tick, provenance=prov))
+               else weight_ranks(ckpt, tax, cfg.layers, on_tensor=tick, provenance=prov, device=device))
         dest = write_result(cfg.save or run / "results" / f"rank-{cfg.what}-{lab}{cfg.tag}.h5", res,
                             flag="--save" if cfg.save else None)
         view = RankResult.from_result(res, dest)

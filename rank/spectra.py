@@ -57,6 +57,15 @@ Pair measures, Δ = W₁ − W₀:
   an illusion of equivalence"; k = 10, ε = 0.5 by default).
 - ``top1_energy``: σ₁(Δ)² / ‖Δ‖_F².
 
+Devices: every function that computes a spectrum takes ``device`` (None or "cpu": the CPU; a torch device
+or its name, e.g. "cuda:0"). The matrix stays where it is (a memory-mapped checkpoint tensor on the host)
+and goes to the device a block of rows at a time in its stored dtype, where the block is upcast to
+float64 and added into the float64 Gram; ``eigvalsh`` runs there in float64 too, and only the eigenvalues
+come back. Device memory is the Gram plus one block (plus, for the pair measures' singular vectors, the
+float64 matrix itself). On the CPU the Gram's column tiles on or above the diagonal are multiplied
+(:func:`_gram_upper`); on a GPU the whole product is taken at once: the two differ only in the order of
+floating-point sums, a relative 1e-13 or less on every measure (tested).
+
 Matrices must be 2-D. A stacked 3-D tensor (e.g. MoE experts ``[n_experts, out, in]``) is refused:
 pass one expert matrix at a time.
 """
@@ -231,11 +240,11 @@ def _entropy(p: np.ndarray) -> float:
 # spectra
 
 
-def spectrum(W: Any, method: str = "gram") -> Spectrum:
+def spectrum(W: Any, method: str = "gram", device: Any = None) -> Spectrum:
     """The singular values of ``W`` (descending, float64) with dtype, shape and method recorded."""
     if method not in METHODS:
         raise GraftkitError(f"unknown spectrum method {method!r}", f"use one of {sorted(METHODS)}")
-    return _spectrum(*_validated(W, check_finite=method != "gram"), method)
+    return _spectrum(*_validated(W, check_finite=method != "gram"), method, device=device)
 
 
 #: Rows of the longer side upcast to float64 at a time when accumulating a Gram (≈ 32 MB blocks).
@@ -247,20 +256,39 @@ GRAM_MIN_TILE = 64
 GRAM_TILE_MIN_WORK = 1 << 27
 
 
-def _gram_upper(X: torch.Tensor) -> torch.Tensor:
+def as_device(device: Any = None) -> torch.device:
+    """The torch device ``device`` names: None is the CPU; "auto", "cuda", "cuda:N" as ``--device`` reads them
+    (:func:`graftkit.devices.resolve_device`, one error when CUDA is missing)."""
+    if device is None:
+        return torch.device("cpu")
+    if isinstance(device, torch.device):
+        return device
+    from ..devices import resolve_device
+
+    return resolve_device(str(device))
+
+
+def _gram_upper(X: torch.Tensor, device: Any = None, tiles: bool | None = None) -> torch.Tensor:
     """The upper triangle (diagonal tiles whole) of the float64 Gram Xᵀ X of X [long, short], any float dtype.
 
-    X's rows are upcast to float64 a block at a time and G accumulates Σ_b X_bᵀ X_b, so a [vocab, hidden]
-    embedding never exists as a whole float64 copy: memory is one block plus the short × short Gram. G is
-    symmetric, so of its column tiles only those on or above the diagonal are computed (one product per
-    tile row, G[a:b, a:] += X_b[:, a:b]ᵀ X_b[:, a:]): about (k + 1)/2k of the full product's flops.
+    X's rows go to ``device`` (default the CPU) and are upcast to float64 there a block at a time, and G
+    accumulates Σ_b X_bᵀ X_b on the device, so a [vocab, hidden] embedding never exists as a whole float64
+    copy: memory is one block plus the short × short Gram. G is symmetric, so on the CPU (``tiles``
+    default) only its column tiles on or above the diagonal are computed (one product per tile row,
+    G[a:b, a:] += X_b[:, a:b]ᵀ X_b[:, a:]): about (k + 1)/2k of the full product's flops. A GPU takes the
+    whole product in one call (``tiles=False``), faster there than several smaller ones.
     """
+    dev = as_device(device)
     long, short = X.shape
     rows = max(1, GRAM_BLOCK_ELEMENTS // short)
-    tile = max(GRAM_MIN_TILE, -(-short // GRAM_TILES)) if long * short * short >= GRAM_TILE_MIN_WORK else short
-    G = torch.zeros(short, short, dtype=torch.float64)
+    if tiles is None:
+        tiles = dev.type == "cpu"
+    tile = (max(GRAM_MIN_TILE, -(-short // GRAM_TILES))
+            if tiles and long * short * short >= GRAM_TILE_MIN_WORK else short)
+    G = torch.zeros(short, short, dtype=torch.float64, device=dev)
     for start in range(0, long, rows):
-        B = X[start:start + rows].to(device="cpu", dtype=torch.float64)
+        # to the device in the stored dtype (a bf16 block is a quarter of its float64 copy), upcast there
+        B = X[start:start + rows].to(device=dev).to(dtype=torch.float64)
         if short <= tile:
             G.addmm_(B.T, B)
             continue
@@ -269,45 +297,46 @@ def _gram_upper(X: torch.Tensor) -> torch.Tensor:
     return G
 
 
-def _gram_eigenvalues(W: Any) -> np.ndarray:
+def _gram_eigenvalues(W: Any, device: Any = None, tiles: bool | None = None) -> np.ndarray:
     """Ascending eigenvalues of the float64 Gram of W's smaller side, from W in its own dtype.
 
-    G = W Wᵀ when m ≤ n, else Wᵀ W (:func:`_gram_upper`; ``eigvalsh`` reads its upper triangle). torch
-    does the products and ``eigvalsh`` (LAPACK, eigenvalues only) and releases the GIL, so matrices can
-    run in threads. W's finiteness is checked here, on G, for free: a NaN or inf entry of W makes a
-    diagonal entry of G NaN or inf, and a finite float32/bfloat16 W cannot overflow a float64 Gram.
+    G = W Wᵀ when m ≤ n, else Wᵀ W (:func:`_gram_upper`, on ``device``; ``eigvalsh`` reads its upper
+    triangle, in float64 on the same device). torch does the products and ``eigvalsh`` (LAPACK, or
+    cuSOLVER on a GPU; eigenvalues only) and releases the GIL, so matrices can run in threads. W's
+    finiteness is checked here, on G, for free: a NaN or inf entry of W makes a diagonal entry of G NaN or
+    inf, and a finite float32/bfloat16 W cannot overflow a float64 Gram.
     """
-    if isinstance(W, torch.Tensor):
-        T = W.detach()
-    else:  # torch refuses to wrap a read-only array (a memory map) without copying it
-        T = torch.from_numpy(np.ascontiguousarray(W) if W.flags.writeable else np.array(W, order="C"))
-    G = _gram_upper(T if T.shape[0] > T.shape[1] else T.T)
+    T = _torch(W)
+    G = _gram_upper(T if T.shape[0] > T.shape[1] else T.T, device, tiles)
     if not bool(torch.isfinite(G).all()):
         _validated(W)  # raises the NaN/inf error when W holds one
         raise GraftkitError(f"the float64 Gram of a {list(T.shape)} matrix overflows (entries near 1e154)",
                             "rescale the matrix, or use method='svd'")
-    return torch.linalg.eigvalsh(G, UPLO="U").numpy()
+    return torch.linalg.eigvalsh(G, UPLO="U").cpu().numpy()
 
 
-def _spectrum(A: Any, dtype: str, eps: float, method: str, ref_norm: float | None = None) -> Spectrum:
+def _spectrum(A: Any, dtype: str, eps: float, method: str, ref_norm: float | None = None,
+              device: Any = None) -> Spectrum:
     """σ of a validated matrix ``A`` (a torch tensor or numpy array in any float dtype; see ``_validated``;
-    the Gram route checks finiteness itself). ``ref_norm`` marks a delta (see ``Spectrum``)."""
+    the Gram route checks finiteness itself) on ``device``. ``ref_norm`` marks a delta (see ``Spectrum``)."""
     m, n = A.shape
     if method == "gram":
-        lam = _gram_eigenvalues(A)  # float64: an fp32 Gram loses the small end of the spectrum
+        lam = _gram_eigenvalues(A, device)  # float64: an fp32 Gram loses the small end of the spectrum
         # eigenvalues below the Gram's rounding floor are indistinguishable from 0: set them to 0, so a
         # rank-r matrix has exactly min(m, n) − r zero σ (else they come out near sqrt(eps)·σ₁)
         lam[lam <= max(m, n) * _EPS64 * max(float(lam[-1]), 0.0)] = 0.0
         sigma = np.sqrt(lam)[::-1].copy()
-    else:
+    elif as_device(device).type == "cpu":
         sigma = np.linalg.svd(_float64(A), compute_uv=False)
+    else:
+        sigma = torch.linalg.svdvals(_torch(A).to(device=as_device(device), dtype=torch.float64)).cpu().numpy()
     return Spectrum(sigma=sigma, shape=(int(m), int(n)), dtype=dtype, dtype_eps=eps, method=METHODS[method],
                     ref_norm=ref_norm)
 
 
-def singular_values(W: Any, method: str = "gram") -> np.ndarray:
+def singular_values(W: Any, method: str = "gram", device: Any = None) -> np.ndarray:
     """σ(W), float64, descending, length min(m, n). ``method``: "gram" (default) or "svd"."""
-    return spectrum(W, method).sigma
+    return spectrum(W, method, device).sigma
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -345,22 +374,23 @@ def delta_matrix(W0: Any, W1: Any) -> torch.Tensor:
     return A1.to(work) - A0.to(work)
 
 
-def rounding_reference(W0: Any, W1: Any) -> float:
+def rounding_reference(W0: Any, W1: Any, device: Any = None) -> float:
     """max_i ‖S_i,:‖₂ + max_j ‖S_:,j‖₂ with S = max(|W₀|, |W₁|) entrywise: the largest row norm plus the
     largest column norm of the per-entry rounding bound of two stored matrices (see the module docstring).
 
-    Computed in float64 a block of rows at a time (memory: one block and one column vector)."""
+    Computed in float64 on ``device`` a block of rows at a time (memory: one block and one column vector)."""
     A0, A1, _, _ = _operands(W0, W1)
+    dev = as_device(device)
     m, n = A0.shape
     rows = max(1, GRAM_BLOCK_ELEMENTS // n)
-    col_sq = torch.zeros(n, dtype=torch.float64)
-    row_sq = 0.0
+    col_sq = torch.zeros(n, dtype=torch.float64, device=dev)
+    row_sq = torch.zeros((), dtype=torch.float64, device=dev)
     for start in range(0, m, rows):
-        S = torch.maximum(A0[start:start + rows].to(dtype=torch.float64).abs(),
-                          A1[start:start + rows].to(dtype=torch.float64).abs()).square_()
-        row_sq = max(row_sq, float(S.sum(1).max()))
+        S = torch.maximum(A0[start:start + rows].to(device=dev).to(dtype=torch.float64).abs(),
+                          A1[start:start + rows].to(device=dev).to(dtype=torch.float64).abs()).square_()
+        row_sq = torch.maximum(row_sq, S.sum(1).max())
         col_sq += S.sum(0)
-    return float(np.sqrt(row_sq) + np.sqrt(float(col_sq.max())))
+    return float(np.sqrt(float(row_sq)) + np.sqrt(float(col_sq.max())))
 
 
 def delta_tolerance(W0: Any, W1: Any) -> tuple[float, str, float]:
@@ -371,14 +401,14 @@ def delta_tolerance(W0: Any, W1: Any) -> tuple[float, str, float]:
     return eps * ref, dtype, ref
 
 
-def delta_spectrum(W0: Any, W1: Any, method: str = "gram") -> Spectrum:
+def delta_spectrum(W0: Any, W1: Any, method: str = "gram", device: Any = None) -> Spectrum:
     """σ(W₁ − W₀) (the difference in float32, or float64) with the storage dtype and the rounding reference
     recorded, so its default numerical-rank tolerance is the delta rule (``Spectrum.tol_rule``)."""
     if method not in METHODS:
         raise GraftkitError(f"unknown spectrum method {method!r}", f"use one of {sorted(METHODS)}")
     _, _, dtype, eps = _operands(W0, W1)
     D, _, _ = _validated(delta_matrix(W0, W1), "delta", check_finite=method != "gram")
-    return _spectrum(D, dtype, eps, method, ref_norm=rounding_reference(W0, W1))
+    return _spectrum(D, dtype, eps, method, ref_norm=rounding_reference(W0, W1, device), device=device)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -457,14 +487,16 @@ def top1_energy_of(sigma: Any) -> float:
 
 
 def measures(W: Any, method: str = "gram", *, tol: float | None = None,
-             rankme_eps: float = RANKME_EPS, stored: tuple[Any, Any] | None = None) -> dict[str, Any]:
+             rankme_eps: float = RANKME_EPS, stored: tuple[Any, Any] | None = None,
+             device: Any = None) -> dict[str, Any]:
     """All single-matrix measures from one spectrum, with their conventions.
 
     For a zero matrix the ratio measures are NaN and the numerical rank is 0. ``tol`` overrides the
     default absolute numerical-rank tolerance. ``stored=(W₀, W₁)`` says ``W`` is the delta W₁ − W₀ of these
     two stored matrices (e.g. :func:`delta_matrix`): the default tolerance is then the delta rule, with
     the coarser storage dtype's eps and their rounding reference (module docstring), and ``dtype`` is that
-    storage dtype (``computed_dtype`` the dtype of ``W``).
+    storage dtype (``computed_dtype`` the dtype of ``W``). ``device``: where the spectrum is computed (module
+    docstring); ``W`` may stay on the host.
     """
     if method not in METHODS:
         raise GraftkitError(f"unknown spectrum method {method!r}", f"use one of {sorted(METHODS)}")
@@ -476,15 +508,15 @@ def measures(W: Any, method: str = "gram", *, tol: float | None = None,
         if tuple(stored[0].shape) != tuple(A.shape):
             raise GraftkitError(f"the delta has shape {list(A.shape)} but its stored operands "
                                 f"{list(stored[0].shape)}", "pass stored=(W_base, W_rl) of this delta")
-        ref = rounding_reference(*stored)
-    sp = _spectrum(A, dtype, eps, method, ref)
+        ref = rounding_reference(*stored, device=device)
+    sp = _spectrum(A, dtype, eps, method, ref, device)
     s = sp.sigma
     zero = not s.any()
     nan = float("nan")
     threshold = sp.default_tol() if tol is None else float(tol)
     # a tolerance under the Gram route's floor (float64 inputs) cannot be resolved from σ²: count on
     # the float64 SVD instead
-    rank_sp = sp if threshold >= sp.floor() else _spectrum(A, dtype, eps, "svd", ref)
+    rank_sp = sp if threshold >= sp.floor() else _spectrum(A, dtype, eps, "svd", ref, device)
     return {
         "erank": nan if zero else erank(s),
         "erank_sq": nan if zero else erank_sq(s),
@@ -505,6 +537,7 @@ def measures(W: Any, method: str = "gram", *, tol: float | None = None,
         "numerical_rank_tol_rule": sp.tol_rule() if tol is None else "given (absolute)",
         "numerical_rank_ref_norm": ref,
         "numerical_rank_method": rank_sp.method,
+        "device": str(as_device(device)),
     }
 
 
@@ -550,13 +583,13 @@ def principal_angles(W0: Any, W1: Any, k: int, side: str = "left") -> np.ndarray
     return np.where(cos**2 >= 0.5, np.arcsin(sin), np.arccos(cos))
 
 
-def spectral_drift(W0: Any, W1: Any, method: str = "gram") -> float:
+def spectral_drift(W0: Any, W1: Any, method: str = "gram", device: Any = None) -> float:
     """‖σ(W₁) − σ(W₀)‖₂ / ‖σ(W₀)‖₂ (σ descending, same length)."""
     if method not in METHODS:
         raise GraftkitError(f"unknown spectrum method {method!r}", f"use one of {sorted(METHODS)}")
     A0, A1 = _pair(W0, W1)
-    s0 = _spectrum(A0, "float64", 0.0, method).sigma
-    s1 = _spectrum(A1, "float64", 0.0, method).sigma
+    s0 = _spectrum(A0, "float64", 0.0, method, device=device).sigma
+    s1 = _spectrum(A1, "float64", 0.0, method, device=device).sigma
     norm0 = float(np.linalg.norm(s0))
     if norm0 == 0.0:
         raise GraftkitError("spectral_drift: W0 is the zero matrix", "drift relative to zero is undefined")
@@ -589,3 +622,43 @@ def intruder_dimensions(W0: Any, W1: Any, k: int = 10, eps: float = 0.5) -> Intr
 def top1_energy(delta: Any, method: str = "gram") -> float:
     """σ₁(Δ)² / ‖Δ‖_F²: the share of the update's energy in its top direction."""
     return top1_energy_of(singular_values(delta, method))
+
+
+def pair_measures(W0: Any, W1: Any, delta: Any, *, energy_k: int, intruder_k: int, intruder_eps: float = 0.5,
+                  method: str = "gram", device: Any = None) -> dict[str, float]:
+    """``spectral_drift``, ``delta_energy_topk`` (:func:`delta_energy_in_topk` with ``energy_k``) and
+    ``intruders`` (the count of :func:`intruder_dimensions` with ``intruder_k``, ``intruder_eps``) of one
+    pair, from one float64 SVD of each of W₀ and W₁ shared by the two measures that need singular vectors
+    (the separate functions take three). On the CPU the values equal those functions' bit for bit; on
+    another ``device`` the SVDs and products run there, with W₀, W₁, Δ and their singular vectors in
+    float64 on it (one matrix's worth each)."""
+    if not 0 < intruder_eps <= 1:
+        raise GraftkitError(f"intruder_dimensions eps={intruder_eps} must be in (0, 1]", "use the usual 0.5")
+    drift = spectral_drift(W0, W1, method, device)
+    dev = as_device(device)
+    if tuple(delta.shape) != tuple(W0.shape):
+        raise GraftkitError(f"W0 has shape {list(W0.shape)} but delta has {list(delta.shape)}",
+                            "compare the same tensor of two checkpoints")
+    if dev.type == "cpu":
+        A0, A1 = _pair(W0, W1)
+        D = _matrix(delta, "delta")[0]
+        svd = lambda A: np.linalg.svd(A, full_matrices=False)[0]  # noqa: E731
+        tsum = lambda X: float((X * X).sum())  # noqa: E731
+        absmax = lambda X: np.abs(X).max(axis=0)  # noqa: E731
+    else:
+        _validated(delta, "delta")
+        A0, A1, D = (_torch(X).to(device=dev, dtype=torch.float64) for X in (W0, W1, delta))
+        svd = lambda A: torch.linalg.svd(A, full_matrices=False)[0]  # noqa: E731
+        tsum = lambda X: float((X * X).sum())  # noqa: E731
+        absmax = lambda X: X.abs().amax(dim=0).cpu().numpy()  # noqa: E731
+    lo = min(A0.shape)
+    _check_k(energy_k, lo, "delta_energy_in_topk")
+    _check_k(intruder_k, lo, "intruder_dimensions")
+    total = tsum(D)
+    if total == 0.0:
+        raise GraftkitError("delta_energy_in_topk: delta is the zero matrix", "the share is undefined")
+    U0 = svd(A0)
+    energy = tsum(U0[:, :energy_k].T @ D) / total
+    best = absmax(U0.T @ svd(A1)[:, :intruder_k])
+    return {"spectral_drift": drift, "delta_energy_topk": energy,
+            "intruders": float(int((np.asarray(best) < intruder_eps).sum()))}

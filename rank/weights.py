@@ -2,7 +2,10 @@
 
 Tensors are streamed (``Checkpoint.read``, a view of the mapped file where possible) and upcast to float64
 inside :func:`rank.spectra.measures` (bfloat16 and float8 included) block by block, so memory holds, per
-worker thread, one block of a matrix and its Gram. Embeddings and lm_head are ranked at their real
+worker thread, one block of a matrix and its Gram. With ``device`` set to a GPU the blocks go there in their
+stored dtype, and the Gram and its ``eigvalsh`` are computed there in float64: device memory is, per
+worker, the largest Gram plus one block (deltas' pair measures add their matrices' float64 copies and
+singular vectors); the result records ``device``, the GPU and its peak allocated bytes. Embeddings and lm_head are ranked at their real
 vocabulary size: the default ``method="gram"`` takes the eigenvalues of the Gram of the *smaller* side
 (hidden × hidden), so a [vocab, hidden] matrix costs one vocab·hidden² product.
 
@@ -53,12 +56,11 @@ import numpy as np
 
 from ..errors import GraftkitError
 from ..store import Result
-from ..weights import (Checkpoint, Taxonomy, band_rule, check_fine_tune, check_pair, describe, parse_layers,
+from ..weights import (Checkpoint, Taxonomy, band_rule, check_fine_tune, check_pair, describe_later, parse_layers,
                        stream_pair_distance)
 from ..weights.taxonomy import DECODER
 from .results import METRICS, PAIR_METRICS
-from .spectra import (CONVENTIONS, RANKME_EPS, delta_energy_in_topk, delta_matrix, delta_tol_rule, intruder_dimensions,
-                      measures, spectral_drift)
+from .spectra import CONVENTIONS, RANKME_EPS, as_device, delta_matrix, delta_tol_rule, measures, pair_measures
 
 DELTA_TOPK, INTRUDER_K, INTRUDER_EPS = 8, 10, 0.5
 
@@ -127,10 +129,12 @@ def _matrices(name: str, t) -> list[tuple[str, object]]:
     return [(name, t)]
 
 
-def _workers(workers: int | None) -> int:
+def _workers(workers: int | None, device=None) -> int:
+    """Matrices ranked at once: ``workers``, else torch's intra-op thread count on the CPU and 2 on a GPU (one
+    matrix read and sent while the other computes)."""
     import torch
 
-    n = torch.get_num_threads() if workers is None else workers
+    n = (torch.get_num_threads() if as_device(device).type == "cpu" else 2) if workers is None else workers
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise GraftkitError(f"workers={workers!r} must be a positive integer", "e.g. workers=2, or None for all cores")
     return n
@@ -183,15 +187,14 @@ def _record(per_row: dict[str, list], m: dict) -> None:
         per_row["ref"].append(m["numerical_rank_ref_norm"])
 
 
-def _pair_row(W0, W1, D, zero: bool, method: str) -> dict[str, float]:
+def _pair_row(W0, W1, D, zero: bool, method: str, device) -> dict[str, float]:
     if zero:
         return {"spectral_drift": 0.0, "delta_energy_top8": float("nan"), "intruders": 0.0}
     lo = min(W0.shape)
-    return {
-        "spectral_drift": spectral_drift(W0, W1, method),
-        "delta_energy_top8": delta_energy_in_topk(W0, D, min(DELTA_TOPK, lo)),
-        "intruders": float(intruder_dimensions(W0, W1, min(INTRUDER_K, lo), INTRUDER_EPS).count),
-    }
+    m = pair_measures(W0, W1, D, energy_k=min(DELTA_TOPK, lo), intruder_k=min(INTRUDER_K, lo),
+                      intruder_eps=INTRUDER_EPS, method=method, device=device)
+    return {"spectral_drift": m["spectral_drift"], "delta_energy_top8": m["delta_energy_topk"],
+            "intruders": m["intruders"]}
 
 
 def _short_names(names: Sequence[str]) -> list[str]:
@@ -307,26 +310,33 @@ def weight_ranks(
     on_tensor: Callable[[str, int], None] = lambda name, nbytes: None,
     provenance: dict | None = None,
     workers: int | None = None,
+    device=None,
 ) -> Result:
     """Spectral measures of every weight matrix of ``ckpt`` (streamed), per tensor and per layer.
 
     Returns a ``Result`` of kind ``"rank-weights"``: ``value[tensor, metric]``, ``tensor_group``,
     ``tensor_layer`` (−1 outside the decoder stack), ``value_layer[layer, group, metric]``, and attrs
-    with every convention, the method, the tolerance rule and ``describe(ckpt)``.
+    with every convention, the method, the tolerance rule, the device and ``describe(ckpt)``.
 
-    ``workers`` tensors are ranked at once in threads (default: torch's intra-op thread count), largest
-    first; meanwhile torch's intra-op threads are set to 1 (process-wide, restored on return), so the
-    cores work on different matrices instead of contending for one small ``eigvalsh``. ``on_tensor`` is
-    called from the calling thread as tensors finish. Values do not depend on ``workers``.
+    ``workers`` tensors are ranked at once in threads (default: torch's intra-op thread count on the CPU,
+    2 on a GPU), largest first; meanwhile torch's intra-op threads are set to 1 (process-wide, restored on
+    return), so the cores work on different matrices instead of contending for one small ``eigvalsh``.
+    ``device`` (None: the CPU; "cuda:0", a torch device): where each float64 Gram and its ``eigvalsh``
+    run, the matrix streamed there a block at a time (:mod:`rank.spectra`). ``on_tensor`` is called from
+    the calling thread as tensors finish. Values do not depend on ``workers``, and on the device only in
+    the order of floating-point sums.
     """
     metrics = _check_metrics(metrics, METRICS)
     names, skipped, chosen = select_tensors(ckpt, tax, layers)
     t0 = time.perf_counter()
-    n_workers = _workers(workers)
+    dev = as_device(device)
+    n_workers = _workers(workers, dev)
+    peak = _peak_memory(dev)
+    model = describe_later(ckpt)  # the fingerprint is hashed while the spectra are computed
 
     def rank_one(name: str) -> list[tuple[str, dict]]:
         t = ckpt.read(name)
-        return [(label, measures(W, method)) for label, W in _matrices(name, t)]
+        return [(label, measures(W, method, device=dev)) for label, W in _matrices(name, t)]
 
     done = _in_threads(names, rank_one, n_workers, size=lambda n: ckpt.metas[n].nbytes,
                        on_done=lambda n: on_tensor(n, ckpt.metas[n].nbytes))
@@ -339,10 +349,30 @@ def weight_ranks(
             rows.append(label), parents.append(name), values.append(_row(m, metrics))
             _record(per_row, m)
     attrs = {"what": "weights", "method": method_name or method, "spectrum_dtype": "float64",
-             "model": describe(ckpt), "seconds": time.perf_counter() - t0, "workers": n_workers,
-             **(provenance or {})}
+             "seconds": time.perf_counter() - t0, "workers": n_workers, **_placement(dev, peak),
+             "model": model(), **(provenance or {})}
     vals = np.array(values, dtype=np.float64).reshape(len(rows), len(metrics))
     return _assemble("rank-weights", rows, parents, vals, metrics, per_row, tax, chosen, skipped, attrs)
+
+
+def _peak_memory(dev) -> Callable[[], int | None]:
+    """A function giving the device's peak allocated bytes since now (None on the CPU)."""
+    import torch
+
+    if dev.type != "cuda":
+        return lambda: None
+    torch.cuda.reset_peak_memory_stats(dev)
+    return lambda: int(torch.cuda.max_memory_allocated(dev))
+
+
+def _placement(dev, peak: Callable[[], int | None]) -> dict:
+    """What a rank result records about where its spectra ran."""
+    import torch
+
+    out: dict = {"device": str(dev)}
+    if dev.type == "cuda":
+        out.update(gpu=torch.cuda.get_device_name(dev), peak_device_bytes=peak())
+    return out
 
 
 def delta_ranks(
@@ -355,6 +385,8 @@ def delta_ranks(
     on_tensor: Callable[[str, int], None] = lambda name, nbytes: None,
     provenance: dict | None = None,
     force_pair: bool = False,
+    workers: int | None = None,
+    device=None,
 ) -> Result:
     """Spectral measures of Δ = rl − base per matrix, plus the pair measures (``PAIR_METRICS``).
 
@@ -365,7 +397,8 @@ def delta_ranks(
     ``force_pair``; its figures are in ``attrs["fine_tune"]``.
 
     Same layout as :func:`weight_ranks` (kind ``"rank-delta"``); ``metrics`` may name any of
-    ``METRICS + PAIR_METRICS``. Tensors are streamed one pair at a time. The numerical rank counts σ(Δ)
+    ``METRICS + PAIR_METRICS``. Pairs of tensors are ranked ``workers`` at a time in threads, largest first,
+    on ``device``, as :func:`weight_ranks` ranks matrices. The numerical rank counts σ(Δ)
     above the delta rule's tolerance, eps(coarser storage dtype) times the rounding reference of the two
     stored tensors (:func:`rank.spectra.rounding_reference`, taken from the same pair as it is read, a block
     of rows at a time), recorded per row in ``tol`` and ``tol_ref``; per-layer rows average every metric
@@ -382,32 +415,44 @@ def delta_ranks(
     names, skipped, chosen = select_tensors(base, tax, layers)
     want_pair = any(m in PAIR_METRICS for m in metrics)
     t0 = time.perf_counter()
-    rows, parents, values = [], [], []
-    per_row: dict[str, list] = {"tol": [], "dtype": [], "shape": [], "nonzero": [], "ref": []}
-    method_name = None
-    for name in names:
+    dev = as_device(device)
+    n_workers = _workers(workers, dev)
+    peak = _peak_memory(dev)
+    base_later, rl_later = describe_later(base), describe_later(rl)  # hashed while the spectra are computed
+
+    def rank_pair(name: str) -> list[tuple[str, dict]]:
         b, r = base.read(name), rl.read(name)
         exact = rl.deltas(name) if rl.deltas is not None else None  # a LoRA's s·B@A, not a rounded difference
+        out = []
         for (label, W0), (_, W1) in zip(_matrices(name, b), _matrices(name, r)):
             D = delta_matrix(W0, W1) if exact is None else exact
             if not torch.isfinite(D).all():
                 raise GraftkitError(f"{label}: the delta holds NaN or inf values",
                                     "check the RL checkpoint (diverged training?); `graftkit delta` counts them")
             # the tolerance of a delta: the stored weights' rounding; of an exact update: its own (float32)
-            m = measures(D, method, stored=(W0, W1)) if exact is None else measures(D, method)
-            method_name = m["method"]
-            zero = m["frobenius_sq"] == 0.0
+            m = (measures(D, method, stored=(W0, W1), device=dev) if exact is None
+                 else measures(D, method, device=dev))
             if want_pair:
-                m.update(_pair_row(W0, W1, D, zero, method))
+                m.update(_pair_row(W0, W1, D, m["frobenius_sq"] == 0.0, method, dev))
+            out.append((label, m))
+        return out
+
+    done = _in_threads(names, rank_pair, n_workers, size=lambda n: base.metas[n].nbytes,
+                       on_done=lambda n: on_tensor(n, base.metas[n].nbytes * 2))
+    rows, parents, values = [], [], []
+    per_row: dict[str, list] = {"tol": [], "dtype": [], "shape": [], "nonzero": [], "ref": []}
+    method_name = None
+    for name in names:
+        for label, m in done[name]:
+            method_name = m["method"]
             rows.append(label), parents.append(name), values.append(_row(m, metrics))
             _record(per_row, m)
-        del b, r
-        on_tensor(name, base.metas[name].nbytes * 2)
     attrs = {"what": "delta", "method": method_name or method, "spectrum_dtype": "float64",
              "delta_dtype": "float32 (float64 when either tensor is float64), upcast before subtracting; "
                             "the tolerance uses the storage dtype (tensor_dtype)",
              "pair_k": {"delta_energy_top8": DELTA_TOPK, "intruders": INTRUDER_K}, "intruder_eps": INTRUDER_EPS,
-             "base": describe(base), "model": describe(rl), "seconds": time.perf_counter() - t0,
+             "seconds": time.perf_counter() - t0, "workers": n_workers, **_placement(dev, peak),
+             "base": base_later(), "model": rl_later(),
              "pair_notes": pair_notes, "fine_tune": dist.as_dict(),
              **(provenance or {})}
     vals = np.array(values, dtype=np.float64).reshape(len(rows), len(metrics))

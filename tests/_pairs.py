@@ -2,7 +2,7 @@
 
 A *pair* is a tiny random decoder (Qwen3 or Llama; hidden 32, vocab 64, a few layers) saved as ``base``
 with :func:`graftkit.weights.save_model`, and an "RL" model = base + a delta planted per group and
-layer, saved the same way with ``graftkit.json`` naming the base (``base_model.path`` and ``sha256``), so
+layer, saved the same way with ``graftkit.json`` naming the base (``base_model.path`` and ``fingerprint``), so
 ``--base`` defaults work. Nothing is downloaded.
 
 Which group and layer a tensor belongs to is decided here by a few regular expressions of our own, not
@@ -125,12 +125,12 @@ def save_base(dest: Path, model, max_shard_size: str = "5GB") -> Path:
 
 
 def save_rl(dest: Path, model, base_path: Path, max_shard_size: str = "5GB", note: str = "planted") -> Path:
-    """Save ``model`` as an RL child of ``base_path`` (graftkit.json names the base and its sha256)."""
+    """Save ``model`` as an RL child of ``base_path`` (graftkit.json names the base and its fingerprint)."""
     d = describe(open_checkpoint(base_path))
     return save_model(
         dest, model, inputs=[base_path], force=True, max_shard_size=max_shard_size,
         provenance={"producer": f"graftkit tests ({note})",
-                    "base_model": {"path": d["path"], "sha256": d["sha256"]}},
+                    "base_model": {"path": d["path"], "fingerprint": d["fingerprint"]}},
     )
 
 

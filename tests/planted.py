@@ -61,6 +61,6 @@ def planted_pair(out: Path, seed: int = 0, force: bool = True) -> tuple[Path, Pa
     rl = save_model(
         out / "rl", model, tok, inputs=[sft], force=force,
         provenance={"producer": "graftkit demo (planted delta: late attn+mlp, embed)",
-                    "base_model": {"path": sft_desc["path"], "sha256": sft_desc["sha256"]}},
+                    "base_model": {"path": sft_desc["path"], "fingerprint": sft_desc["fingerprint"]}},
     )
     return sft, rl

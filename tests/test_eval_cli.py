@@ -53,7 +53,7 @@ def test_eval_json_and_store(saved, tmp_path, monkeypatch):
     assert list(stored.coords["task"]) == ["click-button", "focus-text"]
     all_row = payload["tasks"][-1]["model"]
     assert all_row["n"] == 12 and all_row["successes"] == int(stored["success"].sum())
-    assert stored.attrs["model"]["sha256"] and stored.attrs["decode"]["greedy"] is True
+    assert stored.attrs["model"]["fingerprint"] and stored.attrs["decode"]["greedy"] is True
 
 
 def test_eval_compare_pairs_identical_episodes(saved, tmp_path, monkeypatch):

@@ -81,7 +81,7 @@ def policies(tmp_path_factory):
             if ".self_attn." in n and q.dim() == 2:
                 q.add_(0.5 * torch.randn(q.shape, generator=g))
     paths["rl"] = save_model(root / "rl", m, sft.tokenizer, provenance={
-        "producer": "test (planted)", "base_model": {"path": d["path"], "sha256": d["sha256"]}})
+        "producer": "test (planted)", "base_model": {"path": d["path"], "fingerprint": d["fingerprint"]}})
     return paths
 
 

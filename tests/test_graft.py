@@ -419,3 +419,36 @@ def test_inputs_are_byte_identical_after_grafting(pairs):
         with pytest.raises(GraftkitError, match="overlaps"):
             graft(pair.base, pair.rl, pair.base, ("attn",), force=True)
         assert (_hash_tree(pair.base), _hash_tree(pair.rl)) == pairs.hashes[key], key
+
+
+# ------------------------------------------------------------------------------------ provenance
+
+
+def test_fingerprints_are_hashed_while_the_export_writes(pairs, tmp_path, monkeypatch):
+    """With an empty fingerprint cache the export starts writing before either input is hashed: the hash
+    of the first file waits until a tensor has been written (a run that hashed first would time out),
+    and graftkit.json still records both parents' fingerprints, equal to ``describe``'s."""
+    import threading
+
+    from graftkit.weights import describe
+    fingerprint_mod = sys.modules["graftkit.weights.fingerprint"]  # the package re-exports a function by that name
+
+    monkeypatch.setenv("GRAFTKIT_CACHE", str(tmp_path / "cache"))
+    pair = pairs["sharded"]
+    written = threading.Event()
+    real = fingerprint_mod.digest_file
+
+    def after_a_tensor(p, a="blake3"):
+        assert written.wait(20), "the export did not write a tensor before the inputs were hashed"
+        return real(p, a)
+
+    monkeypatch.setattr(fingerprint_mod, "digest_file", after_a_tensor)
+    b, r = open_checkpoint(pair.base), open_checkpoint(pair.rl)
+    plan = plan_graft(b.taxonomy(), GraftSpec(("attn",), "all", 1.0, False))
+    out = export_graft(b, r, plan, tmp_path / "out", on_tensor=lambda s: written.set())
+    monkeypatch.setattr(fingerprint_mod, "digest_file", real)
+    prov = json.loads((out / "graftkit.json").read_text())
+    want = {"base": describe(b)["fingerprint"], "rl": describe(r)["fingerprint"]}
+    assert {p["role"]: p["fingerprint"] for p in prov["parents"]} == want
+    assert want["base"] != want["rl"] and all(v.startswith("blake3:") for v in want.values())
+    assert prov["base_model"] == {"path": str(pair.base.resolve()), "fingerprint": want["base"]}

@@ -228,7 +228,7 @@ def policies(tmp_path_factory):
                 if where in n and q.dim() == 2:
                     q.add_(0.5 * torch.randn(q.shape, generator=g))
         paths[name] = save_model(root / name, m, sft.tokenizer, provenance={
-            "producer": "test (planted)", "base_model": {"path": d["path"], "sha256": d["sha256"]}})
+            "producer": "test (planted)", "base_model": {"path": d["path"], "fingerprint": d["fingerprint"]}})
     return paths
 
 
@@ -333,7 +333,7 @@ def test_cli_sweep_eval_end_to_end_with_dissociation_and_resume(policies, tmp_pa
     # the planted RL moved attention only: all of its movement is there
     assert res["movement_share"].tolist() == pytest.approx([1.0, 0.0])
     assert res["diff_vs_base"][0, 0] == 0 and res["diff_vs_base"][0, 1] < 0 < res["diff_vs_base"][0, 2] and res["verdict_vs_base"][0] == "no credible change"
-    assert res.attrs["rl"]["sha256"] and res.attrs["decode"]["max_new_tokens"] == 4
+    assert res.attrs["rl"]["fingerprint"] and res.attrs["decode"]["max_new_tokens"] == 4
     res_b = read_result(j["files"]["B"])
     assert (res_b["success"][0] == res["success"][0]).all()  # one base, shared
     assert res_b["movement_share"].tolist() == pytest.approx([0.0, 1.0])

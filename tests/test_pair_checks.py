@@ -305,6 +305,24 @@ def test_streamed_sums_equal_float64_in_any_chunking(world):
         assert np.allclose(got, want, rtol=1e-6), (chunk, got, want)
 
 
+def test_chunked_reads_give_the_whole_arrays_sums_bit_for_bit(world):
+    """``array_chunks`` reads raw bytes a chunk at a time into one buffer; the streamed sums equal the sums of
+    the whole arrays exactly, and the threaded pair distance equals the one-thread one."""
+    from graftkit.weights import stream_pair_distance
+    from graftkit.weights.pair import judged_matrices, streamed_matrix_sums
+
+    b, r = open_checkpoint(world["mixed"]["base"]), open_checkpoint(world["mixed"]["rl"])
+    for name in judged_matrices(b):
+        whole = b.array(name).reshape(-1)
+        for chunk in (7, 1000):
+            assert np.array_equal(np.concatenate([c.copy() for c in b.array_chunks(name, chunk)]), whole)
+        assert streamed_matrix_sums(b, r, name, chunk=1000) == matrix_sums(b.array(name), r.array(name),
+                                                                            b.metas[name].code, r.metas[name].code,
+                                                                            chunk=1000)
+    one, two = stream_pair_distance(b, r, workers=1), stream_pair_distance(b, r, workers=2)
+    assert one.names == two.names and np.array_equal(one.rho, two.rho) and np.array_equal(one.cos, two.cos)
+
+
 def test_a_random_init_is_refused_by_delta_graft_and_rank(world, cli):
     s = world["same"]
     far, count, med_rho, med_cos = reference_distance(tensors(s["base"]), tensors(s["unrelated"]))

@@ -247,7 +247,7 @@ def test_cli_end_to_end(tmp_path, monkeypatch):
     assert saved.kind == "rank-activations" and saved.attrs["tokens"] == "all" and saved.attrs["centred"] is True
     assert saved.attrs["position_0"] == "dropped" and saved.attrs["dtype"] == "float64 covariance"
     assert "divide by n" in saved.attrs["conventions"]["centred"] and saved.attrs["n_prompts"] == 12
-    assert saved.attrs["model"]["sha256"] and saved.attrs["numerical_rank_tol_rule"]
+    assert saved.attrs["model"]["fingerprint"] and saved.attrs["numerical_rank_tol_rule"]
     k = list(saved.coords["metric"]).index("erank")
     assert [r["erank"] for r in sft["layers"]] == pytest.approx(list(saved["value"][:, k]))
     # the same numbers from the API on the same probes

@@ -47,7 +47,7 @@ def test_every_matrix_has_a_row_with_independent_values(pair, tmp_path):
             else:
                 assert row[k] == pytest.approx(ref[m], rel=1e-9)
         assert row[metrics.index("stable_rank")] == pytest.approx((sig**2).sum() / sig[0] ** 2, rel=1e-9)
-    assert res.attrs["model"]["sha256"] and res.attrs["method"] == "gram-eigvalsh-fp64"
+    assert res.attrs["model"]["fingerprint"] and res.attrs["method"] == "gram-eigvalsh-fp64"
     assert "erank" in res.attrs["conventions"] and res.attrs["numerical_rank_tol_rule"]
     back = read_result(write_result(tmp_path / "r.h5", res))
     np.testing.assert_array_equal(back["value"], res["value"])
@@ -95,7 +95,7 @@ def test_planted_delta(pair):
     # one set for every measure: no moved tensor in layers 0-3, so numerical_rank is as undefined as erank
     assert np.isnan(res["value_layer"][:4, -1, :]).all() and (res["n_averaged_layer"][:4] == 0).all()
     assert (res["n_averaged_layer"][4:, -1] == res["count_layer"][4:, -1]).all()
-    assert "zero matrix" in res.attrs["zero_matrix"] and res.attrs["base"]["sha256"]
+    assert "zero matrix" in res.attrs["zero_matrix"] and res.attrs["base"]["fingerprint"]
 
 
 def test_layers_late_restricts(pair):

@@ -21,7 +21,7 @@ from graftkit.store import Result, current_run, read_result, result_labels, subj
 def _result(sha: str | None, value: float = 1.0) -> Result:
     import numpy as np
 
-    attrs = {"model": {"path": f"/m/{sha}", "kind": "hf", "sha256": sha}} if sha else {}
+    attrs = {"model": {"path": f"/m/{sha}", "kind": "hf", "fingerprint": f"blake3:{sha}"}} if sha else {}
     return Result("eval", {"x": np.arange(2)}, {"v": (("x",), np.full(2, value))}, attrs)
 
 
@@ -41,11 +41,18 @@ def test_a_result_of_another_model_is_never_replaced(tmp_path):
     other = write_result(path, _result("bb" * 32, 2.0))
     assert other != path and other.parent == path.parent and other.name.startswith("eval-checkpoint-6-greedy-")
     assert path.read_bytes() == before  # the first model's result is untouched
-    assert float(read_result(other)["v"][0]) == 2.0 and subject(read_result(other).attrs) == ("bb" * 32,)
+    assert float(read_result(other)["v"][0]) == 2.0 and subject(read_result(other).attrs) == ("blake3:" + "bb" * 32,)
     assert write_result(path, _result("bb" * 32, 3.0)) == other  # that model again: its own file, replaced
     assert float(read_result(other)["v"][0]) == 3.0
     assert write_result(path, _result("aa" * 32, 4.0)) == path  # the same model again: replaced in place
     assert float(read_result(path)["v"][0]) == 4.0
+
+
+def test_subject_reads_fingerprints_and_single_file_sha256():
+    attrs = {"parents": [{"role": "base", "path": "/b", "fingerprint": "blake3:" + "1" * 64},
+                         {"role": "source", "path": "/s.gguf", "sha256": "2" * 64}],
+             "config": {"path": "/x"}, "note": {"fingerprint": "blake3:" + "3" * 64}}  # no path: no checkpoint
+    assert subject(attrs) == ("blake3:" + "1" * 64, "sha256:" + "2" * 64)
 
 
 def test_the_default_run_is_the_current_one_else_runs(tmp_path, monkeypatch):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from blake3 import blake3
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -884,7 +885,8 @@ def test_fingerprint_content_not_path(saved, tmp_path, monkeypatch):
     b = tmp_path / "copy"
     shutil.copytree(a, b)
     assert fingerprint(_files(a)) == fingerprint(_files(b))
-    assert describe(open_checkpoint(a))["sha256"] == describe(open_checkpoint(b))["sha256"] == fingerprint(_files(a))
+    assert describe(open_checkpoint(a))["fingerprint"] == describe(open_checkpoint(b))["fingerprint"] == fingerprint(_files(a))
+    assert fingerprint(_files(a)).startswith("blake3:") and len(fingerprint(_files(a))) == len("blake3:") + 64
     assert fingerprint(_files(a)) != fingerprint(_files(saved[torch.bfloat16]["sharded"]))
 
     shard = sorted(b.glob("model-*.safetensors"))[1]
@@ -899,14 +901,14 @@ def test_fingerprint_cache_hits_and_invalidation(src, tmp_path, monkeypatch):
     monkeypatch.setenv("GRAFTKIT_CACHE", str(cache))
     files = _files(src)
     hashed = []
-    real = fingerprint_mod.sha256_file
-    monkeypatch.setattr(fingerprint_mod, "sha256_file", lambda p: hashed.append(Path(p).name) or real(p))
+    real = fingerprint_mod.digest_file
+    monkeypatch.setattr(fingerprint_mod, "digest_file", lambda p, a="blake3": hashed.append(Path(p).name) or real(p, a))
 
     # files younger than the settle time are never cached (tested below); these are fresh
     monkeypatch.setattr(fingerprint_mod, "_SETTLE_S", 0.0)
     first = fingerprint(files)
     assert sorted(hashed) == sorted(p.name for p in files)
-    assert (cache / "sha256.json").is_file()
+    assert (cache / "blake3.json").is_file()
     hashed.clear()
     assert fingerprint(files) == first and hashed == []  # all from the cache
 
@@ -920,12 +922,12 @@ def test_fingerprint_cache_hits_and_invalidation(src, tmp_path, monkeypatch):
     changed = fingerprint(files)
     assert hashed == ["model.safetensors"]
     assert changed != first
-    expected = hashlib.sha256("\n".join(sorted(
-        f"{p.name} {hashlib.sha256(p.read_bytes()).hexdigest()}" for p in files)).encode()).hexdigest()
-    assert changed == expected
+    expected = blake3("\n".join(sorted(
+        f"{p.name} {blake3(p.read_bytes()).hexdigest()}" for p in files)).encode()).hexdigest()
+    assert changed == f"blake3:{expected}"
 
     # a corrupt cache file is only a cache miss
-    (cache / "sha256.json").write_text("{garbage")
+    (cache / "blake3.json").write_text("{garbage")
     hashed.clear()
     assert fingerprint(files) == changed and len(hashed) == len(files)
 
@@ -969,8 +971,54 @@ def test_fingerprint_does_not_cache_files_modified_just_now(src, tmp_path, monke
     monkeypatch.setattr(fingerprint_mod, "_SETTLE_S", 3600.0)
     files = _files(src)
     hashed = []
-    real = fingerprint_mod.sha256_file
-    monkeypatch.setattr(fingerprint_mod, "sha256_file", lambda p: hashed.append(Path(p).name) or real(p))
+    real = fingerprint_mod.digest_file
+    monkeypatch.setattr(fingerprint_mod, "digest_file", lambda p, a="blake3": hashed.append(Path(p).name) or real(p, a))
     first = fingerprint(files)
     assert fingerprint(files) == first
     assert sorted(hashed) == sorted(2 * [p.name for p in files])  # hashed both times
+
+
+def test_fingerprint_later_equals_fingerprint_and_runs_meanwhile(src, tmp_path, monkeypatch):
+    """The background fingerprint is the same value, hashed while the caller goes on; a cached one needs no
+    thread; a file removed before it is read is one GraftkitError naming it."""
+    import threading
+
+    monkeypatch.setenv("GRAFTKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(fingerprint_mod, "_SETTLE_S", 0.0)
+    files = _files(src)
+    go = threading.Event()
+    real = fingerprint_mod.digest_file
+
+    def gated(p, a="blake3"):
+        assert go.wait(10), "the caller never went on while the hash waited"
+        return real(p, a)
+
+    monkeypatch.setattr(fingerprint_mod, "digest_file", gated)
+    wait = fingerprint_mod.fingerprint_later(files)  # returns before any file is hashed
+    go.set()
+    value = wait()
+    monkeypatch.setattr(fingerprint_mod, "digest_file", real)
+    assert value == fingerprint(files)
+    assert fingerprint_mod.cached_fingerprint(files) == value
+    threads = threading.active_count()
+    assert fingerprint_mod.fingerprint_later(files)() == value and threading.active_count() == threads
+
+    gone = tmp_path / "gone"
+    shutil.copytree(src, gone)
+    go.clear()
+    monkeypatch.setattr(fingerprint_mod, "digest_file", gated)
+    later = fingerprint_mod.fingerprint_later(_files(gone))
+    (gone / "model.safetensors").unlink()  # before the thread opens it
+    go.set()
+    with pytest.raises(GraftkitError, match="model.safetensors.*not changed or removed"):
+        later()
+
+
+def test_sha256_digests_for_single_files(src, tmp_path, monkeypatch):
+    """``algorithm="sha256"`` is plain sha256 of the file (what a model hub lists), cached apart."""
+    monkeypatch.setenv("GRAFTKIT_CACHE", str(tmp_path / "cache"))
+    f = src / "model.safetensors"
+    assert fingerprint_mod.file_digests([f], "sha256")[f] == hashlib.sha256(f.read_bytes()).hexdigest()
+    assert fingerprint_mod.file_digests([f])[f] == blake3(f.read_bytes()).hexdigest()
+    with pytest.raises(GraftkitError, match="unknown digest algorithm 'md5'"):
+        fingerprint_mod.file_digests([f], "md5")

@@ -455,7 +455,7 @@ def _save(cfg, model, policy, log, step, opt, names, dest: Path, force: bool = T
         "config": cfg.as_dict(),
         "step": step,
         "parents": [{"role": "sft", **parent}],
-        "base_model": {"path": parent["path"], "sha256": parent["sha256"]},
+        "base_model": {"path": parent["path"], "fingerprint": parent["fingerprint"]},
         "items": {"split": SPLIT_RULE, "prompts": f"{ITEMS} (task and item of every prompt, in order)"},
         "precision": {"compute_dtype": dtype_name(training_dtype(cfg.dtype, resolve_device(cfg.device))),
                       "saved_dtype": dtype_name(dtype or torch.float32), "convention": TRAINING_CONVENTION,

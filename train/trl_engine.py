@@ -322,7 +322,7 @@ def _save(cfg: GRPOConfig, model, tok, log: list[dict], trl_version: str, proces
         "config": cfg.as_dict(),
         "step": cfg.steps,
         "parents": [{"role": "sft", **parent}],
-        "base_model": {"path": parent["path"], "sha256": parent["sha256"]},
+        "base_model": {"path": parent["path"], "fingerprint": parent["fingerprint"]},
         "items": {"split": SPLIT_RULE, "prompts": f"{ITEMS} (task and item of every prompt, in order)"},
         "precision": {"compute_dtype": dtype_name(training_dtype(cfg.dtype, resolve_device(cfg.device))),
                       "saved_dtype": dtype_name(dtype), "convention": TRAINING_CONVENTION,

@@ -108,6 +108,36 @@ class Checkpoint:
             return self.arrays(name)
         return tensor_bits(self.read(name))
 
+    def array_chunks(self, name: str, chunk: int) -> Iterator[np.ndarray]:
+        """Tensor ``name`` flattened, as consecutive numpy chunks of ``chunk`` entries (the last one shorter),
+        typed as :meth:`array` types them. A tensor stored as raw bytes is read a chunk at a time into one
+        reused buffer (memory: one chunk, whatever the tensor's size; each chunk is valid until the next is
+        taken); any other is read whole and sliced."""
+        e = self.raw.get(name) if self.arrays is not None else None
+        if e is None:
+            flat = self.array(name).reshape(-1)
+            for i in range(0, flat.size, chunk):
+                yield flat[i:i + chunk]
+            return
+        item = np.dtype(NUMPY[e.dtype]).itemsize
+        buf = np.empty(min(chunk, max(e.numel, 1)), dtype=NUMPY[e.dtype])
+        raw = memoryview(buf.view(np.uint8))
+        fd = os.open(e.file, os.O_RDONLY)
+        try:
+            for i in range(0, e.numel, chunk):
+                k = min(chunk, e.numel - i)
+                want, done = k * item, 0
+                while done < want:
+                    n = os.preadv(fd, [raw[done:want]], e.start + i * item + done)
+                    if n <= 0:
+                        raise GraftkitError(
+                            f"{e.file}: the file is {os.fstat(fd).st_size:,} bytes now, tensor {name} needs bytes up "
+                            f"to {e.end:,}; the checkpoint changed while it was read", "rerun when it is complete")
+                    done += n
+                yield buf[:k]
+        finally:
+            os.close(fd)
+
     def readinto(self, name: str, out: np.ndarray) -> bool:
         """Read tensor ``name``'s bytes from its file straight into ``out`` (a C-contiguous array of the same
         byte size, e.g. :func:`tensor_bits` of a parameter): one ``pread``, no page faults on a mapping.

@@ -197,7 +197,7 @@ def run_import(cfg: ImportConfig, on_progress: OnProgress = no_progress) -> dict
     if rounded:  # float32 holds every dequantised, F16 and BF16 value exactly; a half type does not
         notes.append(f"{sum(counts[t] for t in rounded)} tensor(s) stored as {', '.join(rounded)} rounded to {dtype}")
 
-    digest = file_digests([source])[source]
+    digest = file_digests([source], "sha256")[source]  # sha256: what model hubs list for a file
     dequantised = any(t not in FLOAT_TYPES for t in counts)
     from .._version import __version__
 

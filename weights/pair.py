@@ -27,12 +27,13 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from ..errors import GraftkitError
 from .checkpoint import PROVENANCE, Checkpoint, TensorMeta, match_names, open_checkpoint
-from .fingerprint import fingerprint
+from .fingerprint import fingerprint, fingerprint_later
 from .lora import apply_lora, is_lora_folder
 from .safetensors_file import dtype_name, torch_dtype
 from .taxonomy import Taxonomy
@@ -327,26 +328,47 @@ def exact_float(x: np.ndarray, code: str, out: np.ndarray) -> np.ndarray:
     return o
 
 
+def _chunk_sums(b_raw: np.ndarray, r_raw: np.ndarray, code_base: str, code_rl: str, b_buf: np.ndarray,
+                r_buf: np.ndarray) -> tuple[float, float, float]:
+    """(‖W‖², ‖Δ‖², ⟨W, Δ⟩) of one chunk pair, NaN/±Inf entries left out (see :func:`matrix_sums`)."""
+    b = exact_float(b_raw, code_base, b_buf)
+    d = np.subtract(exact_float(r_raw, code_rl, r_buf), b, out=r_buf[: b.size])
+    s = (blocked_dot(b, b), blocked_dot(d, d), blocked_dot(b, d))
+    if not all(np.isfinite(s)):
+        bad = ~(np.isfinite(b) & np.isfinite(d))
+        b[bad], d[bad] = 0.0, 0.0
+        s = (blocked_dot(b, b), blocked_dot(d, d), blocked_dot(b, d))
+    return s
+
+
+def _sums_of_chunks(pairs, code_base: str, code_rl: str, chunk: int) -> tuple[float, float, float]:
+    work = np.float64 if upcast_code(code_base, code_rl) == "F64" else np.float32
+    b_buf, r_buf = np.empty(chunk, work), np.empty(chunk, work)
+    sb = sd = dbd = 0.0
+    for b_raw, r_raw in pairs:
+        s = _chunk_sums(b_raw, r_raw, code_base, code_rl, b_buf, r_buf)
+        sb, sd, dbd = sb + s[0], sd + s[1], dbd + s[2]
+    return sb, sd, dbd
+
+
 def matrix_sums(w_base: np.ndarray, w_rl: np.ndarray, code_base: str, code_rl: str,
                 chunk: int = CHUNK) -> tuple[float, float, float]:
     """(‖W‖², ‖Δ‖², ⟨W, Δ⟩) of W = ``w_base``, Δ = ``w_rl`` − W, both typed as :meth:`Checkpoint.array`
     gives them (dtypes ``code_base``, ``code_rl``), upcast exactly to :func:`upcast_code` before
     subtracting. Entries where W or Δ is NaN/±Inf are left out. Chunk by chunk: memory stays bounded."""
-    work = np.float64 if upcast_code(code_base, code_rl) == "F64" else np.float32
     fb, fr = w_base.reshape(-1), w_rl.reshape(-1)
-    m = min(chunk, fb.size)
-    b_buf, r_buf = np.empty(m, work), np.empty(m, work)
-    sb = sd = dbd = 0.0
-    for i in range(0, fb.size, chunk):
-        b = exact_float(fb[i:i + chunk], code_base, b_buf)
-        d = np.subtract(exact_float(fr[i:i + chunk], code_rl, r_buf), b, out=r_buf[: b.size])
-        s = (blocked_dot(b, b), blocked_dot(d, d), blocked_dot(b, d))
-        if not all(np.isfinite(s)):
-            bad = ~(np.isfinite(b) & np.isfinite(d))
-            b[bad], d[bad] = 0.0, 0.0
-            s = (blocked_dot(b, b), blocked_dot(d, d), blocked_dot(b, d))
-        sb, sd, dbd = sb + s[0], sd + s[1], dbd + s[2]
-    return sb, sd, dbd
+    m = max(1, min(chunk, fb.size))
+    return _sums_of_chunks(((fb[i:i + chunk], fr[i:i + chunk]) for i in range(0, fb.size, chunk)),
+                           code_base, code_rl, m)
+
+
+def streamed_matrix_sums(base: Checkpoint, rl: Checkpoint, name: str, chunk: int = CHUNK) -> tuple[float, float, float]:
+    """:func:`matrix_sums` of tensor ``name`` of two checkpoints, read a chunk at a time
+    (:meth:`Checkpoint.array_chunks`): the same chunks, so the same sums bit for bit, with memory of one
+    chunk per side whatever the tensor's size."""
+    m = max(1, min(chunk, base.metas[name].numel))
+    return _sums_of_chunks(zip(base.array_chunks(name, chunk), rl.array_chunks(name, chunk)),
+                           base.metas[name].code, rl.metas[name].code, m)
 
 
 def judged_matrices(base: Checkpoint) -> list[str]:
@@ -408,12 +430,19 @@ def pair_distance(names, sumsq_base, sumsq_delta, dot_base_delta) -> PairDistanc
     return PairDistance(tuple(names), rho, np.clip(cos, -1.0, 1.0))
 
 
-def stream_pair_distance(base: Checkpoint, rl: Checkpoint) -> PairDistance:
-    """:class:`PairDistance` of a checked pair, reading one matrix pair at a time (:func:`matrix_sums`,
-    numpy on the mapped files: no torch, nothing held beyond one chunk)."""
+def stream_pair_distance(base: Checkpoint, rl: Checkpoint, workers: int = 2) -> PairDistance:
+    """:class:`PairDistance` of a checked pair, from :func:`streamed_matrix_sums` of each matrix pair (numpy,
+    no torch; one chunk per side in memory), ``workers`` matrices at a time in threads (``pread`` and
+    numpy's loops release the GIL). The sums of a matrix do not depend on ``workers``."""
     names = judged_matrices(base)
-    sums = np.array([matrix_sums(base.array(n), rl.array(n), base.metas[n].code, rl.metas[n].code)
-                     for n in names], dtype=np.float64).reshape(len(names), 3)
+    if workers > 1 and len(names) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="graftkit-pair") as ex:
+            rows = list(ex.map(lambda n: streamed_matrix_sums(base, rl, n), names))
+    else:
+        rows = [streamed_matrix_sums(base, rl, n) for n in names]
+    sums = np.array(rows, dtype=np.float64).reshape(len(names), 3)
     return pair_distance(names, sums[:, 0], sums[:, 1], sums[:, 2])
 
 
@@ -431,11 +460,28 @@ def check_fine_tune(dist: PairDistance, base: Checkpoint, rl: Checkpoint, *, for
                               "anyway")
 
 
-def describe(ckpt: Checkpoint) -> dict:
-    """Path, kind and content fingerprint of a checkpoint, for provenance records."""
+def _fingerprinted_files(ckpt: Checkpoint) -> list[Path]:
     files = list(ckpt.weight_files)
     cfg = ckpt.folder / "config.json"
     if ckpt.path.is_dir() and cfg.is_file():
         files.append(cfg)
-    desc = {"path": str(Path(ckpt.path).resolve()), "kind": ckpt.kind, "sha256": fingerprint(files)}
+    return files
+
+
+def _description(ckpt: Checkpoint, fingerprint_value: str) -> dict:
+    desc = {"path": str(Path(ckpt.path).resolve()), "kind": ckpt.kind, "fingerprint": fingerprint_value}
     return {**desc, "notes": list(ckpt.notes)} if ckpt.notes else desc
+
+
+def describe(ckpt: Checkpoint) -> dict:
+    """Path, kind and content fingerprint (``"blake3:<hex>"``, :mod:`.fingerprint`) of a checkpoint, for
+    provenance records."""
+    return _description(ckpt, fingerprint(_fingerprinted_files(ckpt)))
+
+
+def describe_later(ckpt: Checkpoint) -> Callable[[], dict]:
+    """:func:`describe`, its fingerprint computed in a background thread from now on; call the returned
+    function for the description (it waits for the hash). For work that reads the checkpoint anyway
+    (a graft's export): the hash overlaps it instead of preceding it."""
+    wait = fingerprint_later(_fingerprinted_files(ckpt))
+    return lambda: _description(ckpt, wait())

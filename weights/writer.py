@@ -304,7 +304,7 @@ def write_checkpoint(
     dest: Path,
     specs: Sequence[OutSpec],
     *,
-    provenance: dict,
+    provenance: dict | Callable[[], dict],
     inputs: Sequence[Path],
     aux_from: Path | None = None,
     config: dict | None = None,
@@ -317,7 +317,8 @@ def write_checkpoint(
     """Write ``specs`` as a new HF folder at ``dest`` (see the module docstring); returns its path.
 
     ``extra_files``: more files (name → bytes) to place in the folder, e.g. a training log or state.
-    ``input_files``: inputs that are single files standing alone (see :func:`check_destination`)."""
+    ``input_files``: inputs that are single files standing alone (see :func:`check_destination`).
+    ``provenance`` may be a function, called once the weights are written (a fingerprint hashed meanwhile)."""
     dest = check_destination(dest, inputs, force, input_files)
     shards = plan_shards(specs, parse_size(max_shard_size))
     # known before the first byte: refuse a disk that cannot hold it, rather than fill it and fail
@@ -341,5 +342,5 @@ def write_checkpoint(
             if "/" in name or name.startswith("."):
                 raise GraftkitError(f"extra file name {name!r} must be a plain file name")
             (tmp / name).write_bytes(data)
-        write_json_atomic(tmp / PROVENANCE, provenance)
+        write_json_atomic(tmp / PROVENANCE, provenance() if callable(provenance) else provenance)
     return dest

@@ -1,0 +1,231 @@
+"""Spectra on a device: the float64 Gram streamed block by block, ``--device`` on ``rank``, deltas ranked in
+parallel, and the pair measures from shared SVDs.
+
+What a GPU changes is the order of floating-point sums (whole products instead of upper tiles, cuSOLVER
+instead of LAPACK). The CPU tests below take the GPU's order (whole products, other blocks) on the CPU and
+require every measure to match the default to 1e-10 relative; the CUDA tests (skipped without one) compare
+the device itself with the CPU on whole checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from graftkit.cli import app
+from graftkit.errors import GraftkitError
+from graftkit.rank import delta_ranks, measures, weight_ranks
+from graftkit.rank import spectra
+from graftkit.rank.spectra import (as_device, delta_energy_in_topk, delta_matrix, intruder_dimensions, pair_measures,
+                                   spectral_drift)
+from graftkit.weights import open_checkpoint
+from planted import planted_pair
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+SCALARS = ("erank", "erank_sq", "stable_rank", "participation_ratio", "rankme", "numerical_rank", "top1_energy",
+           "sigma_1", "frobenius_sq")
+REL = 1e-10
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    sft, rl = planted_pair(tmp_path_factory.mktemp("rank-device"))
+    b, r = open_checkpoint(sft), open_checkpoint(rl)
+    return b, r, b.taxonomy()
+
+
+def _matrices():
+    """Matrices whose spectra span many decades: a bf16 weight, a long fp32 embedding, a low-rank update
+    plus noise, a fat matrix (m < n)."""
+    g = torch.Generator().manual_seed(0)
+    decay = torch.logspace(0, -6, 96, dtype=torch.float64)
+    U, _ = torch.linalg.qr(torch.randn(3000, 96, generator=g, dtype=torch.float64))
+    V, _ = torch.linalg.qr(torch.randn(96, 96, generator=g, dtype=torch.float64))
+    graded = ((U * decay) @ V.T).to(torch.float32)
+    low = (torch.randn(400, 6, generator=g) @ torch.randn(6, 300, generator=g)) + 1e-4 * torch.randn(400, 300, generator=g)
+    return {
+        "bf16": (torch.randn(700, 96, generator=g) * 0.02).to(torch.bfloat16),
+        "graded-embedding": graded,
+        "low-rank": low,
+        "fat": torch.randn(64, 900, generator=g),
+        # float64 entries: every product rounds, so the order of sums shows (a float32 or bf16 product is
+        # exact in float64, and at these sizes so are most of its sums)
+        "float64": torch.randn(3000, 96, generator=g, dtype=torch.float64) * decay,
+    }
+
+
+def _close(a: dict, b: dict, rel: float = REL) -> list[str]:
+    bad = []
+    for k in SCALARS:
+        x, y = float(a[k]), float(b[k])
+        if not (x == y or abs(x - y) <= rel * max(abs(x), abs(y))):
+            bad.append(f"{k}: {x!r} vs {y!r}")
+    return bad
+
+
+def test_the_gpu_order_of_sums_changes_no_measure_beyond_1e10(monkeypatch):
+    """Whole products (a GPU's path) and other block sizes against the CPU's tiled default, every measure."""
+    mats = _matrices()
+    default = {k: measures(W) for k, W in mats.items()}
+    # small tiles and blocks, so the default really tiles these matrices and blocks their rows
+    monkeypatch.setattr(spectra, "GRAM_TILE_MIN_WORK", 1)
+    monkeypatch.setattr(spectra, "GRAM_BLOCK_ELEMENTS", 1 << 14)
+    tiled = {k: measures(W) for k, W in mats.items()}
+    real = spectra._gram_upper
+    monkeypatch.setattr(spectra, "_gram_upper", lambda X, device=None, tiles=None: real(X, device, tiles=False))
+    monkeypatch.setattr(spectra, "GRAM_BLOCK_ELEMENTS", 1 << 19)
+    whole = {k: measures(W) for k, W in mats.items()}
+    for k in mats:
+        assert not _close(default[k], tiled[k]), (k, _close(default[k], tiled[k]))
+        assert not _close(default[k], whole[k]), (k, _close(default[k], whole[k]))
+    # the orders did differ somewhere (else this test would compare a computation with itself)
+    assert any(default["float64"][m] != tiled["float64"][m] for m in SCALARS)
+    # σ_k = 10^(-6k/95) above max(m, n)·eps(float32)·σ₁ = 3000·2^-23: k ≤ 54
+    assert default["graded-embedding"]["numerical_rank"] == 55 and default["low-rank"]["numerical_rank"] == 6  # the noise lies under the tolerance
+
+
+def test_gram_upper_is_the_float64_gram_on_either_path():
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(5000, 200, generator=g).to(torch.bfloat16)
+    want = X.double().T @ X.double()
+    for tiles in (True, False):
+        G = spectra._gram_upper(X, "cpu", tiles=tiles)
+        assert G.dtype == torch.float64
+        np.testing.assert_allclose(torch.triu(G).numpy(), torch.triu(want).numpy(), rtol=1e-12, atol=1e-9)
+
+
+def test_pair_measures_equal_the_separate_functions_bit_for_bit():
+    g = torch.Generator().manual_seed(2)
+    for shape in ((120, 80), (60, 150)):
+        W0 = torch.randn(*shape, generator=g)
+        W1 = W0 + 0.05 * torch.randn(*shape, generator=g) + 0.5 * torch.outer(torch.randn(shape[0], generator=g),
+                                                                               torch.randn(shape[1], generator=g))
+        D = delta_matrix(W0, W1)
+        got = pair_measures(W0, W1, D, energy_k=8, intruder_k=10, intruder_eps=0.5)
+        assert got["spectral_drift"] == spectral_drift(W0, W1)
+        assert got["delta_energy_topk"] == delta_energy_in_topk(W0, D, 8)
+        assert got["intruders"] == float(intruder_dimensions(W0, W1, 10, 0.5).count)
+        assert got["intruders"] >= 1  # the planted rank-1 direction intrudes
+    with pytest.raises(GraftkitError, match="zero matrix"):
+        pair_measures(W0, W0, torch.zeros_like(W0), energy_k=8, intruder_k=10)
+    with pytest.raises(GraftkitError, match="must be an integer"):
+        pair_measures(W0, W1, D, energy_k=0, intruder_k=10)
+    with pytest.raises(GraftkitError, match="delta has"):
+        pair_measures(W0, W1, D.T, energy_k=8, intruder_k=10)
+
+
+def test_deltas_in_threads_equal_one_at_a_time(pair):
+    b, r, tax = pair
+    one = delta_ranks(b, r, tax, workers=1)
+    two = delta_ranks(b, r, tax, workers=2)
+    assert list(one.coords["tensor"]) == list(two.coords["tensor"])
+    np.testing.assert_array_equal(one["value"], two["value"])  # bit for bit: the same arithmetic per matrix
+    np.testing.assert_array_equal(one["tol"], two["tol"])
+    assert two.attrs["workers"] == 2 and two.attrs["device"] == "cpu"
+    seen = []
+    delta_ranks(b, r, tax, workers=2, on_tensor=lambda n, nbytes: seen.append((n, nbytes)))
+    assert sorted(n for n, _ in seen) == sorted(set(one["tensor_source"].tolist()))
+    assert all(nbytes == 2 * b.metas[n].nbytes for n, nbytes in seen)
+
+
+def test_a_worker_error_is_raised_once_and_stops_the_rest(pair, monkeypatch):
+    b, r, tax = pair
+    from graftkit.rank import weights as rank_weights
+
+    calls = []
+    real = rank_weights.measures
+
+    def failing(D, *a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise GraftkitError("planted failure", "none")
+        return real(D, *a, **k)
+
+    monkeypatch.setattr(rank_weights, "measures", failing)
+    with pytest.raises(GraftkitError, match="planted failure"):
+        delta_ranks(b, r, tax, workers=2)
+    assert torch.get_num_threads() >= 1
+
+
+def test_device_names_are_checked():
+    assert as_device(None) == torch.device("cpu") == as_device("cpu")
+    assert as_device(torch.device("cpu")) == torch.device("cpu")
+    if not CUDA:
+        with pytest.raises(GraftkitError, match="no CUDA device"):
+            as_device("cuda:0")
+        with pytest.raises(GraftkitError, match="no CUDA device"):
+            measures(torch.randn(8, 4), device="cuda")
+    with pytest.raises(GraftkitError, match="is not a device"):
+        as_device("tpu")
+
+
+def test_rank_cli_reports_its_device(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GRAFTKIT_RUNS", str(tmp_path / "runs"))
+    planted_pair(tmp_path / "runs")
+    runner = CliRunner()
+    res = runner.invoke(app, ["rank", "--what", "delta", "--device", "cpu", "--json", "--layers", "late"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["device"] == "cpu"
+    from graftkit.store import read_result
+
+    saved = read_result(data["models"]["rl"]["result_file"])
+    assert saved.attrs["device"] == "cpu" and saved.attrs["workers"] >= 1
+    assert not any("--device" in n for n in data["models"]["rl"]["notes"])  # --device applies to spectra now
+    res = runner.invoke(app, ["rank", "--layers", "late", "--dtype", "float32"])
+    assert res.exit_code == 0, res.output
+    assert "spectra on cpu" in res.output and "--dtype float32 applies to --what activations" in res.output
+    if not CUDA:
+        bad = runner.invoke(app, ["rank", "--device", "cuda"])
+        assert bad.exit_code == 2 and "no CUDA device" in bad.output
+        assert len(bad.output.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------------------------------ on a GPU
+
+
+def _assert_same_results(cpu, gpu):
+    assert list(cpu.coords["tensor"]) == list(gpu.coords["tensor"])
+    metrics = list(cpu.coords["metric"])
+    for i, name in enumerate(cpu.coords["tensor"]):
+        for k, m in enumerate(metrics):
+            x, y = cpu["value"][i, k], gpu["value"][i, k]
+            if np.isnan(x):
+                assert np.isnan(y), (name, m)
+            else:
+                assert abs(x - y) <= REL * max(abs(x), abs(y)), (str(name), m, x, y)
+
+
+@needs_cuda
+def test_weight_ranks_on_the_gpu_equal_the_cpu(pair):
+    b, _, tax = pair
+    cpu = weight_ranks(b, tax, device="cpu")
+    gpu = weight_ranks(b, tax, device="cuda")
+    _assert_same_results(cpu, gpu)
+    assert gpu.attrs["device"] == "cuda:0" and gpu.attrs["gpu"] and gpu.attrs["peak_device_bytes"] > 0
+
+
+@needs_cuda
+def test_delta_ranks_on_the_gpu_equal_the_cpu(pair):
+    b, r, tax = pair
+    _assert_same_results(delta_ranks(b, r, tax, device="cpu"), delta_ranks(b, r, tax, device="cuda"))
+
+
+@needs_cuda
+def test_device_memory_is_the_gram_plus_one_block():
+    """A [40000, 256] bf16 matrix kept on the host: its device footprint is the 256² Gram and a block."""
+    W = torch.randn(40_000, 256).to(torch.bfloat16)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    m = measures(W, device="cuda")
+    peak = torch.cuda.max_memory_allocated() - before
+    block = spectra.GRAM_BLOCK_ELEMENTS * (8 + 2)  # the block in bf16 and its float64 upcast
+    assert peak <= 3 * 256 * 256 * 8 + 2 * block, peak  # the Gram, eigvalsh's workspace, one block
+    assert not _close(m, measures(W))
