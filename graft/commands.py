@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
@@ -199,15 +200,26 @@ def run_graft(cfg: GraftConfig, on_progress: OnProgress = no_progress):
     # the output's size is known (the base's): a disk that cannot hold it, or cannot be written, is refused
     # before the fine-tune pass reads every matrix
     check_output_room(out, b.nbytes, "--out", "the graft")
-    # one extra streaming pass (numpy, one matrix pair at a time), on the checkpoint as stored
+    # the fine-tune pass (numpy, a chunk of each matrix pair at a time, on the checkpoint as stored) runs in a
+    # thread beside the export, which copies in the kernel: a refusal stops the export at the next tensor, or
+    # at the latest before graftkit.json, and the output folder, written atomically, never appears
     judged = shared_vocab(stored, b, tax) if cfg.shared_vocab else stored  # the stored values, over shared rows
-    forced = check_fine_tune(stream_pair_distance(b, judged), b, judged, force=cfg.force_pair)
-    written = export_graft(
-        b, r, plan, out, force=cfg.force, max_shard_size=cfg.max_shard_size,
-        command={"unknown": cfg.unknown, "max_shard_size": cfg.max_shard_size, "cast": cfg.cast,
-                 "force_pair": cfg.force_pair},
-        on_tensor=lambda s: on_progress("graft", s.out.nbytes, b.nbytes, "bytes"), notes=forced,
-    )
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="graftkit-fine-tune") as pool:
+        judging = pool.submit(lambda: check_fine_tune(stream_pair_distance(b, judged), b, judged,
+                                                      force=cfg.force_pair))
+
+        def tick(s) -> None:
+            if judging.done() and judging.exception() is not None:
+                raise judging.exception()
+            on_progress("graft", s.out.nbytes, b.nbytes, "bytes")
+
+        written = export_graft(
+            b, r, plan, out, force=cfg.force, max_shard_size=cfg.max_shard_size,
+            command={"unknown": cfg.unknown, "max_shard_size": cfg.max_shard_size, "cast": cfg.cast,
+                     "force_pair": cfg.force_pair},
+            on_tensor=tick, notes=lambda: judging.result(),
+        )
+    forced = judging.result()
     return {**summary, "notes": summary["notes"] + list(forced), "out": str(written),
             "seconds": time.perf_counter() - t0}
 

@@ -58,10 +58,11 @@ def export_graft(
     max_shard_size: int | str = "5GB",
     command: dict | None = None,
     on_tensor: Callable[[OutSpec], None] = lambda s: None,
-    notes: Sequence[str] = (),
+    notes: Sequence[str] | Callable[[], Sequence[str]] = (),
 ) -> Path:
     """Write base ⊕ plan ⊕ RL to ``out`` with provenance; inputs are only read. ``notes`` join the
-    checkpoints' and the plan's notes in ``graftkit.json``."""
+    checkpoints' and the plan's notes in ``graftkit.json``; a function there is called once the weights are
+    written (a check that ran beside the export: its error, raised there, leaves no output)."""
     # the inputs' fingerprints are hashed in background threads while the export reads and writes the
     # same files, and are needed only for graftkit.json, written last
     base_later, rl_later = describe_later(base), describe_later(rl)
@@ -78,7 +79,7 @@ def export_graft(
             "base_model": {"path": base_desc["path"], "fingerprint": base_desc["fingerprint"]},
             "moved_tensors": len(plan.moved()),
             "selected_tensors": list(plan.selected),
-            "notes": [*base.notes, *rl.notes, *plan.notes, *notes],
+            "notes": [*base.notes, *rl.notes, *plan.notes, *(notes() if callable(notes) else notes)],
         }
 
     # a single-file checkpoint (rl.ckpt) stands alone: an output beside it is no output inside a model folder

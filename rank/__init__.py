@@ -11,7 +11,8 @@ import importlib
 
 _EXPORTS = {
     "spectra": ("CONVENTIONS", "Intruders", "Spectrum", "delta_energy_in_topk", "erank", "erank_sq",
-                "intruder_dimensions", "measures", "numerical_rank", "participation_ratio", "principal_angles",
+                "intruder_dimensions", "measures", "numerical_rank", "pair_measures", "participation_ratio",
+                "principal_angles",
                 "rankme", "singular_values", "spectral_drift", "spectrum", "stable_rank", "top1_energy",
                 "top1_energy_of"),
     "weights": ("METRICS", "PAIR_METRICS", "delta_ranks", "select_tensors", "weight_ranks"),

@@ -72,6 +72,8 @@ pass one expert matrix at a time.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -307,12 +309,28 @@ def _gram_eigenvalues(W: Any, device: Any = None, tiles: bool | None = None) -> 
     inf, and a finite float32/bfloat16 W cannot overflow a float64 Gram.
     """
     T = _torch(W)
-    G = _gram_upper(T if T.shape[0] > T.shape[1] else T.T, device, tiles)
-    if not bool(torch.isfinite(G).all()):
-        _validated(W)  # raises the NaN/inf error when W holds one
-        raise GraftkitError(f"the float64 Gram of a {list(T.shape)} matrix overflows (entries near 1e154)",
-                            "rescale the matrix, or use method='svd'")
-    return torch.linalg.eigvalsh(G, UPLO="U").cpu().numpy()
+    with _stream(as_device(device)):
+        G = _gram_upper(T if T.shape[0] > T.shape[1] else T.T, device, tiles)
+        if not bool(torch.isfinite(G).all()):
+            _validated(W)  # raises the NaN/inf error when W holds one
+            raise GraftkitError(f"the float64 Gram of a {list(T.shape)} matrix overflows (entries near 1e154)",
+                                "rescale the matrix, or use method='svd'")
+        return torch.linalg.eigvalsh(G, UPLO="U").cpu().numpy()
+
+
+_STREAMS = threading.local()
+
+
+def _stream(dev: torch.device):
+    """On a GPU, this thread's own CUDA stream (created once per thread), so the matrices that worker threads
+    rank at once overlap on the device (one's transfer and Gram with another's ``eigvalsh``); on the CPU,
+    nothing."""
+    if dev.type != "cuda":
+        return contextlib.nullcontext()
+    streams = _STREAMS.__dict__.setdefault("by_device", {})
+    if dev not in streams:
+        streams[dev] = torch.cuda.Stream(device=dev)
+    return torch.cuda.stream(streams[dev])
 
 
 def _spectrum(A: Any, dtype: str, eps: float, method: str, ref_norm: float | None = None,

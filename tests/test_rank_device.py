@@ -229,3 +229,54 @@ def test_device_memory_is_the_gram_plus_one_block():
     block = spectra.GRAM_BLOCK_ELEMENTS * (8 + 2)  # the block in bf16 and its float64 upcast
     assert peak <= 3 * 256 * 256 * 8 + 2 * block, peak  # the Gram, eigvalsh's workspace, one block
     assert not _close(m, measures(W))
+
+
+# ------------------------------------------------------------------------------------ the GPU check script
+
+
+def test_gpu_rank_check_small_on_cpu_runs_end_to_end(tmp_path):
+    """benchmarks/gpu_rank_check.py on a tiny pair with the CPU on both sides: every check passes and the
+    record holds the figures a GPU run reports."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "gpu_rank_check.py"), "--device", "cpu",
+                           "--small", "--out", str(tmp_path / "check")], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rec = json.loads((tmp_path / "check" / "gpu_rank_check.json").read_text())
+    assert {r["check"] for r in rec["checks"]} == {"weights-time", "weights-equal-cpu", "delta-equal-cpu"}
+    assert all(r["ok"] for r in rec["checks"])
+    assert rec["weights"]["matrices"] == 3 * 7 + 2 and rec["weights"]["seconds"] > 0
+    assert rec["cpu_subset"]["matrices"] == 7 + 2 and rec["cpu_subset"]["whole_model_estimate_s"] > 0
+    assert rec["delta"]["matrices"] == 2 * 7 and not rec["delta"]["mismatches"]
+
+
+def test_gpu_rank_check_compare_sees_a_difference():
+    """The comparison the GPU check relies on reports a value beyond 1e-10 and a NaN mismatch."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("gpu_rank_check", root / "benchmarks" / "gpu_rank_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    from graftkit.store import Result
+
+    def res(values):
+        v = np.array(values, dtype=np.float64)
+        return Result("rank-weights", {"tensor": np.array(["a", "b"], dtype=object),
+                                       "metric": np.array(["erank", "stable_rank"], dtype=object)},
+                      {"value": (("tensor", "metric"), v)}, {})
+
+    a = res([[1.0, 2.0], [3.0, np.nan]])
+    assert mod.compare(a, res([[1.0, 2.0], [3.0, np.nan]])) == []
+    assert mod.compare(a, res([[1.0 + 1e-12, 2.0], [3.0, np.nan]])) == []
+    assert len(mod.compare(a, res([[1.0 + 1e-9, 2.0], [3.0, np.nan]]))) == 1
+    assert len(mod.compare(a, res([[1.0, 2.0], [3.0, 1.0]]))) == 1

@@ -108,11 +108,11 @@ class Checkpoint:
             return self.arrays(name)
         return tensor_bits(self.read(name))
 
-    def array_chunks(self, name: str, chunk: int) -> Iterator[np.ndarray]:
+    def array_chunks(self, name: str, chunk: int, read_bytes: int = 8 << 20) -> Iterator[np.ndarray]:
         """Tensor ``name`` flattened, as consecutive numpy chunks of ``chunk`` entries (the last one shorter),
-        typed as :meth:`array` types them. A tensor stored as raw bytes is read a chunk at a time into one
-        reused buffer (memory: one chunk, whatever the tensor's size; each chunk is valid until the next is
-        taken); any other is read whole and sliced."""
+        typed as :meth:`array` types them. A tensor stored as raw bytes is read ``read_bytes`` (a whole number
+        of chunks) at a time into one reused buffer (memory: that buffer, whatever the tensor's size; each
+        chunk is valid until the next is taken); any other is read whole and sliced."""
         e = self.raw.get(name) if self.arrays is not None else None
         if e is None:
             flat = self.array(name).reshape(-1)
@@ -120,12 +120,13 @@ class Checkpoint:
                 yield flat[i:i + chunk]
             return
         item = np.dtype(NUMPY[e.dtype]).itemsize
-        buf = np.empty(min(chunk, max(e.numel, 1)), dtype=NUMPY[e.dtype])
+        per_read = chunk * max(1, read_bytes // (chunk * item))
+        buf = np.empty(min(per_read, max(e.numel, 1)), dtype=NUMPY[e.dtype])
         raw = memoryview(buf.view(np.uint8))
         fd = os.open(e.file, os.O_RDONLY)
         try:
-            for i in range(0, e.numel, chunk):
-                k = min(chunk, e.numel - i)
+            for i in range(0, e.numel, per_read):
+                k = min(per_read, e.numel - i)
                 want, done = k * item, 0
                 while done < want:
                     n = os.preadv(fd, [raw[done:want]], e.start + i * item + done)
@@ -134,7 +135,8 @@ class Checkpoint:
                             f"{e.file}: the file is {os.fstat(fd).st_size:,} bytes now, tensor {name} needs bytes up "
                             f"to {e.end:,}; the checkpoint changed while it was read", "rerun when it is complete")
                     done += n
-                yield buf[:k]
+                for j in range(0, k, chunk):
+                    yield buf[j:min(j + chunk, k)]
         finally:
             os.close(fd)
 
