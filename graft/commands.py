@@ -164,7 +164,7 @@ def run_graft(cfg: GraftConfig, on_progress: OnProgress = no_progress):
     --sweep / --vs the :class:`GraftExperiments` of :func:`run_graft_experiments` (its plan with --dry-run)."""
     if cfg.experiments:
         return run_graft_experiments(cfg, on_progress)
-    from ..weights import check_fine_tune, notes, open_pair, shared_vocab, stream_pair_distance
+    from ..weights import check_fine_tune, guard_pair_distance, notes, open_pair, shared_vocab
     from ..weights.writer import check_output_room
     from .export import export_graft
     from .plan import plan_graft
@@ -200,12 +200,13 @@ def run_graft(cfg: GraftConfig, on_progress: OnProgress = no_progress):
     # the output's size is known (the base's): a disk that cannot hold it, or cannot be written, is refused
     # before the fine-tune pass reads every matrix
     check_output_room(out, b.nbytes, "--out", "the graft")
-    # the fine-tune pass (numpy, a chunk of each matrix pair at a time, on the checkpoint as stored) runs in a
-    # thread beside the export, which copies in the kernel: a refusal stops the export at the next tensor, or
-    # at the latest before graftkit.json, and the output folder, written atomically, never appears
+    # the fine-tune guard (numpy on the checkpoint as stored: an eighth of every matrix, and all of it when
+    # that is not clearly a fine-tune) runs in a thread beside the export, which copies in the kernel: a
+    # refusal stops the export at the next tensor, or at the latest before graftkit.json, and the output
+    # folder, written atomically, never appears
     judged = shared_vocab(stored, b, tax) if cfg.shared_vocab else stored  # the stored values, over shared rows
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="graftkit-fine-tune") as pool:
-        judging = pool.submit(lambda: check_fine_tune(stream_pair_distance(b, judged), b, judged,
+        judging = pool.submit(lambda: check_fine_tune(guard_pair_distance(b, judged)[0], b, judged,
                                                       force=cfg.force_pair))
 
         def tick(s) -> None:

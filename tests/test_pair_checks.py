@@ -323,6 +323,38 @@ def test_chunked_reads_give_the_whole_arrays_sums_bit_for_bit(world):
     assert one.names == two.names and np.array_equal(one.rho, two.rho) and np.array_equal(one.cos, two.cos)
 
 
+def test_the_graft_guard_samples_a_fine_tune_and_judges_anything_else_whole(world):
+    """A fine-tune passes on every 8th chunk (its estimate close to the whole pair's); a random init is judged
+    again on every entry, so its refusal states the whole pair's figures; the sample reads chunks 0, k, 2k."""
+    from graftkit.weights import guard_pair_distance, stream_pair_distance
+
+    s = world["same"]
+    b, r, u = (open_checkpoint(s[k]) for k in ("base", "rl", "unrelated"))
+    name = "model.embed_tokens.weight"
+    whole = b.array(name).reshape(-1)
+    got = np.concatenate([c.copy() for c in b.array_chunks(name, 100, every=3)])
+    assert np.array_equal(got, np.concatenate([whole[i:i + 100] for i in range(0, whole.size, 300)]))
+    exact = stream_pair_distance(b, r, chunk=64)
+    sample, sampled = guard_pair_distance(b, r, chunk=64)
+    assert sampled and sample.names == exact.names and sample.plausible
+    assert not np.array_equal(sample.rho, exact.rho)  # a sample, not the whole matrices
+    assert np.allclose(sample.rho, exact.rho, rtol=0.5) and np.allclose(sample.cos, exact.cos, atol=1e-3)
+    far, sampled = guard_pair_distance(b, u, chunk=64)
+    assert not sampled and not far.plausible
+    whole_far = stream_pair_distance(b, u, chunk=64)
+    assert np.array_equal(far.rho, whole_far.rho) and far.summary() == whole_far.summary()
+
+
+def test_clearly_plausible_halves_both_thresholds():
+    near = pair_distance(["a", "b", "c", "d"], [1.0] * 4, [0.36, 0.01, 0.01, 0.01], [0.0] * 4)  # rho 0.6 in 1 of 4
+    assert near.plausible and near.clearly_plausible
+    half = pair_distance(["a", "b", "c", "d"], [1.0] * 4, [0.36, 0.36, 0.01, 0.01], [0.0] * 4)  # rho 0.6 in 2 of 4
+    assert half.plausible and not half.clearly_plausible
+    bent = pair_distance(["a"], [1.0], [0.64], [-0.5])  # cos 0.5/sqrt(0.64) ≈ 0.625: plausible, not clearly
+    assert bent.plausible and not bent.clearly_plausible and 0.5 < bent.median_cos < 0.75
+    assert pair_distance([], [], [], []).clearly_plausible
+
+
 def test_a_random_init_is_refused_by_delta_graft_and_rank(world, cli):
     s = world["same"]
     far, count, med_rho, med_cos = reference_distance(tensors(s["base"]), tensors(s["unrelated"]))
@@ -338,6 +370,15 @@ def test_a_random_init_is_refused_by_delta_graft_and_rank(world, cli):
     # --force replaces an output folder; it does not make a random init a fine-tune
     one_line_error(cli("graft", "--base", s["base"], "--from", s["unrelated"], "--groups", "attn", "--out", out,
                        "--force"), head)
+    # the pass runs beside the export: a refusal leaves an earlier output where --force would replace it intact
+    earlier = cli.cwd / "earlier"
+    ok = cli("graft", "--base", s["base"], "--from", s["rl"], "--groups", "attn", "--out", earlier)
+    assert ok.exit_code == 0, ok.output
+    before = {p.name: p.read_bytes() for p in earlier.iterdir()}
+    one_line_error(cli("graft", "--base", s["base"], "--from", s["unrelated"], "--groups", "attn", "--out", earlier,
+                       "--force"), head)
+    assert {p.name: p.read_bytes() for p in earlier.iterdir()} == before
+    assert sorted(p.name for p in cli.cwd.iterdir() if p.name.startswith(".earlier")) == []  # no temporary left
     one_line_error(cli("graft", "--base", s["base"], "--from", s["unrelated"], "--eval", "--groups", "attn"), head)
     one_line_error(cli("rank", "--what", "delta", "--model", s["unrelated"], "--vs", s["base"]), head,
                    "pass the RL model's own SFT parent as --vs")

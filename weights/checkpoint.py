@@ -69,6 +69,19 @@ def tensor_bits(t) -> np.ndarray:
     return t.numpy()
 
 
+def _pread_exact(fd: int, view: memoryview, offset: int, e: TensorEntry, name: str) -> None:
+    """Fill ``view`` from ``fd`` at ``offset``; a file that ends early (it shrank since its header was read)
+    is one GraftkitError naming it and the tensor."""
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n <= 0:
+            raise GraftkitError(
+                f"{e.file}: the file is {os.fstat(fd).st_size:,} bytes now, tensor {name} needs bytes up to "
+                f"{e.end:,}; the checkpoint changed while it was read", "rerun when it is complete")
+        done += n
+
+
 @dataclass
 class Checkpoint:
     """A set of named tensors with its folder's config and provenance, read lazily."""
@@ -108,18 +121,22 @@ class Checkpoint:
             return self.arrays(name)
         return tensor_bits(self.read(name))
 
-    def array_chunks(self, name: str, chunk: int, read_bytes: int = 8 << 20) -> Iterator[np.ndarray]:
+    def array_chunks(self, name: str, chunk: int, read_bytes: int = 8 << 20, every: int = 1) -> Iterator[np.ndarray]:
         """Tensor ``name`` flattened, as consecutive numpy chunks of ``chunk`` entries (the last one shorter),
-        typed as :meth:`array` types them. A tensor stored as raw bytes is read ``read_bytes`` (a whole number
-        of chunks) at a time into one reused buffer (memory: that buffer, whatever the tensor's size; each
-        chunk is valid until the next is taken); any other is read whole and sliced."""
+        typed as :meth:`array` types them; with ``every`` = k only chunks 0, k, 2k, … (an evenly spread
+        sample of 1/k of the tensor). A tensor stored as raw bytes is read ``read_bytes`` (a whole number of
+        chunks; one chunk when sampling) at a time into one reused buffer (memory: that buffer, whatever the
+        tensor's size; each chunk is valid until the next is taken); any other is read whole and sliced."""
         e = self.raw.get(name) if self.arrays is not None else None
         if e is None:
             flat = self.array(name).reshape(-1)
-            for i in range(0, flat.size, chunk):
+            for i in range(0, flat.size, chunk * every):
                 yield flat[i:i + chunk]
             return
         item = np.dtype(NUMPY[e.dtype]).itemsize
+        if every > 1:
+            yield from self._sampled_chunks(name, e, chunk, every, item)
+            return
         per_read = chunk * max(1, read_bytes // (chunk * item))
         buf = np.empty(min(per_read, max(e.numel, 1)), dtype=NUMPY[e.dtype])
         raw = memoryview(buf.view(np.uint8))
@@ -127,16 +144,21 @@ class Checkpoint:
         try:
             for i in range(0, e.numel, per_read):
                 k = min(per_read, e.numel - i)
-                want, done = k * item, 0
-                while done < want:
-                    n = os.preadv(fd, [raw[done:want]], e.start + i * item + done)
-                    if n <= 0:
-                        raise GraftkitError(
-                            f"{e.file}: the file is {os.fstat(fd).st_size:,} bytes now, tensor {name} needs bytes up "
-                            f"to {e.end:,}; the checkpoint changed while it was read", "rerun when it is complete")
-                    done += n
+                _pread_exact(fd, raw[:k * item], e.start + i * item, e, name)
                 for j in range(0, k, chunk):
                     yield buf[j:min(j + chunk, k)]
+        finally:
+            os.close(fd)
+
+    def _sampled_chunks(self, name: str, e: TensorEntry, chunk: int, every: int, item: int) -> Iterator[np.ndarray]:
+        buf = np.empty(min(chunk, max(e.numel, 1)), dtype=NUMPY[e.dtype])
+        raw = memoryview(buf.view(np.uint8))
+        fd = os.open(e.file, os.O_RDONLY)
+        try:
+            for i in range(0, e.numel, chunk * every):
+                k = min(chunk, e.numel - i)
+                _pread_exact(fd, raw[:k * item], e.start + i * item, e, name)
+                yield buf[:k]
         finally:
             os.close(fd)
 
@@ -150,14 +172,7 @@ class Checkpoint:
         view = memoryview(out.reshape(-1).view(np.uint8))
         fd = os.open(e.file, os.O_RDONLY)
         try:
-            done = 0
-            while done < e.nbytes:
-                n = os.preadv(fd, [view[done:]], e.start + done)
-                if n <= 0:
-                    raise GraftkitError(
-                        f"{e.file}: the file is {os.fstat(fd).st_size:,} bytes now, tensor {name} needs bytes up to "
-                        f"{e.end:,}; the checkpoint changed while it was read", "rerun when it is complete")
-                done += n
+            _pread_exact(fd, view, e.start, e, name)
         finally:
             os.close(fd)
         return True

@@ -362,12 +362,13 @@ def matrix_sums(w_base: np.ndarray, w_rl: np.ndarray, code_base: str, code_rl: s
                            code_base, code_rl, m)
 
 
-def streamed_matrix_sums(base: Checkpoint, rl: Checkpoint, name: str, chunk: int = CHUNK) -> tuple[float, float, float]:
+def streamed_matrix_sums(base: Checkpoint, rl: Checkpoint, name: str, chunk: int = CHUNK,
+                         every: int = 1) -> tuple[float, float, float]:
     """:func:`matrix_sums` of tensor ``name`` of two checkpoints, read a chunk at a time
     (:meth:`Checkpoint.array_chunks`): the same chunks, so the same sums bit for bit, with memory of one
-    chunk per side whatever the tensor's size."""
+    read buffer per side whatever the tensor's size. ``every`` = k sums chunks 0, k, 2k, … only."""
     m = max(1, min(chunk, base.metas[name].numel))
-    return _sums_of_chunks(zip(base.array_chunks(name, chunk), rl.array_chunks(name, chunk)),
+    return _sums_of_chunks(zip(base.array_chunks(name, chunk, every=every), rl.array_chunks(name, chunk, every=every)),
                            base.metas[name].code, rl.metas[name].code, m)
 
 
@@ -408,6 +409,17 @@ class PairDistance:
             return True
         return not (self.n_far > FAR_SHARE * len(self.names) or self.median_cos < MIN_MEDIAN_COS)
 
+    @property
+    def clearly_plausible(self) -> bool:
+        """:attr:`plausible` with both thresholds halved towards a fine-tune: ρ > FAR_RHO/2 in at most
+        FAR_SHARE/2 of the matrices and a median cos of at least (1 + MIN_MEDIAN_COS)/2. RL and SFT
+        fine-tunes (ρ ≤ 0.1, cos ≈ 1) sit far inside; an estimate from a sample of entries that passes this
+        cannot be one whose whole pair fails :attr:`plausible` unless the sample missed most of what moved."""
+        if not self.names:
+            return True
+        near = int(np.count_nonzero(self.rho > FAR_RHO / 2))
+        return near <= FAR_SHARE / 2 * len(self.names) and self.median_cos >= (1 + MIN_MEDIAN_COS) / 2
+
     def summary(self) -> str:
         """The figures, one phrase: ‖Δ‖/‖W‖ > 0.5 in 84 of 84 matrices (median 1.01), median cos(W, W+Δ) 0.01."""
         return (f"‖Δ‖/‖W‖ > {FAR_RHO:g} in {self.n_far} of {len(self.names)} matrices (median "
@@ -430,20 +442,39 @@ def pair_distance(names, sumsq_base, sumsq_delta, dot_base_delta) -> PairDistanc
     return PairDistance(tuple(names), rho, np.clip(cos, -1.0, 1.0))
 
 
-def stream_pair_distance(base: Checkpoint, rl: Checkpoint, workers: int = 2) -> PairDistance:
+def stream_pair_distance(base: Checkpoint, rl: Checkpoint, workers: int = 2, every: int = 1,
+                         chunk: int = CHUNK) -> PairDistance:
     """:class:`PairDistance` of a checked pair, from :func:`streamed_matrix_sums` of each matrix pair (numpy,
-    no torch; one chunk per side in memory), ``workers`` matrices at a time in threads (``pread`` and
-    numpy's loops release the GIL). The sums of a matrix do not depend on ``workers``."""
+    no torch; one read buffer per side in memory), ``workers`` matrices at a time in threads (``pread`` and
+    numpy's loops release the GIL). The sums of a matrix do not depend on ``workers``. ``every`` = k judges
+    each matrix on every k-th chunk of its entries (:func:`guard_pair_distance`)."""
     names = judged_matrices(base)
     if workers > 1 and len(names) > 1:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="graftkit-pair") as ex:
-            rows = list(ex.map(lambda n: streamed_matrix_sums(base, rl, n), names))
+            rows = list(ex.map(lambda n: streamed_matrix_sums(base, rl, n, chunk, every), names))
     else:
-        rows = [streamed_matrix_sums(base, rl, n) for n in names]
+        rows = [streamed_matrix_sums(base, rl, n, chunk, every) for n in names]
     sums = np.array(rows, dtype=np.float64).reshape(len(names), 3)
     return pair_distance(names, sums[:, 0], sums[:, 1], sums[:, 2])
+
+
+#: The share of each matrix's entries the graft's guard reads first (every k-th chunk of CHUNK entries).
+GUARD_EVERY = 8
+
+
+def guard_pair_distance(base: Checkpoint, rl: Checkpoint, every: int = GUARD_EVERY,
+                        chunk: int = CHUNK) -> tuple[PairDistance, bool]:
+    """(:class:`PairDistance`, whether it is a sample): the fine-tune guard of a command that needs only the
+    verdict (``graft``'s export). Each matrix is first judged on an evenly spread 1/``every`` of its entries
+    (every ``every``-th chunk; a matrix of one chunk whole); a pair the sample shows to be a fine-tune by a
+    wide margin (:attr:`PairDistance.clearly_plausible`) passes on it; any other pair is judged again on
+    every entry, so a refusal and the figures it states always come from the whole pair."""
+    sample = stream_pair_distance(base, rl, every=every, chunk=chunk)
+    if every > 1 and sample.clearly_plausible:
+        return sample, True
+    return stream_pair_distance(base, rl, chunk=chunk), False
 
 
 def check_fine_tune(dist: PairDistance, base: Checkpoint, rl: Checkpoint, *, force: bool,
