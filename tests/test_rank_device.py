@@ -180,7 +180,8 @@ def test_rank_cli_reports_its_device(tmp_path, monkeypatch):
     assert not any("--device" in n for n in data["models"]["rl"]["notes"])  # --device applies to spectra now
     res = runner.invoke(app, ["rank", "--layers", "late", "--dtype", "float32"])
     assert res.exit_code == 0, res.output
-    assert "spectra on cpu" in res.output and "--dtype float32 applies to --what activations" in res.output
+    text = " ".join(res.output.split())  # the console wraps lines at its width
+    assert "spectra on cpu" in text and "--dtype float32 applies to --what activations" in text
     if not CUDA:
         bad = runner.invoke(app, ["rank", "--device", "cuda"])
         assert bad.exit_code == 2 and "no CUDA device" in bad.output
