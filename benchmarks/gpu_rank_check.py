@@ -196,7 +196,7 @@ def main(argv=None) -> int:
 
     # 5. the device memory bound of the weight ranks
     if peak is not None:
-        bound = dev_res.attrs["workers"] * (short * short * 8 * 3 + spectra.GRAM_BLOCK_ELEMENTS * (8 + 2))
+        bound = dev_res.attrs["workers"] * (short * short * 8 * 3 + spectra.GRAM_BLOCK_ELEMENTS_DEVICE * (8 + 2))
         c.add(peak <= bound, "weights-device-memory",
               f"peak {peak / 1e6:.0f} MB ≤ {bound / 1e6:.0f} MB (per worker: the largest Gram {short}² float64, "
               f"eigvalsh's workspace and one block)")

@@ -1,9 +1,9 @@
 """Spectra on a device: the float64 Gram streamed block by block, ``--device`` on ``rank``, deltas ranked in
 parallel, and the pair measures from shared SVDs.
 
-What a GPU changes is the order of floating-point sums (whole products instead of upper tiles, cuSOLVER
-instead of LAPACK). The CPU tests below take the GPU's order (whole products, other blocks) on the CPU and
-require every measure to match the default to 1e-10 relative; the CUDA tests (skipped without one) compare
+What a GPU changes is the order of floating-point sums (whole products instead of upper tiles, other blocks,
+cuSOLVER instead of LAPACK). The CPU tests below take the GPU's order (whole products, its blocks) on the
+CPU and require every measure to match the default to 1e-10 relative (erank and rankme to 1e-8, ``TAIL``); the CUDA tests (skipped without one) compare
 the device itself with the CPU on whole checkpoints.
 """
 
@@ -59,34 +59,43 @@ def _matrices():
     }
 
 
+#: Measures that weight σ itself (not σ²) take in the tail of small σ, which the Gram resolves only to about
+#: sqrt(n·eps64)·σ₁ ≈ 1e-7·σ₁ whatever the engine: between two orders of sums they agree to ~1e-9, not 1e-10.
+TAIL = {"erank": 1e-8, "rankme": 1e-8}
+
+
 def _close(a: dict, b: dict, rel: float = REL) -> list[str]:
     bad = []
     for k in SCALARS:
         x, y = float(a[k]), float(b[k])
-        if not (x == y or abs(x - y) <= rel * max(abs(x), abs(y))):
+        r = max(rel, TAIL.get(k, 0.0)) if rel else 0.0
+        if not (x == y or abs(x - y) <= r * max(abs(x), abs(y))):
             bad.append(f"{k}: {x!r} vs {y!r}")
     return bad
 
 
 def test_the_gpu_order_of_sums_changes_no_measure_beyond_1e10(monkeypatch):
-    """Whole products (a GPU's path) and other block sizes against the CPU's tiled default, every measure."""
+    """Whole products and the GPU's blocks (its path), and small tiles and blocks, run on the CPU, against the
+    CPU's default, every measure; the numerical rank equal."""
     mats = _matrices()
     default = {k: measures(W) for k, W in mats.items()}
-    # small tiles and blocks, so the default really tiles these matrices and blocks their rows
+    # small tiles and blocks, so these matrices really are tiled and blocked
     monkeypatch.setattr(spectra, "GRAM_TILE_MIN_WORK", 1)
     monkeypatch.setattr(spectra, "GRAM_BLOCK_ELEMENTS", 1 << 14)
     tiled = {k: measures(W) for k, W in mats.items()}
     real = spectra._gram_upper
     monkeypatch.setattr(spectra, "_gram_upper", lambda X, device=None, tiles=None: real(X, device, tiles=False))
-    monkeypatch.setattr(spectra, "GRAM_BLOCK_ELEMENTS", 1 << 19)
+    monkeypatch.setattr(spectra, "GRAM_BLOCK_ELEMENTS", spectra.GRAM_BLOCK_ELEMENTS_DEVICE)
     whole = {k: measures(W) for k, W in mats.items()}
     for k in mats:
         assert not _close(default[k], tiled[k]), (k, _close(default[k], tiled[k]))
         assert not _close(default[k], whole[k]), (k, _close(default[k], whole[k]))
-    # the orders did differ somewhere (else this test would compare a computation with itself)
+        assert default[k]["numerical_rank"] == tiled[k]["numerical_rank"] == whole[k]["numerical_rank"]
+    # the orders did differ (else this test would compare a computation with itself)
     assert any(default["float64"][m] != tiled["float64"][m] for m in SCALARS)
     # σ_k = 10^(-6k/95) above max(m, n)·eps(float32)·σ₁ = 3000·2^-23: k ≤ 54
-    assert default["graded-embedding"]["numerical_rank"] == 55 and default["low-rank"]["numerical_rank"] == 6  # the noise lies under the tolerance
+    assert default["graded-embedding"]["numerical_rank"] == 55
+    assert default["low-rank"]["numerical_rank"] == 6  # the noise lies under the tolerance
 
 
 def test_gram_upper_is_the_float64_gram_on_either_path():
@@ -227,7 +236,7 @@ def test_device_memory_is_the_gram_plus_one_block():
     before = torch.cuda.memory_allocated()
     m = measures(W, device="cuda")
     peak = torch.cuda.max_memory_allocated() - before
-    block = spectra.GRAM_BLOCK_ELEMENTS * (8 + 2)  # the block in bf16 and its float64 upcast
+    block = spectra.GRAM_BLOCK_ELEMENTS_DEVICE * (8 + 2)  # the block in bf16 and its float64 upcast
     assert peak <= 3 * 256 * 256 * 8 + 2 * block, peak  # the Gram, eigvalsh's workspace, one block
     assert not _close(m, measures(W))
 
