@@ -58,16 +58,17 @@ Pair measures, Δ = W₁ − W₀:
 - ``top1_energy``: σ₁(Δ)² / ‖Δ‖_F².
 
 Devices: every function that computes a spectrum takes ``device`` (None or "cpu": the CPU; a torch device
-or its name, e.g. "cuda:0"). The matrix stays where it is (a memory-mapped checkpoint tensor on the host)
+or its name, e.g. "cuda:0"). The matrix stays where it is (a checkpoint tensor as read, on the host)
 and goes to the device a block of rows at a time in its stored dtype, where the block is upcast to
 float64 and added into the float64 Gram; ``eigvalsh`` runs there in float64 too, and only the eigenvalues
 come back. Device memory is the Gram plus one block (plus, for the pair measures' singular vectors, the
 float64 matrix itself). On the CPU the Gram's column tiles on or above the diagonal are multiplied
-(:func:`_gram_upper`); on a GPU the whole product is taken at once: the two differ only in the order of
-floating-point sums and in the eigensolver's rounding: within 1e-10 relative on every measure except erank
-and rankme, which weight σ itself and so take in the tail of small σ that the Gram resolves only to about
-sqrt(n·eps64)·σ₁ whatever the order of sums; those agree within 1e-8 (measured up to 9e-10 where σ spans
-four to six decades; tested).
+(:func:`_gram_upper`); on a GPU the whole product is taken at once. For float32, bfloat16 and float16
+weights both give the same bits (their products are exact in float64, and so in practice are the sums);
+what differs is the eigensolver's rounding (cuSOLVER against LAPACK): within 1e-10 relative on every
+measure except erank and rankme, which weight σ itself and so take in the tail of small σ that the Gram
+resolves only to about sqrt(n·eps64)·σ₁; those agree within 1e-8 (measured up to 9e-10 between two
+LAPACKs on matrices whose σ span four to six decades; tested).
 
 Matrices must be 2-D. A stacked 3-D tensor (e.g. MoE experts ``[n_experts, out, in]``) is refused:
 pass one expert matrix at a time.

@@ -1,13 +1,14 @@
 """Spectral measures of every weight matrix of a checkpoint, and of the delta between two checkpoints.
 
-Tensors are streamed (``Checkpoint.read``, a view of the mapped file where possible) and upcast to float64
-inside :func:`rank.spectra.measures` (bfloat16 and float8 included) block by block, so memory holds, per
-worker thread, one block of a matrix and its Gram. With ``device`` set to a GPU the blocks go there in their
-stored dtype, and the Gram and its ``eigvalsh`` are computed there in float64: device memory is, per
-worker, the largest Gram plus one block (deltas' pair measures add their matrices' float64 copies and
-singular vectors); the result records ``device``, the GPU and its peak allocated bytes. Embeddings and lm_head are ranked at their real
-vocabulary size: the default ``method="gram"`` takes the eigenvalues of the Gram of the *smaller* side
-(hidden × hidden), so a [vocab, hidden] matrix costs one vocab·hidden² product.
+Tensors are read one at a time per worker thread (``Checkpoint.read``, in their stored dtype) and upcast to
+float64 inside :func:`rank.spectra.measures` (bfloat16 and float8 included) a block of rows at a time, so
+memory holds, per worker, one tensor as stored, one float64 block and the Gram. With ``device`` set to a
+GPU the blocks go there in their stored dtype and the Gram and its ``eigvalsh`` are computed there in
+float64: device memory is, per worker, the largest Gram plus one block (deltas' pair measures add their
+matrices' float64 copies and singular vectors); the result records ``device``, the GPU and its peak
+allocated bytes. Embeddings and lm_head are ranked at their real vocabulary size: the default
+``method="gram"`` takes the eigenvalues of the Gram of the *smaller* side (hidden × hidden), so a
+[vocab, hidden] matrix costs one vocab·hidden² product.
 
 Conventions (also recorded in every result's attrs):
 
