@@ -54,18 +54,43 @@ def field_docs(cls: type) -> dict[str, str]:
     """Each field's docstring (the string literal right after it in the class body), over the MRO."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
-        if klass is object or not dataclasses.is_dataclass(klass):
-            continue
+        if klass is not object and dataclasses.is_dataclass(klass):
+            docs.update(_class_docs(klass))
+    return docs
+
+
+@functools.lru_cache(maxsize=None)
+def _module_tree(filename: str) -> ast.Module | None:
+    """The parsed source of one module, once per process (every command's config reads its classes' docs at
+    start-up; ``inspect.getsource`` would parse the module again for each class)."""
+    try:
+        return ast.parse(Path(filename).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def _class_docs(klass: type) -> dict[str, str]:
+    """The field docstrings written in ``klass``'s own body."""
+    node = None
+    try:
+        tree = _module_tree(inspect.getsourcefile(klass) or "")
+    except TypeError:
+        tree = None
+    if tree is not None:
+        node = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == klass.__qualname__), None)
+    if node is None:  # a nested or generated class: its own source, if it has one
         try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+            parsed = ast.parse(textwrap.dedent(inspect.getsource(klass)))
         except (OSError, TypeError):
-            continue
-        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-        for node, nxt in zip(body, body[1:]):
-            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
-                    and isinstance(nxt.value.value, str)):
-                docs[node.target.id] = " ".join(nxt.value.value.split())
+            return {}
+        node = parsed.body[0] if parsed.body and isinstance(parsed.body[0], ast.ClassDef) else None
+    body = node.body if node is not None else []
+    docs = {}
+    for a, b in zip(body, body[1:]):
+        if (isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name) and isinstance(b, ast.Expr)
+                and isinstance(b.value, ast.Constant) and isinstance(b.value.value, str)):
+            docs[a.target.id] = " ".join(b.value.value.split())
     return docs
 
 

@@ -79,7 +79,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
@@ -158,6 +158,30 @@ class Intruders:
         return len(self.indices)
 
 
+@dataclass(frozen=True, eq=False)
+class RowBlocks:
+    """A tall matrix [rows, cols] (rows > cols) given as its row blocks in order, in a float dtype narrower
+    than float64: a checkpoint tensor read from its file a block at a time, so the Gram route (WᵀW, summed
+    over the blocks) never holds it whole. ``blocks(n)`` yields torch tensors of ``n`` rows (the last
+    shorter), each valid until the next is taken. Anything that needs the matrix whole (the SVD) reads it
+    whole (:meth:`whole`)."""
+
+    shape: tuple[int, int]
+    dtype: torch.dtype
+    blocks: Callable[[int], Iterable[torch.Tensor]]
+
+    def __post_init__(self) -> None:
+        if len(self.shape) != 2 or self.shape[0] <= self.shape[1]:
+            raise GraftkitError(f"RowBlocks of shape {list(self.shape)}: expected a tall matrix [rows > cols]",
+                                "pass the matrix itself")
+        if self.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise GraftkitError(f"RowBlocks in {self.dtype}: expected float32, bfloat16 or float16",
+                                "pass the matrix itself")
+
+    def whole(self) -> torch.Tensor:
+        return torch.cat([b.clone() for b in self.blocks(max(1, self.shape[0]))])
+
+
 # ---------------------------------------------------------------------------------------------------
 # input handling
 
@@ -167,6 +191,12 @@ def _validated(W: Any, name: str = "W", check_finite: bool = True) -> tuple[Any,
 
     ``check_finite=False`` leaves the NaN/inf check to the caller (the Gram route does it on the Gram).
     """
+    if isinstance(W, RowBlocks):
+        if check_finite:  # only the Gram route, which checks its Gram, streams
+            W = W.whole()
+        else:
+            dtype = str(W.dtype).removeprefix("torch.")
+            return W, dtype, float(torch.finfo(W.dtype).eps)
     if isinstance(W, torch.Tensor):
         if not (W.is_floating_point()):
             raise GraftkitError(f"{name} has dtype {W.dtype}, expected a floating-point tensor",
@@ -197,6 +227,8 @@ def _validated(W: Any, name: str = "W", check_finite: bool = True) -> tuple[Any,
 
 
 def _float64(W: Any) -> np.ndarray:
+    if isinstance(W, RowBlocks):
+        W = W.whole()
     if isinstance(W, torch.Tensor):
         return W.detach().to(device="cpu", dtype=torch.float64).numpy()
     return np.asarray(W, dtype=np.float64)
@@ -278,8 +310,9 @@ def as_device(device: Any = None) -> torch.device:
     return resolve_device(str(device))
 
 
-def _gram_upper(X: torch.Tensor, device: Any = None, tiles: bool | None = None) -> torch.Tensor:
-    """The upper triangle (diagonal tiles whole) of the float64 Gram Xᵀ X of X [long, short], any float dtype.
+def _gram_upper(X: torch.Tensor | RowBlocks, device: Any = None, tiles: bool | None = None) -> torch.Tensor:
+    """The upper triangle (diagonal tiles whole) of the float64 Gram Xᵀ X of X [long, short], any float dtype
+    (a tensor, or a tall matrix as :class:`RowBlocks`).
 
     X's rows go to ``device`` (default the CPU) and are upcast to float64 there a block at a time, and G
     accumulates Σ_b X_bᵀ X_b on the device, so a [vocab, hidden] embedding never exists as a whole float64
@@ -295,10 +328,11 @@ def _gram_upper(X: torch.Tensor, device: Any = None, tiles: bool | None = None) 
         tiles = dev.type == "cpu"
     tile = (max(GRAM_MIN_TILE, -(-short // GRAM_TILES))
             if tiles and long * short * short >= GRAM_TILE_MIN_WORK else short)
+    blocks = X.blocks(rows) if isinstance(X, RowBlocks) else (X[s:s + rows] for s in range(0, long, rows))
     G = torch.zeros(short, short, dtype=torch.float64, device=dev)
-    for start in range(0, long, rows):
+    for block in blocks:
         # to the device in the stored dtype (a bf16 block is a quarter of its float64 copy), upcast there
-        B = X[start:start + rows].to(device=dev).to(dtype=torch.float64)
+        B = block.to(device=dev).to(dtype=torch.float64)
         if short <= tile:
             G.addmm_(B.T, B)
             continue
@@ -316,10 +350,13 @@ def _gram_eigenvalues(W: Any, device: Any = None, tiles: bool | None = None) -> 
     finiteness is checked here, on G, for free: a NaN or inf entry of W makes a diagonal entry of G NaN or
     inf, and a finite float32/bfloat16 W cannot overflow a float64 Gram.
     """
-    T = _torch(W)
+    T = W if isinstance(W, RowBlocks) else _torch(W)
     with _stream(as_device(device)):
         G = _gram_upper(T if T.shape[0] > T.shape[1] else T.T, device, tiles)
         if not bool(torch.isfinite(G).all()):
+            if isinstance(W, RowBlocks):  # float32 or narrower: its Gram cannot overflow
+                raise GraftkitError(f"W (shape {list(W.shape)}) holds NaN or inf values",
+                                    "check the checkpoint or delta for overflow")
             _validated(W)  # raises the NaN/inf error when W holds one
             raise GraftkitError(f"the float64 Gram of a {list(T.shape)} matrix overflows (entries near 1e154)",
                                 "rescale the matrix, or use method='svd'")
@@ -377,6 +414,8 @@ def delta_tol_rule(dtype: str) -> str:
 
 
 def _torch(W: Any) -> torch.Tensor:
+    if isinstance(W, RowBlocks):
+        W = W.whole()
     if isinstance(W, torch.Tensor):
         return W.detach()
     return torch.from_numpy(np.ascontiguousarray(W) if W.flags.writeable else np.array(W, order="C"))

@@ -61,7 +61,8 @@ from ..weights import (Checkpoint, Taxonomy, band_rule, check_fine_tune, check_p
                        stream_pair_distance)
 from ..weights.taxonomy import DECODER
 from .results import METRICS, PAIR_METRICS
-from .spectra import CONVENTIONS, RANKME_EPS, as_device, delta_matrix, delta_tol_rule, measures, pair_measures
+from .spectra import (CONVENTIONS, RANKME_EPS, RowBlocks, as_device, delta_matrix, delta_tol_rule, measures,
+                      pair_measures)
 
 DELTA_TOPK, INTRUDER_K, INTRUDER_EPS = 8, 10, 0.5
 
@@ -186,6 +187,33 @@ def _record(per_row: dict[str, list], m: dict) -> None:
     per_row["shape"].append(m["shape"]), per_row["nonzero"].append(m["frobenius_sq"] > 0.0)
     if "ref" in per_row:
         per_row["ref"].append(m["numerical_rank_ref_norm"])
+
+
+#: Tensors smaller than this are read whole (a read per block would cost more than it saves).
+STREAM_MIN_BYTES = 8 << 20
+
+
+def _row_blocks(ckpt: Checkpoint, name: str) -> RowBlocks | None:
+    """Tensor ``name`` as :class:`RowBlocks` read from its file (:meth:`Checkpoint.array_chunks`), where it is
+    a tall 2-D float32/bfloat16/float16 matrix (rows > cols: its Gram is WᵀW, as when read whole) of at least
+    ``STREAM_MIN_BYTES`` stored as raw bytes; else None (the caller reads it whole)."""
+    import torch
+
+    from ..weights import torch_dtype
+
+    meta = ckpt.metas[name]
+    if (len(meta.shape) != 2 or meta.shape[0] <= meta.shape[1] or meta.code not in ("F32", "BF16", "F16")
+            or meta.nbytes < STREAM_MIN_BYTES or ckpt.arrays is None or name not in ckpt.raw):
+        return None
+    rows, cols = (int(x) for x in meta.shape)
+    dtype = torch_dtype(meta.code)
+
+    def blocks(n: int):
+        for chunk in ckpt.array_chunks(name, n * cols):
+            t = torch.from_numpy(chunk)
+            yield (t if t.dtype == dtype else t.view(dtype)).view(-1, cols)
+
+    return RowBlocks((rows, cols), dtype, blocks)
 
 
 def _pair_row(W0, W1, D, zero: bool, method: str, device) -> dict[str, float]:
@@ -336,6 +364,9 @@ def weight_ranks(
     model = describe_later(ckpt)  # the fingerprint is hashed while the spectra are computed
 
     def rank_one(name: str) -> list[tuple[str, dict]]:
+        streamed = _row_blocks(ckpt, name) if method == "gram" else None
+        if streamed is not None:  # read a block at a time into one buffer: the tensor is never held whole
+            return [(name, measures(streamed, method, device=dev))]
         t = ckpt.read(name)
         return [(label, measures(W, method, device=dev)) for label, W in _matrices(name, t)]
 

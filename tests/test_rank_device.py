@@ -301,3 +301,49 @@ def test_gpu_rank_check_compare_sees_a_difference():
     assert mod.compare(a, res([[1.0 + 1e-9, 2.0], [3.0, np.nan]])) == []  # erank: within TAIL
     assert len(mod.compare(a, res([[1.0 + 1e-7, 2.0], [3.0, np.nan]]))) == 1
     assert len(mod.compare(a, res([[1.0, 2.0], [3.0, 1.0]]))) == 1
+
+
+# ------------------------------------------------------------------------------------ streamed row blocks
+
+
+def test_tall_tensors_are_ranked_from_row_blocks_bit_for_bit(pair, monkeypatch):
+    """Tall matrices read a block at a time from the file give the same values, bit for bit, as when read
+    whole; the whole tensor is never read for them."""
+    from graftkit.rank import weights as rank_weights
+
+    b, _, tax = pair
+    whole = weight_ranks(b, tax)
+    monkeypatch.setattr(rank_weights, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(spectra, "GRAM_BLOCK_ELEMENTS", 1 << 10)  # several blocks per matrix
+    streamed_names = [n for n in b.metas if rank_weights._row_blocks(b, n) is not None]
+    tall = [n for n, m in b.metas.items() if len(m.shape) == 2 and m.shape[0] > m.shape[1]]
+    assert streamed_names == tall and tall  # the embedding and every tall projection
+    read = []
+    real_read = type(b).read
+    monkeypatch.setattr(type(b), "read", lambda self, n: read.append(n) or real_read(self, n))
+    blocked = weight_ranks(b, tax)
+    assert not set(read) & set(tall)
+    monkeypatch.setattr(rank_weights, "STREAM_MIN_BYTES", 1 << 62)
+    ref = weight_ranks(b, tax)  # the same small blocks, every tensor read whole
+    assert set(tall) <= set(read)
+    np.testing.assert_array_equal(blocked["value"], ref["value"])
+    np.testing.assert_allclose(blocked["value"], whole["value"], rtol=1e-12)
+
+
+def test_row_blocks_are_checked_and_report_nan():
+    from graftkit.rank.spectra import RowBlocks
+
+    W = torch.randn(40, 8)
+    W[3, 2] = float("nan")
+    rb = RowBlocks((40, 8), torch.float32, lambda n: (W[i:i + n] for i in range(0, 40, n)))
+    with pytest.raises(GraftkitError, match=r"W \(shape \[40, 8\]\) holds NaN or inf"):
+        measures(rb)
+    with pytest.raises(GraftkitError, match="holds NaN or inf"):
+        measures(rb, method="svd")  # read whole, then checked
+    with pytest.raises(GraftkitError, match="expected a tall matrix"):
+        RowBlocks((8, 8), torch.float32, lambda n: iter(()))
+    with pytest.raises(GraftkitError, match="expected float32, bfloat16 or float16"):
+        RowBlocks((40, 8), torch.float64, lambda n: iter(()))
+    ok = torch.randn(40, 8)
+    good = RowBlocks((40, 8), torch.float32, lambda n: (ok[i:i + n] for i in range(0, 40, n)))
+    assert not _close(measures(good), measures(ok), 0.0)
