@@ -7,8 +7,15 @@ This measures what the cold run costs over the warm one, and both against copyin
 for writing a model-sized folder on this disk. All three run in one process, alternating, so that
 drift of the disk's speed spreads over all of them.
 
-What runs, after warming the page cache with both inputs, each command's output folder removed
-(untimed) and ``os.sync()`` called before every run, the order reversed on every other repetition:
+What runs: before every run, untimed, the command's output folder is removed, both inputs are read into
+the page cache and ``os.sync()`` is called; after it, its output is dropped from the page cache (three
+model-sized outputs and the two inputs do not fit in memory together: without this, the inputs were
+partly evicted and later runs read them from disk). The order is rotated on every repetition (A B C,
+B C A, C A B, ...), so that each command takes each place equally often and none runs twice in a row (a
+command that deletes the output it wrote just before and writes it again ran up to 2.4× slower on this
+virtual disk, whichever command it was; the untimed graft that fills the warm cache writes into the warm
+command's folder for the same reason). Python writes and reuses compiled bytecode, as an installed
+graftkit does:
 
 - ``cp``: ``bash -c 'cp -r BASE OUT && sync'``;
 - ``graft cold``: ``graftkit graft --base BASE --from RL --groups attn,mlp --out OUT --force`` with
@@ -53,7 +60,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from measure import Measurement, gb, run_measured, summarize, warm_page_cache  # noqa: E402
+from measure import Measurement, evict_page_cache, gb, run_measured, summarize, warm_page_cache  # noqa: E402
 from synth import INDEX, PairSpec, _is_complete, make_pair_from_spec  # noqa: E402
 
 WORK = HERE / ".work"
@@ -70,8 +77,10 @@ OUTPUTS = 3  # cp, the last cold and the last warm output exist at once
 # graftkit does not cache the digest of a file modified in its last 2 s (weights/fingerprint.py); the
 # fill run must see settled inputs, or the warm cache stays empty.
 SETTLE_S = 2.5
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-       "TOKENIZERS_PARALLELISM": "false", "HF_DATASETS_OFFLINE": "1"}
+# Python writes and reuses compiled bytecode, as on an installed graftkit (pip compiles it at install), so
+# that startup compiling graftkit's modules afresh on every run is not timed.
+ENV = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}, "HF_HUB_OFFLINE": "1",
+       "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "HF_DATASETS_OFFLINE": "1"}
 _CHUNK = 16 << 20
 
 
@@ -198,13 +207,15 @@ def disk_needed(spec: PairSpec, pair_written: bool) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Tool:
-    """One measured command: its argv, the folder it writes (removed, untimed, before each run), and
-    its GRAFTKIT_CACHE: a folder, "fresh" (a new empty folder per run), or None (left unset)."""
+    """One measured command: its argv, the folder it writes (removed, untimed, before each run), its
+    GRAFTKIT_CACHE: a folder, "fresh" (a new empty folder per run), or None (left unset), and the inputs
+    it reads (read into the page cache, untimed, before each run)."""
 
     name: str
     argv: list[str]
     out: Path
     cache: Path | str | None = None
+    inputs: tuple[Path, ...] = ()
 
 
 class ToolFailed(RuntimeError):
@@ -212,7 +223,11 @@ class ToolFailed(RuntimeError):
 
 
 def run_tool(tool: Tool, scratch: Path) -> Measurement:
+    """One timed run of ``tool``, from the same state each time: its output removed, its inputs in the page
+    cache, no dirty pages; afterwards its output is dropped from the page cache (:func:`evict_page_cache`),
+    so that outputs never push the inputs out of memory."""
     shutil.rmtree(tool.out, ignore_errors=True)
+    warm_page_cache(tool.inputs)
     env = {k: v for k, v in ENV.items() if k != "GRAFTKIT_CACHE"}
     fresh = None
     if tool.cache == "fresh":
@@ -228,17 +243,25 @@ def run_tool(tool: Tool, scratch: Path) -> Measurement:
     finally:
         if fresh is not None:
             shutil.rmtree(fresh, ignore_errors=True)
+        evict_page_cache([tool.out])
     try:
         return m.check(f"{tool.name} ({' '.join(tool.argv)})")
     except RuntimeError as e:
         raise ToolFailed(str(e)) from None
 
 
+def rotation(tools: Sequence, r: int) -> list:
+    """The order of repetition ``r``: ``tools`` rotated by r (A B C, B C A, C A B, ...), so that no tool runs
+    twice in a row and over len(tools) repetitions each takes each place once."""
+    k = r % len(tools)
+    return list(tools[k:]) + list(tools[:k])
+
+
 def run_alternating(tools: list[Tool], repeats: int, scratch: Path, log) -> dict[str, list[Measurement]]:
-    """Run each tool `repeats` times, alternating the order each round (A B C, C B A, ...)."""
+    """Run each tool `repeats` times in a rotated order each round (:func:`rotation`)."""
     runs: dict[str, list[Measurement]] = {t.name: [] for t in tools}
     for r in range(repeats):
-        for t in (tools if r % 2 == 0 else tools[::-1]):
+        for t in rotation(tools, r):
             m = run_tool(t, scratch)
             runs[t.name].append(m)
             log(f"  [{r + 1}/{repeats}] {t.name:<11} {m.wall_s:7.2f} s  rss {gb(m.peak_rss_bytes)}")
@@ -292,7 +315,8 @@ def _main(argv: list[str] | None, spec: PairSpec | None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true",
                     help=f"{QUICK_LAYERS} layers and one repetition")
-    ap.add_argument("--repeats", type=int, default=3, help="repetitions (alternating); default 3")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="repetitions, each in a rotated order (a multiple of 3 balances the places); default 3")
     ap.add_argument("--layers", type=int, default=None, help="layers of the pair (default 28)")
     ap.add_argument("--graftkit", type=Path, default=GRAFTKIT_EXE, help="graftkit executable")
     ap.add_argument("--work", type=Path, default=WORK, help="folder for the pair, outputs and caches")
@@ -339,10 +363,10 @@ def _main(argv: list[str] | None, spec: PairSpec | None) -> int:
     slept = _wait_until_settled([base, rl])
     if slept:
         log(f"waited {slept:.1f} s for the inputs to settle (graftkit skips caching newer files)")
-    fill_tool = Tool("warm-cache fill", _graft_argv(args.graftkit, base, rl, out / "fill"), out / "fill",
-                     warm_cache)
+    # into the warm command's own folder, which it first deletes two runs later (see the module docstring)
+    fill_tool = Tool("warm-cache fill", _graft_argv(args.graftkit, base, rl, out / "warm"), out / "warm",
+                     warm_cache, (base, rl))
     fill = run_tool(fill_tool, caches)
-    shutil.rmtree(out / "fill", ignore_errors=True)
     if not any(warm_cache.iterdir()):
         log(f"\nFAILED: the fill graft ({fill.wall_s:.2f} s) left GRAFTKIT_CACHE={warm_cache} empty: "
             "the warm runs would be cold")
@@ -351,11 +375,11 @@ def _main(argv: list[str] | None, spec: PairSpec | None) -> int:
         f"{', '.join(sorted(p.name for p in warm_cache.iterdir()))}")
 
     tools = [
-        Tool(CP, ["bash", "-c", f'cp -r "{base}" "{out / "cp"}" && sync'], out / "cp"),
-        Tool(COLD, _graft_argv(args.graftkit, base, rl, out / "cold"), out / "cold", "fresh"),
-        Tool(WARM, _graft_argv(args.graftkit, base, rl, out / "warm"), out / "warm", warm_cache),
+        Tool(CP, ["bash", "-c", f'cp -r "{base}" "{out / "cp"}" && sync'], out / "cp", None, (base, rl)),
+        Tool(COLD, _graft_argv(args.graftkit, base, rl, out / "cold"), out / "cold", "fresh", (base, rl)),
+        Tool(WARM, _graft_argv(args.graftkit, base, rl, out / "warm"), out / "warm", warm_cache, (base, rl)),
     ]
-    log(f"{repeats} repetition(s), alternating:")
+    log(f"{repeats} repetition(s), the order rotated each time:")
     runs = run_alternating(tools, repeats, caches, log)
     summaries = {k: summarize(v) for k, v in runs.items()}
     ratios = paired_ratios(runs)

@@ -330,9 +330,12 @@ def _gram_upper(X: torch.Tensor | RowBlocks, device: Any = None, tiles: bool | N
             if tiles and long * short * short >= GRAM_TILE_MIN_WORK else short)
     blocks = X.blocks(rows) if isinstance(X, RowBlocks) else (X[s:s + rows] for s in range(0, long, rows))
     G = torch.zeros(short, short, dtype=torch.float64, device=dev)
+    # one float64 buffer for every block's upcast: a fresh one per block costs a page fault per 4 kB
+    buf = torch.empty(min(rows, long), short, dtype=torch.float64, device=dev)
     for block in blocks:
         # to the device in the stored dtype (a bf16 block is a quarter of its float64 copy), upcast there
-        B = block.to(device=dev).to(dtype=torch.float64)
+        B = buf[: block.shape[0]]
+        B.copy_(block.to(device=dev))
         if short <= tile:
             G.addmm_(B.T, B)
             continue

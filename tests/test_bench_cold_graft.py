@@ -144,6 +144,40 @@ def test_check_outputs_names_an_empty_fingerprint(tmp_path):
     assert all("no fingerprint for parent 'base'" in p for p in problems)
 
 
+# ---------------------------------------------------------------------------------------- order
+
+def test_rotation_gives_each_tool_each_place_and_never_one_tool_twice_in_a_row():
+    tools = ["cp", "cold", "warm"]
+    orders = [bc.rotation(tools, r) for r in range(6)]
+    assert orders[:3] == [["cp", "cold", "warm"], ["cold", "warm", "cp"], ["warm", "cp", "cold"]]
+    assert orders[3:] == orders[:3]
+    for place in range(3):
+        assert sorted(o[place] for o in orders[:3]) == sorted(tools)
+    sequence = [t for o in orders for t in o]
+    assert all(a != b for a, b in zip(sequence, sequence[1:]))
+
+
+def test_run_tool_warms_inputs_then_evicts_its_output(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(bc, "warm_page_cache", lambda paths: calls.append(("warm", list(paths))) or 0)
+    monkeypatch.setattr(bc, "evict_page_cache", lambda paths: calls.append(("evict", list(paths))) or 0)
+    src, out = tmp_path / "in.bin", tmp_path / "out"
+    src.write_bytes(b"x" * 10)
+    tool = bc.Tool("cp", ["bash", "-c", f'mkdir -p "{out}" && cp "{src}" "{out}/"'], out, None, (src,))
+    m = bc.run_tool(tool, tmp_path / "scratch")
+    assert m.wall_s > 0 and (out / "in.bin").read_bytes() == b"x" * 10
+    assert calls == [("warm", [src]), ("evict", [out])]
+
+
+def test_evict_page_cache_counts_bytes_and_leaves_files_intact(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.bin").write_bytes(b"1" * 4096)
+    (tmp_path / "y.bin").write_bytes(b"2" * 100)
+    n = bc.evict_page_cache([tmp_path / "a", tmp_path / "y.bin", tmp_path / "missing"])
+    assert n == (4196 if hasattr(bc.os, "posix_fadvise") else 0)
+    assert (tmp_path / "a" / "x.bin").read_bytes() == b"1" * 4096 and (tmp_path / "y.bin").read_bytes() == b"2" * 100
+
+
 # ---------------------------------------------------------------------------------------- disk
 
 def test_disk_needed_counts_the_pair_only_when_unwritten():
