@@ -10,7 +10,8 @@ drift of the disk's speed spreads over all of them.
 What runs: before every run, untimed, the command's output folder is removed, both inputs are read into
 the page cache and ``os.sync()`` is called; after it, its output is dropped from the page cache (three
 model-sized outputs and the two inputs do not fit in memory together: without this, the inputs were
-partly evicted and later runs read them from disk). The order is rotated on every repetition (A B C,
+partly evicted and later runs read them from disk; this machine also pages out memory left untouched for
+a while, page cache included, hence the reading before every run). The order is rotated on every repetition (A B C,
 B C A, C A B, ...), so that each command takes each place equally often and none runs twice in a row (a
 command that deletes the output it wrote just before and writes it again ran up to 2.4× slower on this
 virtual disk, whichever command it was; the untimed graft that fills the warm cache writes into the warm
