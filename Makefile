@@ -19,7 +19,7 @@ export SE_OFFLINE := true
 export MINIWOB_CHROME_BINARY ?= /usr/bin/chromium
 export MINIWOB_CHROMEDRIVER ?= /usr/bin/chromedriver
 
-.PHONY: setup browser demo test bench clean
+.PHONY: setup browser demo test bench gpu-wheels clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,14 @@ test: setup browser
 
 bench: setup
 	$(PY) benchmarks/run.py
+
+# Wheels the GPU machine lacks (it reaches no package registry), to carry there as .whl/:
+# blake3 for CPython 3.10-3.13 (benchmarks/gpu_rank_check.py installs the one that fits).
+GPU_WHEEL_PYTHONS ?= 3.10 3.11 3.12 3.13
+gpu-wheels: setup
+	for v in $(GPU_WHEEL_PYTHONS); do \
+	  $(PIP) download -q --only-binary=:all: --no-deps --platform manylinux_2_17_x86_64 --python-version $$v \
+	    -d .whl "blake3>=1.0" || exit 1; done
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

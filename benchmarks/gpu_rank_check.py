@@ -18,23 +18,36 @@ What it does:
    SVDs included): equal within ``REL``; both times;
 5. device memory bound: the peak of (2) against the largest Gram plus one block per worker.
 
-Then a JSON record (``--out``/gpu_rank_check.json) and PASS/FAIL per check; exit status 1 if any fails.
+Then a JSON record (``--out``/gpu_rank_check.json) and PASS/FAIL per check; exit status 1 if any fails,
+2 when it cannot start.
+
+The GPU machine has no package registry and no ``blake3`` (graftkit fingerprints each checkpoint it ranks).
+``make gpu-wheels`` here puts its wheels for CPython 3.10–3.13 in ``.whl/``; carry that folder, and this
+script installs the one that fits from it into a temporary folder (nothing is installed system-wide)::
+
+    make gpu-wheels                                            # here, once
+    # there (the pair, 14 GB, stays out of $OUT; only the record comes back)
+    python benchmarks/gpu_rank_check.py --out /tmp/check; cp /tmp/check/gpu_rank_check.json $OUT/
+
 Budget on one H200 with 16 CPU cores: writing the pair ≈ 2–3 minutes, the device ranks ≈ 30 s, the CPU
 subset ≈ 1 minute, the delta layers ≈ 1 minute. It needs only torch, numpy, safetensors, transformers
-(synth.py's config) and h5py; plotly is stood in for where missing (nothing here draws).
+(synth.py's config), h5py and blake3 (above); plotly is stood in for where missing (nothing here draws).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+WHEELS = HERE.parent / ".whl"  # `make gpu-wheels`
 sys.path.insert(0, str(HERE))
 
 from gpu_check import _importable  # noqa: E402
@@ -45,6 +58,31 @@ TAIL = {"erank": 1e-8, "rankme": 1e-8}  # see rank/spectra.py: the Gram's floor 
 WEIGHTS_TARGET_S = 30.0
 FULL = PairSpec(hidden=3072, layers=28, vocab=128_256, intermediate=8192, heads=24, kv_heads=8)
 SMALL = PairSpec(hidden=64, layers=3, vocab=512, intermediate=192, heads=4, kv_heads=2)
+
+
+def ensure_blake3(wheels: Path = WHEELS) -> str | None:
+    """Make ``import blake3`` work: nothing where it is installed, else its wheel from ``wheels`` installed
+    into a temporary folder put on ``sys.path`` (a note saying so). Exits with status 2 and one line naming
+    the fix where neither works."""
+    if importlib.util.find_spec("blake3") is not None:
+        return None
+    target = Path(tempfile.mkdtemp(prefix="gpu-rank-check-wheels-"))
+    found = sorted(wheels.glob("blake3-*.whl")) if wheels.is_dir() else []
+    if found:
+        proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                               "--find-links", str(wheels), "--target", str(target), "blake3"],
+                              capture_output=True, text=True)
+        if proc.returncode == 0:
+            sys.path.insert(0, str(target))
+            importlib.invalidate_caches()
+            if importlib.util.find_spec("blake3") is not None:
+                return f"blake3 installed from {wheels} into {target}"
+        why = f"none of the {len(found)} blake3 wheel(s) in {wheels} installs here ({proc.stderr.strip()[-200:]})"
+    else:
+        why = f"no blake3 wheel in {wheels}"
+    print(f"gpu_rank_check: blake3 is not installed and {why}: run `make gpu-wheels` where a package registry "
+          "is reachable and carry .whl/ to this machine", file=sys.stderr)
+    raise SystemExit(2)
 
 
 class Checks:
@@ -92,6 +130,8 @@ def main(argv=None) -> int:
     ap.add_argument("--delta-layers", default="0-1", help="decoder layers of the delta comparison (default 0-1)")
     args = ap.parse_args(argv)
     notes = _importable()
+    if note := ensure_blake3():
+        notes.append(note)
 
     import numpy as np
     import torch

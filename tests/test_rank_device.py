@@ -347,3 +347,50 @@ def test_row_blocks_are_checked_and_report_nan():
     ok = torch.randn(40, 8)
     good = RowBlocks((40, 8), torch.float32, lambda n: (ok[i:i + n] for i in range(0, 40, n)))
     assert not _close(measures(good), measures(ok), 0.0)
+
+
+def _gpu_rank_check_module():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("gpu_rank_check", root / "benchmarks" / "gpu_rank_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _without_blake3(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "blake3" else real(name, *a))
+
+
+def test_gpu_rank_check_blake3_present_needs_nothing(tmp_path):
+    assert _gpu_rank_check_module().ensure_blake3(tmp_path / "none") is None
+
+
+def test_gpu_rank_check_without_blake3_or_its_wheel_stops_with_the_fix(tmp_path, monkeypatch, capsys):
+    mod = _gpu_rank_check_module()
+    _without_blake3(monkeypatch)
+    with pytest.raises(SystemExit) as e:
+        mod.ensure_blake3(tmp_path / "wheels")
+    assert e.value.code == 2
+    msg = capsys.readouterr().err.strip()
+    assert "blake3 is not installed" in msg and f"no blake3 wheel in {tmp_path / 'wheels'}" in msg
+    assert "make gpu-wheels" in msg and "\n" not in msg
+
+
+def test_gpu_rank_check_with_a_wheel_that_does_not_install_says_so(tmp_path, monkeypatch, capsys):
+    mod = _gpu_rank_check_module()
+    _without_blake3(monkeypatch)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "blake3-1.0.0-cp27-cp27m-win32.whl").write_bytes(b"not a wheel")
+    with pytest.raises(SystemExit) as e:
+        mod.ensure_blake3(wheels)
+    assert e.value.code == 2
+    assert f"none of the 1 blake3 wheel(s) in {wheels} installs here" in capsys.readouterr().err
