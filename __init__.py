@@ -26,7 +26,7 @@ line and the study (:func:`run_study`) call:
 | rank, couple | :class:`RankConfig`, :class:`CoupleConfig` | :func:`run_rank`, :func:`run_couple` | :class:`RankResult`, :class:`CouplingResult` |
 | train sft, train grpo, sweep | :class:`TrainSFTConfig`, :class:`GRPOConfig`, :class:`SweepConfig` | :func:`run_train_sft`, :func:`run_train_grpo`, :func:`run_sweep_grid` | :class:`TrainingCurves` |
 | report, results | :class:`ReportConfig`, :class:`ResultsConfig` | :func:`run_report`, :func:`run_results` | |
-| demo | :class:`StudyConfig` | :func:`run_study` | the findings (:mod:`graftkit.findings`) |
+| demo | :class:`StudyConfig` | :func:`run_study` | the findings (:mod:`graftkit.study.findings`) |
 
 Underneath: ``weights`` (checkpoints, PEFT LoRA, the tensor taxonomy), ``graft`` (delta anatomy, the
 splice, export and in-place grafts, sweeps and attribution), ``rank`` (spectral measures, weight /
@@ -38,9 +38,9 @@ delta / activation ranks, coupling), ``agent`` and ``webenv`` (the policy and th
 from ._version import __version__
 from . import api as _api
 from .api import couple, delta, eval, grafted, headroom, load_policy, report, train_grpo, train_sft  # noqa: A004
-from .config import CommandConfig, OnProgress
-from .errors import GraftkitError
-from .evaluation import EvalConfig, EvalResult, HeadroomConfig, HeadroomResult, run_eval, run_headroom
+from .core.config import CommandConfig, OnProgress
+from .core.errors import GraftkitError
+from .evaluation.commands import EvalConfig, EvalResult, HeadroomConfig, HeadroomResult, run_eval, run_headroom
 from .figures import build_report, export_csv, write_report
 from .figures.commands import ReportConfig, ResultsConfig, run_report, run_results
 from .graft import (
@@ -60,10 +60,10 @@ from .graft.commands import GraftConfig, run_graft
 from .rank.commands import CoupleConfig, RankConfig, run_couple, run_rank
 from .rank.coupling import CouplingResult
 from .rank.results import RankResult
-from .store import Result, current_run, list_results, open_result, open_run, read_result, write_result
-from .study import StudyConfig, run_study
+from .results.store import Result, current_run, list_results, open_result, open_run, read_result, write_result
+from .study.pipeline import StudyConfig, run_study
 from .train.configs import GRPOConfig, SweepConfig
-from .training import TrainingCurves, TrainSFTConfig, run_sweep_grid, run_train_grpo, run_train_sft
+from .train.commands import TrainingCurves, TrainSFTConfig, run_sweep_grid, run_train_grpo, run_train_sft
 from .weights import (
     Checkpoint,
     Taxonomy,

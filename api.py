@@ -1,7 +1,7 @@
 """graftkit from Python: one function per command, with the command's options as keyword arguments.
 
 Each function builds the command's frozen config (so a bad option is the same one-line
-:class:`~graftkit.errors.GraftkitError` the command line gives) and calls the same ``run_*`` function
+:class:`~graftkit.core.errors.GraftkitError` the command line gives) and calls the same ``run_*`` function
 the command line and the study call; results come back as typed views, ready for ``.to_xarray()``::
 
     import graftkit as gk
@@ -24,8 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from .config import OnProgress, no_progress
-from .errors import GraftkitError
+from .core.config import OnProgress, no_progress
+from .core.errors import GraftkitError
 
 PathLike = str | os.PathLike
 
@@ -80,16 +80,16 @@ def graft(rl: PathLike, groups: str | Sequence[str] | None = None, *, progress: 
 
 def eval(model: PathLike, *, progress: bool = False, **options):  # noqa: A001 - the command's name
     """``graftkit eval``: success per task with intervals (``compare_to=`` for the paired verdict); returns
-    the run, whose ``.results["model"]`` is an :class:`~graftkit.evaluation.EvalResult`."""
-    from .evaluation import EvalConfig, run_eval
+    the run, whose ``.results["model"]`` is an :class:`~graftkit.evaluation.commands.EvalResult`."""
+    from .evaluation.commands import EvalConfig, run_eval
 
     return run_eval(EvalConfig(model=model, **options), _bars(progress))
 
 
 def headroom(model: PathLike, *, progress: bool = False, **options):
     """``graftkit headroom``: greedy vs sampled success and pass@k per task; ``.result`` is a
-    :class:`~graftkit.evaluation.HeadroomResult`."""
-    from .evaluation import HeadroomConfig, run_headroom
+    :class:`~graftkit.evaluation.commands.HeadroomResult`."""
+    from .evaluation.commands import HeadroomConfig, run_headroom
 
     return run_headroom(HeadroomConfig(model=model, **options), _bars(progress))
 
@@ -112,8 +112,8 @@ def couple(run: PathLike | None = None, **options) -> dict:
 
 def train_sft(out: PathLike, *, force: bool = False, progress: bool = False, **options):
     """``graftkit train sft``: SFT on oracle demonstrations; returns the policy folder and its
-    :class:`~graftkit.training.TrainingCurves` (``.policy``, ``.curves``)."""
-    from .training import TrainSFTConfig, run_train_sft
+    :class:`~graftkit.train.commands.TrainingCurves` (``.policy``, ``.curves``)."""
+    from .train.commands import TrainSFTConfig, run_train_sft
 
     return run_train_sft(TrainSFTConfig(out=out, **options), _bars(progress), force=force)
 
@@ -121,9 +121,9 @@ def train_sft(out: PathLike, *, force: bool = False, progress: bool = False, **o
 def train_grpo(init: PathLike, out: PathLike, *, resume: bool = False, force: bool = False, progress: bool = False,
                **options):
     """``graftkit train grpo``: GRPO from an SFT policy with every knob of the control grid; returns the
-    policy folder and its :class:`~graftkit.training.TrainingCurves`."""
+    policy folder and its :class:`~graftkit.train.commands.TrainingCurves`."""
     from .train.configs import GRPOConfig
-    from .training import run_train_grpo
+    from .train.commands import run_train_grpo
 
     return run_train_grpo(GRPOConfig(init=init, out=out, **options), _bars(progress), resume=resume, force=force)
 

@@ -23,21 +23,21 @@ from rich.markup import escape
 from rich.table import Table
 
 from ._version import __version__
-from .config import cli_parameters
-from .errors import GraftkitError
-from .files import fmt_size, os_error
-from .progress import Bars, err, fmt_bytes, step_printer
-from .store import CleanConfig, run_clean, runs_root
+from .core.config import cli_parameters
+from .core.errors import GraftkitError
+from .core.files import fmt_size, os_error
+from .core.progress import Bars, err, fmt_bytes, step_printer
+from .results.store import CleanConfig, run_clean, runs_root
 from .weights.commands import InspectConfig, must_exist, run_inspect
 from .weights.gguf import ImportConfig, run_import
 from .graft.anatomy import METRICS as DELTA_METRICS, DeltaConfig, DeltaResult, run_delta
-from .training import TrainSFTConfig, run_sweep_grid, run_train_grpo, run_train_sft
+from .train.commands import TrainSFTConfig, run_sweep_grid, run_train_grpo, run_train_sft
 from .train.configs import GRPOConfig, SweepConfig
-from .study import StudyConfig, run_study
+from .study.pipeline import StudyConfig, run_study
 from .figures.commands import ReportConfig, ResultsConfig, run_report, run_results
 from .graft.commands import GraftConfig, GraftExperiments, run_graft
 from .rank.commands import CoupleConfig, RankConfig, run_couple, run_rank
-from .evaluation import EvalConfig, HeadroomConfig, run_eval, run_headroom
+from .evaluation.commands import EvalConfig, HeadroomConfig, run_eval, run_headroom
 
 app = typer.Typer(
     add_completion=False,

@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 from .policy import Policy
 from .tasks import make_task_env, resolve_tasks
 from .rollout import Decode, Episode, rollout

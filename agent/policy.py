@@ -28,7 +28,7 @@ from typing import Sequence
 
 import torch
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 
 #: End-of-turn tokens of common chat formats (ChatML, Llama 3, Gemma): decoding stops at any of them.
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")
@@ -71,7 +71,7 @@ class Policy:
     @property
     def placement(self) -> dict:
         """Where the model runs and in what dtype (what a result records: device, dtype, torch, gpu)."""
-        from ..devices import describe
+        from ..core.devices import describe
 
         p = next(self.model.parameters())
         return describe(p.device, p.dtype)
@@ -191,10 +191,10 @@ def load_policy(path: Path, *, allow_pickle: bool = False, obs: str = "text", co
     refuses a text-only folder before loading any weights. A single checkpoint file (``allow_pickle``
     for a pickled one) is built over ``config``, the HF folder of its config.json and tokenizer or
     processor (:func:`graftkit.weights.load_model`), which must then be given. ``device``/``dtype``: where
-    and in what precision it runs (:mod:`graftkit.devices`: ``auto`` is the stored dtype on a GPU, float32
+    and in what precision it runs (:mod:`graftkit.core.devices`: ``auto`` is the stored dtype on a GPU, float32
     on the CPU); the weights are loaded in that dtype, so a float32 checkpoint run in bfloat16 is rounded
     once, as ``from_pretrained(dtype=torch.bfloat16)`` rounds it."""
-    from ..devices import resolve_device, resolve_dtype
+    from ..core.devices import resolve_device, resolve_dtype
     from ..weights import is_vision_folder, load_model, load_vlm
     from ..weights.hf import single_file_config, stored_dtype
     from .vlm import VisionPolicy

@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 from ..webenv import ParseError
 from ..verifiable import ProblemEnv
 from .tasks import check_known, is_problem, make_task_env

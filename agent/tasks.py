@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 from ..verifiable import ProblemEnv, ProblemObservation, is_verifiable, lookup, resolve_source
 from ..webenv import make_env
 from ..webenv import tasks as webtasks

@@ -32,7 +32,7 @@ from typing import Sequence
 
 import torch
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 from ..weights import ImageTextProcessor
 from .policy import SIZES, Policy, format_prompt, tiny_tokenizer
 

@@ -61,7 +61,7 @@ def make_policies(root: Path) -> dict[str, Path]:
 def result_data(path) -> dict:
     import numpy as np
 
-    from graftkit.store import read_result
+    from graftkit.results.store import read_result
 
     res = read_result(path)
     return {k: np.asarray(res[k]) for k in res.data}
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.serial_threads:
         torch.set_num_threads(args.serial_threads)
 
-    from graftkit.executor import ray_cluster
+    from graftkit.core.executor import ray_cluster
     from graftkit.graft.commands import GraftConfig, run_graft
 
     WORK.mkdir(exist_ok=True)

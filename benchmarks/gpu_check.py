@@ -135,7 +135,7 @@ def build_pair(out: Path, size: dict, seed: int = 0):
 
 
 def _eval(model: Path, out: Path, device: str, dtype: str, tasks: str, seeds: int, name: str):
-    from graftkit.evaluation import EvalConfig, run_eval
+    from graftkit.evaluation.commands import EvalConfig, run_eval
 
     cfg = EvalConfig(model=model, tasks=tasks, seeds=seeds, episodes=1, device=device, dtype=dtype, run=out,
                      save=out / "results" / f"eval-{name}.h5")
@@ -206,7 +206,7 @@ def check_grafts(c: Checks, base: Path, rl: Path, out: Path, dev: str, seeds: in
     from graftkit.graft import GraftSpec, InPlaceGraft, export_graft, plan_graft
     from graftkit.graft.commands import GraftConfig, run_graft_experiments
     from graftkit.graft.experiments import BASE_LABEL
-    from graftkit.store import read_result
+    from graftkit.results.store import read_result
     from graftkit.weights import load_model, open_checkpoint
 
     b, r = open_checkpoint(base), open_checkpoint(rl)
@@ -273,7 +273,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import torch
 
-    from graftkit.devices import resolve_device
+    from graftkit.core.devices import resolve_device
 
     dev = str(resolve_device(args.device))
     out = (args.out or Path(tempfile.mkdtemp(prefix="gpu-check-"))).resolve()

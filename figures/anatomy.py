@@ -15,7 +15,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from ..graft.anatomy import DeltaResult
-from ..store import Result
+from ..results.store import Result
 from ._common import base_layout, colour, esc, esc_all, integer_axis
 
 #: Heatmap metrics: (colour-bar title, factor, hover format, title) of the layer × group cells.

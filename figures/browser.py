@@ -11,7 +11,7 @@ import shutil
 import time
 from pathlib import Path
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import CommandConfig, opt
-from ..errors import GraftkitError
-from ..store import current_run, scan_results
+from ..core.config import CommandConfig, opt
+from ..core.errors import GraftkitError
+from ..results.store import current_run, scan_results
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,7 +1,7 @@
 """Training curves: the per-step metrics that `graftkit train sft|grpo` logs, one figure per family.
 
 Input: results of kind ``train-sft`` / ``train-grpo`` (one array per metric over ``step``, written by
-training.py from ``train_log.jsonl``), read through :class:`~graftkit.training.TrainingCurves`. A family
+training.py from ``train_log.jsonl``), read through :class:`~graftkit.train.commands.TrainingCurves`. A family
 is drawn when at least one run logged one of its metrics.
 """
 
@@ -13,8 +13,8 @@ from typing import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from ..store import Result
-from ..training import TrainingCurves
+from ..results.store import Result
+from ..train.commands import TrainingCurves
 from ._common import base_layout, colour, esc
 
 

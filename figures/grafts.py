@@ -18,7 +18,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from ..graft.experiments import DissociationResult, SweepResult
-from ..store import Result
+from ..results.store import Result
 from ._common import base_layout, bounds, colour, esc, esc_all, interval_error, verdict_colour, zero_line
 
 

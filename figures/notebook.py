@@ -1,6 +1,6 @@
 """Every figure of the report as a function of results, for Jupyter: ``gk.figures.success_rates(ev).show()``.
 
-Each function takes results — a :class:`~graftkit.store.Result`, a typed view (``DeltaResult``,
+Each function takes results — a :class:`~graftkit.results.store.Result`, a typed view (``DeltaResult``,
 ``SweepResult``, ``RankResult``, ``CouplingResult``, ``TrainingCurves``, ``EvalResult``…), what a command
 function returns (``gk.eval``, ``gk.headroom``, ``gk.train_grpo``, a summary dict with a ``result_file``),
 or the path of a result file — and returns the ``plotly.graph_objects.Figure`` the report draws for the
@@ -9,7 +9,7 @@ curves.py) with the arguments the report passes. Series are labelled as in the r
 (report.base_label: an eval's model folder, a training or rank result's model folder, any other result's
 file stem; a label two results of one kind share gets the file stem appended); ``label=`` / ``labels=``
 override it. A result of the wrong kind, or one that lacks the arrays a figure needs, raises a
-:class:`~graftkit.errors.GraftkitError` naming the file and the command that writes what is missing
+:class:`~graftkit.core.errors.GraftkitError` naming the file and the command that writes what is missing
 (where the report would leave the figure out, or write a note).
 """
 
@@ -22,11 +22,11 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
 import plotly.graph_objects as go
 
-from ..errors import GraftkitError
-from ..evaluation import EvalResult, EvalRun, HeadroomRun
+from ..core.errors import GraftkitError
+from ..evaluation.commands import EvalResult, EvalRun, HeadroomRun
 from ..graft.anatomy import DeltaResult
-from ..store import Result, View, read_result
-from ..training import TrainingCurves
+from ..results.store import Result, View, read_result
+from ..train.commands import TrainingCurves
 from . import anatomy, curves, grafts, rank, success
 from .report import base_label, decode_key, delta_label, distinct_labels, training_label
 

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 
 from ..rank.coupling import CouplingResult
 from ..rank.results import RankResult
-from ..store import Result
+from ..results.store import Result
 from ._common import base_layout, bounds, colour, esc, esc_all, integer_axis, interval_error, title, zero_line
 
 TARGETS = {

@@ -29,12 +29,12 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from .._version import __version__
-from ..errors import GraftkitError
-from ..findings import FindingsResult
+from ..core.errors import GraftkitError
+from ..study.findings import FindingsResult
 from ..graft.anatomy import DeltaResult
 from ..stats import Comparison
-from ..files import write_atomic
-from ..store import DamagedResult, Result, result_labels, scan_results
+from ..core.files import write_atomic
+from ..results.store import DamagedResult, Result, result_labels, scan_results
 from . import anatomy, curves, grafts, rank, success
 from ._common import fmt
 
@@ -125,7 +125,7 @@ def delta_label(run: str, path: Path | None, n_files: int) -> str:
 
 def scan_run(run_dir: str | os.PathLike) -> tuple[list[Loaded], list[DamagedResult]]:
     """Every readable result of ``run_dir``, oldest first, each with a label unique within its kind; and
-    every result file that could not be read, with the reason (:func:`graftkit.store.scan_results`)."""
+    every result file that could not be read, with the reason (:func:`graftkit.results.store.scan_results`)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise GraftkitError(f"{run_dir}: no such run folder", "pass a run folder (e.g. runs/demo), or run `graftkit demo`")
@@ -556,9 +556,9 @@ def build_report(run_dir: str | os.PathLike) -> str:
 
 
 def write_report(run_dir: str | os.PathLike, out_path: str | os.PathLike, flag: str | None = "--out") -> Report:
-    """Write the report of ``run_dir`` to ``out_path`` atomically (:func:`graftkit.files.write_atomic`:
+    """Write the report of ``run_dir`` to ``out_path`` atomically (:func:`graftkit.core.files.write_atomic`:
     kind of path and free space checked, temporary sibling, fsync, rename, folder fsync)."""
-    from ..files import check_file_dest
+    from ..core.files import check_file_dest
 
     check_file_dest(out_path, flag, "report.html")  # before the results are read and drawn
     report = make_report(run_dir)

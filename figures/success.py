@@ -14,9 +14,9 @@ from typing import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from ..evaluation import EvalResult, HeadroomResult
+from ..evaluation.commands import EvalResult, HeadroomResult
 from ..stats import Comparison, HeadroomTable, RateInterval, compare, wilson_interval
-from ..store import Result
+from ..results.store import Result
 from ._common import base_layout, colour, esc, esc_all, fmt, interval_error, pct, verdict_colour, zero_line
 
 #: Category label of the pooled rate over every task of a result.

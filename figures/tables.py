@@ -17,9 +17,9 @@ from typing import Iterator
 
 import numpy as np
 
-from ..errors import GraftkitError
-from ..files import check_folder_dest, translated, write_atomic
-from ..store import Result, scan_results, tidy_columns
+from ..core.errors import GraftkitError
+from ..core.files import check_folder_dest, translated, write_atomic
+from ..results.store import Result, scan_results, tidy_columns
 
 
 def _cell(v: object) -> object:
@@ -34,7 +34,7 @@ def _cell(v: object) -> object:
 
 def tidy_rows(res: Result, name: str) -> tuple[list[str], Iterator[list[object]]]:
     """Header and rows of array ``name``: its dimension labels (one column each), then ``value``
-    (:func:`~graftkit.store.tidy_columns`, with each cell as CSV text)."""
+    (:func:`~graftkit.results.store.tidy_columns`, with each cell as CSV text)."""
     header, cols = tidy_columns(res, name)
     return [*header[:-1], "value"], ([_cell(c[i]) for c in cols] for i in range(len(cols[-1])))
 

@@ -35,9 +35,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..config import OnProgress, RunOption, no_progress, opt
-from ..errors import GraftkitError
-from ..store import Result, View
+from ..core.config import OnProgress, RunOption, no_progress, opt
+from ..core.errors import GraftkitError
+from ..results.store import Result, View
 from ..weights import Checkpoint, Taxonomy, check_fine_tune, check_pair, pair_distance
 from ..weights.pair import blocked_dot as _dot, exact_float as _to_float, judged_matrices, upcast_code
 from ..weights.commands import ReadOptions
@@ -449,7 +449,7 @@ class DeltaResult(View):
 def run_delta(cfg: DeltaConfig, on_progress: OnProgress = no_progress) -> DeltaResult:
     """Delta anatomy of every ``cfg.rl`` against the base; written to ``cfg.save`` (default
     ``RUN/results/delta-<labels>.h5``). The result records ``cfg.as_dict()`` as its config."""
-    from ..store import current_run, result_labels, write_result
+    from ..results.store import current_run, result_labels, write_result
     from ..weights import describe, open_pair, shared_vocab
     from ..weights.runs import checkpoint_step, resolve_models, trainer_run, trainer_series
 

@@ -37,7 +37,7 @@ from typing import Hashable, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 from ..stats import _expanded_tail, cluster_bootstrap_factors, fold_episodes
 
 BOUNDS = ("estimate", "low", "high")

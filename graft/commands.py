@@ -25,9 +25,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..config import OnProgress, RunOption, DeviceOption, ExecutorOption, no_progress, opt
-from ..errors import GraftkitError
-from ..store import current_run, result_labels, write_result
+from ..core.config import OnProgress, RunOption, DeviceOption, ExecutorOption, no_progress, opt
+from ..core.errors import GraftkitError
+from ..results.store import current_run, result_labels, write_result
 from ..weights.runs import resolve_models
 from .anatomy import rl_base
 from ..weights.commands import ReadOptions, must_exist
@@ -349,7 +349,7 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
                            device=device, dtype=cfg.dtype)
 
     def open_worker():  # on a Ray worker: the base loaded once, the checkpoints opened as above
-        from ..executor import worker_device
+        from ..core.executor import worker_device
 
         resolve_tasks(cfg.tasks)  # a user's verifiable tasks are loaded in the worker too
 
@@ -359,7 +359,7 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
 
     with contextlib.ExitStack() as stack:
         if cfg.executor == "ray":  # one worker per GPU or CPU, each holding the loaded base
-            from ..executor import ray_pool
+            from ..core.executor import ray_pool
 
             pool = stack.enter_context(ray_pool(open_worker, len(exps) * len(runs), address=cfg.ray_address,
                                                 workers=cfg.workers, device=cfg.device))

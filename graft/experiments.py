@@ -35,8 +35,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import GraftkitError
-from ..store import Result, View, read_result
+from ..core.errors import GraftkitError
+from ..results.store import Result, View, read_result
 from ..weights import BANDS, GROUPS, Checkpoint, Taxonomy
 from ..weights.taxonomy import DECODER
 from . import attribution as A
@@ -319,7 +319,7 @@ def distribute_graft_sweep(
     backend: str = "py",
     obs: str = "text",
 ) -> dict[str, np.ndarray]:
-    """:func:`run_graft_sweep` on the workers of ``pool`` (:func:`graftkit.executor.worker_pool`, each
+    """:func:`run_graft_sweep` on the workers of ``pool`` (:func:`graftkit.core.executor.worker_pool`, each
     worker a :class:`SweepWorker` holding run ``key``'s RL checkpoint): the configurations ``done`` lacks
     are handed out as workers free up, each split into one block of evaluation seeds per worker (episodes
     depend only on their seed, so the blocks put together are the configuration's outcomes, and no worker

@@ -37,7 +37,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 from ..weights import Checkpoint, check_pair
 from .plan import GraftPlan
 from .splice import row_chunks, splice

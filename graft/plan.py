@@ -19,7 +19,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Mapping
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 from ..weights import GROUPS, Taxonomy, band_rule, parse_layers
 from ..weights.taxonomy import DECODER
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 
 if TYPE_CHECKING:
     import torch

@@ -52,8 +52,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import GraftkitError
-from ..store import Result
+from ..core.errors import GraftkitError
+from ..results.store import Result
 from ..weights import band_rule, parse_layers
 from .spectra import CONVENTIONS, METHODS, RANKME_EPS, Spectrum, erank, erank_sq, numerical_rank, \
     participation_ratio, rankme, stable_rank, top1_energy_of

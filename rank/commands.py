@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import CommandConfig, RunOption, DeviceOption, check_choice, no_progress, opt
-from ..errors import GraftkitError
+from ..core.config import CommandConfig, RunOption, DeviceOption, check_choice, no_progress, opt
+from ..core.errors import GraftkitError
 from ..stats import fold_episodes
-from ..store import Result, current_run, read_result, result_labels, write_result
+from ..results.store import Result, current_run, read_result, result_labels, write_result
 from ..weights.commands import ReadOptions
 from .coupling import CouplingResult
 from .results import BACKENDS, METRICS, PAIR_METRICS, TOKENS, RankResult
@@ -171,7 +171,7 @@ def _rank_weights(cfg: RankConfig, models: list[Path], labels: list[str], run: P
     from ..weights.lora import is_lora_folder, open_adapted
     from ..weights.taxonomy import DECODER
 
-    from ..devices import resolve_device
+    from ..core.devices import resolve_device
 
     device = resolve_device(cfg.device)  # where the float64 Grams and eigvalsh run (a GPU when auto finds one)
     payload: dict = {"what": cfg.what, "layers": cfg.layers, "metrics": cfg.shown, "device": str(device), "models": {}}

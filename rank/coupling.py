@@ -32,9 +32,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 from ..stats import BETTER, WORSE, correlation_ci, wilson_interval
-from ..store import Result, View
+from ..results.store import Result, View
 from ..weights import BANDS, band_of, band_rule
 
 STATS: tuple[str, ...] = ("spearman", "pearson")

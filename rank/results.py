@@ -13,8 +13,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import GraftkitError
-from ..store import View
+from ..core.errors import GraftkitError
+from ..results.store import View
 
 RANK_KINDS: tuple[str, ...] = ("rank-weights", "rank-delta", "rank-activations")
 #: Single-matrix measures, in ``value``'s metric order.

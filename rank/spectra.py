@@ -84,7 +84,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import torch
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 
 METHODS = {"gram": "gram-eigvalsh-fp64", "svd": "svd-fp64"}
 VECTORS_METHOD = "svd-fp64"
@@ -300,12 +300,12 @@ GRAM_TILE_MIN_WORK = 1 << 27
 
 def as_device(device: Any = None) -> torch.device:
     """The torch device ``device`` names: None is the CPU; "auto", "cuda", "cuda:N" as ``--device`` reads them
-    (:func:`graftkit.devices.resolve_device`, one error when CUDA is missing)."""
+    (:func:`graftkit.core.devices.resolve_device`, one error when CUDA is missing)."""
     if device is None:
         return torch.device("cpu")
     if isinstance(device, torch.device):
         return device
-    from ..devices import resolve_device
+    from ..core.devices import resolve_device
 
     return resolve_device(str(device))
 

@@ -55,8 +55,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import GraftkitError
-from ..store import Result
+from ..core.errors import GraftkitError
+from ..results.store import Result
 from ..weights import (Checkpoint, Taxonomy, band_rule, check_fine_tune, check_pair, describe_later, parse_layers,
                        stream_pair_distance)
 from ..weights.taxonomy import DECODER

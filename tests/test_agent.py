@@ -8,7 +8,7 @@ import torch
 
 from graftkit.agent import Decode, canonical_action, evaluate, resolve_tasks, rollout, task_words, tiny_policy
 from graftkit.agent.rollout import generate
-from graftkit.errors import GraftkitError
+from graftkit.core.errors import GraftkitError
 from graftkit.webenv import make_env, parse_action
 from graftkit.webenv.render import render_text
 from graftkit.webenv.tasks import TASKS

@@ -24,8 +24,8 @@ from graftkit.agent import (
 )
 from graftkit.agent.rollout import generate
 from graftkit.cli import app
-from graftkit.errors import GraftkitError
-from graftkit.store import read_result
+from graftkit.core.errors import GraftkitError
+from graftkit.results.store import read_result
 from graftkit.webenv import make_env, parse_action
 from graftkit.webenv.render import render_elements, render_som, som_marks
 from graftkit.weights import is_vision_folder, load_vlm, save_model

@@ -46,7 +46,7 @@ def test_one_function_per_command_and_the_grafted_context(tmp_path, monkeypatch)
 
     import graftkit as gk
     import graftkit.graft as graft_pkg
-    from graftkit.errors import GraftkitError
+    from graftkit.core.errors import GraftkitError
 
     monkeypatch.chdir(tmp_path)
     sft, rl = planted_pair(tmp_path / "runs")

@@ -103,7 +103,7 @@ def test_every_agent_command_runs_on_a_chat_model(folders, style, tmp_path, monk
 def _planted(invalid_share: dict[str, float]):
     import numpy as np
 
-    from graftkit.evaluation import EvalResult
+    from graftkit.evaluation.commands import EvalResult
 
     tasks = tuple(invalid_share)
     shape = (len(tasks), 2, 1, 1)

@@ -18,7 +18,7 @@ import torch  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from graftkit.cli import app  # noqa: E402
-from graftkit.store import read_result  # noqa: E402
+from graftkit.results.store import read_result  # noqa: E402
 from graftkit.weights import band_rule  # noqa: E402
 
 NAN_TENSOR = "model.layers.2.self_attn.v_proj.weight"

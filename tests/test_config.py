@@ -9,8 +9,8 @@ import pytest
 import typer.main
 
 from graftkit.cli import app
-from graftkit.config import CommandConfig, field_docs
-from graftkit.errors import GraftkitError
+from graftkit.core.config import CommandConfig, field_docs
+from graftkit.core.errors import GraftkitError
 
 #: Options that are no config field: how to render or where to write, never what to compute.
 EXTRAS = {"help", "as_json", "force", "resume", "open_it", "top"}

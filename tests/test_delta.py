@@ -17,9 +17,9 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from graftkit.errors import GraftkitError  # noqa: E402
+from graftkit.core.errors import GraftkitError  # noqa: E402
 from graftkit.graft import delta_anatomy, summarise, tensor_delta_stats  # noqa: E402
-from graftkit.store import read_result, write_result  # noqa: E402
+from graftkit.results.store import read_result, write_result  # noqa: E402
 from graftkit.weights import check_pair, open_checkpoint  # noqa: E402
 
 METRICS = ("fro_delta", "rel_delta", "share", "max_abs_delta", "frac_unchanged", "frac_within_tol")

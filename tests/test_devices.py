@@ -1,6 +1,6 @@
 """``--device`` and ``--dtype`` on every command that runs a model.
 
-- the rules of :mod:`graftkit.devices` (CUDA requests on a machine without CUDA, device indices, what
+- the rules of :mod:`graftkit.core.devices` (CUDA requests on a machine without CUDA, device indices, what
   ``auto`` means on each device), with ``torch.cuda`` monkeypatched where a GPU is pretended;
 - every model-running path in bfloat16 on the CPU (eval, headroom, graft --eval/--sweep, rank --what
   activations, train sft, train grpo, sweep, the demo's stage configs), each recording its placement, and
@@ -30,10 +30,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
-from graftkit import devices  # noqa: E402
+from graftkit.core import devices  # noqa: E402
 from graftkit.cli import app  # noqa: E402
-from graftkit.errors import GraftkitError  # noqa: E402
-from graftkit.store import read_result  # noqa: E402
+from graftkit.core.errors import GraftkitError  # noqa: E402
+from graftkit.results.store import read_result  # noqa: E402
 from graftkit.weights import load_model, open_checkpoint, save_model  # noqa: E402
 
 runner = CliRunner()
@@ -339,8 +339,8 @@ def test_study_passes_its_placement_to_every_stage_that_runs_a_model(policies, t
     are replaced by recorders: the stages' wiring is the point, not the training)."""
     import graftkit.graft.commands as graft_commands
     import graftkit.rank.commands as rank_commands
-    import graftkit.study as study
-    import graftkit.training as training
+    import graftkit.study.pipeline as study
+    import graftkit.train.commands as training
 
     seen: list = []
     record = lambda cfg, *a, **k: seen.append(cfg)  # noqa: E731
@@ -479,7 +479,7 @@ def test_grpo_resume_in_bfloat16_equals_the_uninterrupted_run(policies, tmp_path
 
 @needs_cuda
 def test_eval_on_cuda_matches_the_cpu(policies, tmp_path):
-    from graftkit.evaluation import EvalConfig, run_eval
+    from graftkit.evaluation.commands import EvalConfig, run_eval
 
     common = dict(model=policies["sft"], tasks="click-button,focus-text,click-tab", seeds=4, episodes=2, run=tmp_path)
     gpu = run_eval(EvalConfig(device="cuda", dtype="float32", save=tmp_path / "gpu.h5", **common)).results["model"]

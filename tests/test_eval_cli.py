@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from graftkit.agent import Policy, task_words, tiny_policy
 from graftkit.cli import app
-from graftkit.store import read_result
+from graftkit.results.store import read_result
 from graftkit.weights import load_model, save_model
 
 runner = CliRunner()

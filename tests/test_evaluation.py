@@ -9,10 +9,10 @@ import pytest
 
 from graftkit.agent.evaluate import EvalOutcome
 from graftkit.agent.rollout import Decode
-from graftkit.errors import GraftkitError
-from graftkit.evaluation import EvalConfig, EvalResult, HeadroomConfig, HeadroomResult
+from graftkit.core.errors import GraftkitError
+from graftkit.evaluation.commands import EvalConfig, EvalResult, HeadroomConfig, HeadroomResult
 from graftkit.stats import fold_episodes
-from graftkit.store import read_result, write_result
+from graftkit.results.store import read_result, write_result
 
 
 def _outcome(tasks, seeds, episodes, samples, rng, decode=Decode(greedy=True)):

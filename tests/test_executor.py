@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from graftkit.errors import GraftkitError
+from graftkit.core.errors import GraftkitError
 
 TASKS = "click-button,focus-text"
 
@@ -27,7 +27,7 @@ TASKS = "click-button,focus-text"
 @pytest.fixture(scope="module")
 def ray_session():
     ray = pytest.importorskip("ray")
-    from graftkit.executor import worker_env
+    from graftkit.core.executor import worker_env
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     temp = tempfile.mkdtemp(prefix="gk-ray-")  # short: Ray's socket paths must fit 107 bytes
@@ -86,7 +86,7 @@ def policies(tmp_path_factory):
 
 
 def _data(path) -> dict[str, np.ndarray]:
-    from graftkit.store import read_result
+    from graftkit.results.store import read_result
 
     res = read_result(path)
     return {k: np.asarray(res[k]) for k in res.data}
@@ -121,7 +121,7 @@ def _tagged(pid, x):
 
 @pytest.mark.slow
 def test_pool_builds_each_worker_once_and_yields_every_unit(ray_session):
-    from graftkit.executor import run_units
+    from graftkit.core.executor import run_units
 
     started = []
     got = run_units([0, 1, 2, 4, 5, 6], _tagged, setup=_pid, workers=2, on_start=started.append)
@@ -140,8 +140,8 @@ def test_pool_builds_each_worker_once_and_yields_every_unit(ray_session):
 
 
 def test_gpu_request_on_a_cpu_cluster_is_an_error_not_a_hang(ray_session, policies):
-    from graftkit.evaluation import EvalConfig, run_eval
-    from graftkit.executor import run_units
+    from graftkit.evaluation.commands import EvalConfig, run_eval
+    from graftkit.core.executor import run_units
 
     t0 = time.perf_counter()
     with pytest.raises(GraftkitError, match=r"--device cuda:1 with --executor ray: the Ray cluster .* has no GPU"):
@@ -154,7 +154,7 @@ def test_gpu_request_on_a_cpu_cluster_is_an_error_not_a_hang(ray_session, polici
 
 
 def test_missing_ray_is_one_error_naming_the_extra(monkeypatch, policies):
-    from graftkit.evaluation import EvalConfig, run_eval
+    from graftkit.evaluation.commands import EvalConfig, run_eval
 
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
     with pytest.raises(GraftkitError, match=r"--executor ray needs Ray — pip install 'graftkit\[ray\]'"):
@@ -162,9 +162,9 @@ def test_missing_ray_is_one_error_naming_the_extra(monkeypatch, policies):
 
 
 def test_serial_default_needs_no_ray(monkeypatch, policies, tmp_path):
-    from graftkit.evaluation import EvalConfig, run_eval
+    from graftkit.evaluation.commands import EvalConfig, run_eval
 
-    code = ("import sys, graftkit, graftkit.cli, graftkit.executor, graftkit.training, graftkit.graft.commands; "
+    code = ("import sys, graftkit, graftkit.cli, graftkit.core.executor, graftkit.train.commands, graftkit.graft.commands; "
             "print('ray' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
@@ -209,7 +209,7 @@ def test_graft_sweep_on_ray_is_the_serial_sweep_and_resumes_a_killed_one(ray_ses
 
 @pytest.mark.slow
 def test_eval_of_two_models_on_ray_is_the_serial_eval(ray_session, policies, tmp_path):
-    from graftkit.evaluation import EvalConfig, run_eval
+    from graftkit.evaluation.commands import EvalConfig, run_eval
 
     common = dict(model=(policies["sft"], policies["rl"]), compare_to=policies["sft"], tasks=TASKS, seeds=2,
                   episodes=2)
@@ -225,7 +225,7 @@ def test_eval_of_two_models_on_ray_is_the_serial_eval(ray_session, policies, tmp
 
 
 def test_eval_expands_a_trainer_output_dir_with_all_checkpoints(policies, tmp_path):
-    from graftkit.evaluation import EvalConfig, run_eval
+    from graftkit.evaluation.commands import EvalConfig, run_eval
 
     out = tmp_path / "trainer"
     for step in (2, 10):
@@ -249,7 +249,7 @@ def test_eval_expands_a_trainer_output_dir_with_all_checkpoints(policies, tmp_pa
 def test_grpo_grid_on_ray_writes_the_serial_policies_byte_for_byte(ray_session, policies, tmp_path, monkeypatch):
     from graftkit.train import grpo
     from graftkit.train.configs import SweepConfig
-    from graftkit.training import run_sweep_grid
+    from graftkit.train.commands import run_sweep_grid
 
     monkeypatch.setattr(grpo, "rollout", grpo.rollout)  # restored after the test
     plant_rewards()

@@ -25,9 +25,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _pairs as P  # noqa: E402
 
-from graftkit import files  # noqa: E402
-from graftkit.errors import GraftkitError  # noqa: E402
-from graftkit.store import DamagedResult, Result, read_result, scan_results, write_result  # noqa: E402
+from graftkit.core import files  # noqa: E402
+from graftkit.core.errors import GraftkitError  # noqa: E402
+from graftkit.results.store import DamagedResult, Result, read_result, scan_results, write_result  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 

@@ -18,11 +18,11 @@ from test_report import write_run
 
 import graftkit as gk
 from graftkit import figures as F
-from graftkit.errors import GraftkitError
+from graftkit.core.errors import GraftkitError
 from graftkit.figures.report import load_run, plan_report
 from graftkit.graft.anatomy import DeltaResult
 from graftkit.graft.experiments import SweepResult
-from graftkit.store import Result, read_result, write_result
+from graftkit.results.store import Result, read_result, write_result
 
 
 def _json(fig) -> str:

@@ -11,17 +11,17 @@ import pytest
 
 from graftkit.agent.evaluate import EvalOutcome
 from graftkit.agent.rollout import Decode
-from graftkit.errors import GraftkitError
-from graftkit.evaluation import EvalResult, eval_result
-from graftkit.findings import (
+from graftkit.core.errors import GraftkitError
+from graftkit.evaluation.commands import EvalResult, eval_result
+from graftkit.study.findings import (
     MIN_RUNS_PER_DIRECTION, NOT_MEASURED, NOT_REPRODUCED, NOT_TESTABLE, PARTLY, REPRODUCED, Finding,
     FindingsResult, RLRun, finding_1, finding_2, finding_3, finding_4, findings_result, suite_episodes,
 )
 from graftkit.graft.experiments import SweepResult, expand_sweep, label_for, sweep_result
 from graftkit.rank.coupling import CouplingResult, both_directions, coupling, coupling_result
 from graftkit.stats import BETTER, NO_CHANGE, WORSE, wilson_interval
-from graftkit.store import Result, read_result, write_result
-from graftkit.study import StudyConfig
+from graftkit.results.store import Result, read_result, write_result
+from graftkit.study.pipeline import StudyConfig
 from graftkit.webenv.tasks import SUITES
 
 S, E = 25, 8

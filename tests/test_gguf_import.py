@@ -19,8 +19,8 @@ import torch
 gguf = pytest.importorskip("gguf")
 np = pytest.importorskip("numpy")
 
-from graftkit.config import cli_parameters  # noqa: E402
-from graftkit.errors import GraftkitError  # noqa: E402
+from graftkit.core.config import cli_parameters  # noqa: E402
+from graftkit.core.errors import GraftkitError  # noqa: E402
 from graftkit.weights import read_tensors  # noqa: E402
 from graftkit.weights.gguf import ImportConfig, import_dtype, run_import  # noqa: E402
 

@@ -23,7 +23,7 @@ import torch  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from graftkit.errors import GraftkitError  # noqa: E402
+from graftkit.core.errors import GraftkitError  # noqa: E402
 from graftkit.graft import GraftSpec, export_graft, plan_graft, splice  # noqa: E402
 from graftkit.weights import (  # noqa: E402
     OutSpec,

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from graftkit.errors import GraftkitError  # noqa: E402
+from graftkit.core.errors import GraftkitError  # noqa: E402
 from graftkit.graft import attribution as A  # noqa: E402
 from graftkit.graft.experiments import (  # noqa: E402
     BASE_LABEL,
@@ -313,7 +313,7 @@ def test_cli_sweep_dry_run_json_lists_the_specs_and_writes_nothing(policies, tmp
 
 @pytest.mark.slow
 def test_cli_sweep_eval_end_to_end_with_dissociation_and_resume(policies, tmp_path, monkeypatch):
-    from graftkit.store import read_result
+    from graftkit.results.store import read_result
 
     args = ["graft", "--from", policies["rl"], "--sweep", "single", "--groups", "attn,mlp", "--tasks", ",".join(TASKS),
             "--seeds", "2", "--episodes", "1", "--max-new-tokens", "4", "--vs", policies["rl2"], "--json"]

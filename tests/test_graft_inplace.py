@@ -13,7 +13,7 @@ import _pairs as P  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from graftkit.errors import GraftkitError  # noqa: E402
+from graftkit.core.errors import GraftkitError  # noqa: E402
 from graftkit.graft import GraftSpec, InPlaceGraft, bind_names, export_graft, grafted, plan_graft  # noqa: E402
 from graftkit.weights import load_model, open_checkpoint  # noqa: E402
 

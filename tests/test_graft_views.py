@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from graftkit.errors import GraftkitError
+from graftkit.core.errors import GraftkitError
 from graftkit.graft import attribution as A
 from graftkit.graft.experiments import (
     BASE_LABEL,
@@ -20,7 +20,7 @@ from graftkit.graft.experiments import (
     subset_outcomes,
     sweep_result,
 )
-from graftkit.store import read_result, write_result
+from graftkit.results.store import read_result, write_result
 from test_graft_experiments import TASKS as E2E_TASKS, policies  # noqa: F401 (the fixture)
 
 GROUPS = ("attn", "mlp")

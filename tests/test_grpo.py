@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from graftkit.errors import GraftkitError
+from graftkit.core.errors import GraftkitError
 from graftkit.train.grpo import GRPOConfig, latest_checkpoint, run_grpo
 from graftkit.train.sft import SFTConfig, run_sft
 from graftkit.weights import open_checkpoint, recorded_base
@@ -249,7 +249,7 @@ def test_train_grpo_cli_writes_policy_json_and_training_curves(sft, tmp_path, mo
     from typer.testing import CliRunner
 
     from graftkit.cli import app
-    from graftkit.store import read_result
+    from graftkit.results.store import read_result
 
     monkeypatch.setenv("GRAFTKIT_RUNS", str(tmp_path / "runs"))
     res = CliRunner().invoke(app, ["train", "grpo", "--init", str(sft), "--out", str(tmp_path / "rl"),

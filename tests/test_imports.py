@@ -6,31 +6,49 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LEAVES = {"errors", "_version", "config", "devices", "executor", "progress", "files"}  # importable from anywhere
+LEAVES = {"core", "_version"}  # foundations: importable from anywhere
 ALLOWED = {
+    "core": set(),
     "weights": set(),
     "webenv": set(),
     "verifiable": set(),
     "stats": set(),
-    "store": set(),
+    "results": set(),
     "agent": {"webenv", "weights", "verifiable"},
-    "train": {"agent", "webenv", "weights", "verifiable"},
-    "graft": {"weights", "agent", "stats", "store", "rank"},
-    "rank": {"weights", "agent", "stats", "store"},
+    # the trainers, and the training commands that write their results
+    "train": {"agent", "webenv", "weights", "verifiable", "results"},
+    "graft": {"weights", "agent", "stats", "results", "rank"},
+    "rank": {"weights", "agent", "stats", "results"},
+    # the eval/headroom commands (they write results, which agent may not)
+    "evaluation": {"agent", "webenv", "weights", "stats", "results", "verifiable"},
     # figures read results through the typed views defined beside their producers
-    "figures": {"store", "stats", "graft", "rank", "evaluation", "training", "findings"},
-    # the run functions of eval/headroom and of training (they write results, which agent/train may not)
-    "evaluation": {"agent", "webenv", "weights", "stats", "store", "verifiable"},
-    "training": {"train", "agent", "webenv", "weights", "store", "verifiable"},
+    "figures": {"results", "stats", "graft", "rank", "evaluation", "train", "study.findings", "study.design"},
+    # the study's design as data: regimes, suites, presets
+    "study.design": {"webenv", "verifiable"},
     # the study's findings rules, read from typed result views
-    "findings": {"stats", "store", "evaluation", "graft", "rank", "webenv"},
+    "study.findings": {"results", "stats", "evaluation", "graft", "rank", "webenv", "study.design"},
+    # the pipeline composes every command's run function, and writes the report last
+    "study": {"results", "stats", "evaluation", "graft", "rank", "webenv", "verifiable", "agent", "train", "weights",
+              "figures", "study.findings", "study.design"},
 }
-EVERYTHING = {"cli", "study", "api", "__init__", "__main__"}  # the edges that know about everything
+EVERYTHING = {"cli", "api", "__init__", "__main__"}  # the edges that know about everything
+
+
+#: Modules that are units of their own inside a package: the study's design and findings rules sit below figures
+#: (the report shows the findings), the pipeline that writes the report above it.
+SUBUNITS = {("study", "findings"), ("study", "design")}
+
+
+def _unit_of(parts: list[str] | tuple[str, ...]) -> str:
+    """The unit of a module path inside graftkit (``["study", "findings", ...]`` → ``"study.findings"``)."""
+    parts = [p.removesuffix(".py") for p in parts]
+    if len(parts) > 1 and tuple(parts[:2]) in SUBUNITS:
+        return ".".join(parts[:2])
+    return parts[0]
 
 
 def _unit(path: Path) -> str:
-    rel = path.relative_to(ROOT).parts
-    return rel[0].removesuffix(".py")
+    return _unit_of(path.relative_to(ROOT).parts)
 
 
 def _imports(path: Path, pkg: list[str] | None = None) -> set[str]:
@@ -43,7 +61,7 @@ def _imports(path: Path, pkg: list[str] | None = None) -> set[str]:
             for a in node.names:
                 parts = a.name.split(".")
                 if parts[0] == "graftkit" and len(parts) > 1:
-                    found.add(parts[1])
+                    found.add(_unit_of(parts[1:]))
         elif isinstance(node, ast.ImportFrom):
             if node.level == 0:
                 parts = (node.module or "").split(".")
@@ -56,7 +74,10 @@ def _imports(path: Path, pkg: list[str] | None = None) -> set[str]:
                     raise AssertionError(f"{path}: relative import climbs above the package")
                 target = base + (node.module.split(".") if node.module else [])
             if target:
-                found.add(target[0])
+                if node.module is None:  # `from .pkg import module`: the names are modules
+                    found.update(_unit_of(target + [a.name]) for a in node.names)
+                else:
+                    found.add(_unit_of(target))
             else:  # `from . import x` at the root
                 found.update(a.name for a in node.names)
     return found
@@ -91,10 +112,10 @@ def test_import_rules_hold():
 def test_checker_sees_violations(tmp_path):
     """The parser resolves absolute and relative imports (so the rule test above can fail)."""
     mod = ROOT / "weights" / "checkpoint.py"
-    assert "errors" in _imports(mod)
+    assert "core" in _imports(mod)
     fake = tmp_path / "probe.py"
-    fake.write_text("from ..graft import plan\nimport graftkit.store\nfrom . import taxonomy\n")
-    assert _imports(fake, ["weights"]) == {"graft", "store", "weights"}
+    fake.write_text("from ..graft import plan\nimport graftkit.results.store\nfrom . import taxonomy\n")
+    assert _imports(fake, ["weights"]) == {"graft", "results", "weights"}
 
 
 def test_only_safetensors_io_in_weights():

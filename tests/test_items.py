@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from graftkit.agent.evaluate import plan_episodes
-from graftkit.errors import GraftkitError
+from graftkit.core.errors import GraftkitError
 from graftkit.webenv import make_env
 from graftkit.webenv.items import HELDOUT_MOD, NoItems, draw, is_heldout, item_id, too_few
 from graftkit.webenv.render import render_text
@@ -96,7 +96,7 @@ def test_grpo_prompts_are_training_items():
 
 
 def _eval_with_items(items, success):
-    from graftkit.evaluation import EvalResult
+    from graftkit.evaluation.commands import EvalResult
 
     tasks = ("click-tab",)
     return EvalResult(tasks, np.arange(items.shape[0]), success[None, ..., None].astype(np.int8),

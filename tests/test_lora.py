@@ -21,7 +21,7 @@ from peft import LoraConfig, get_peft_model  # noqa: E402
 from peft.tuners.lora import LoraLayer  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from graftkit.errors import GraftkitError  # noqa: E402
+from graftkit.core.errors import GraftkitError  # noqa: E402
 from graftkit.weights import (  # noqa: E402
     OutSpec,
     apply_lora,

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from planted import planted_pair  # noqa: E402
 
 from graftkit.cli import app  # noqa: E402
-from graftkit.store import read_result  # noqa: E402
+from graftkit.results.store import read_result  # noqa: E402
 
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 RANK = 4
@@ -110,7 +110,7 @@ def sft_adapter(tmp_path_factory):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from graftkit.study import EMBEDDED_SFT
+    from graftkit.study.pipeline import EMBEDDED_SFT
 
     root = tmp_path_factory.mktemp("sft-lora")
     pm = get_peft_model(AutoModelForCausalLM.from_pretrained(EMBEDDED_SFT, dtype=torch.float32),

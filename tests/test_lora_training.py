@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from graftkit.agent import load_policy
-from graftkit.errors import GraftkitError
+from graftkit.core.errors import GraftkitError
 from graftkit.train.configs import GRPOConfig
 from graftkit.train.grpo import latest_checkpoint, run_grpo
 from graftkit.train.sft import SFTConfig, run_sft

@@ -13,7 +13,7 @@ import statistics
 import pytest
 import torch
 
-from graftkit.errors import GraftkitError
+from graftkit.core.errors import GraftkitError
 from graftkit.train.advantages import (focal_weight, group_advantages, scatter_token_advantages,
                                        verigate_advantages, veto_mask, veto_trigger)
 from graftkit.train.losses import LOSSES, policy_loss

@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from graftkit.cli import app  # noqa: E402
-from graftkit.errors import GraftkitError  # noqa: E402
+from graftkit.core.errors import GraftkitError  # noqa: E402
 from graftkit.graft import GraftSpec, InPlaceGraft, delta_anatomy, plan_graft  # noqa: E402
 from graftkit.graft.commands import GraftConfig  # noqa: E402
 from graftkit.rank import delta_ranks  # noqa: E402

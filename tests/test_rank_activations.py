@@ -15,13 +15,13 @@ from typer.testing import CliRunner
 
 from graftkit.agent import load_policy
 from graftkit.cli import app
-from graftkit.errors import GraftkitError
+from graftkit.core.errors import GraftkitError
 from graftkit.rank import METRICS, measures
 from graftkit.rank.activations import (
     accumulate, activation_ranks, encode_prompt, hooks_runner, merge, moments, probe_prompts, prompts_from_file,
     select_tokens,
 )
-from graftkit.store import read_result
+from graftkit.results.store import read_result
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import make_tiny_lm, make_tiny_tokenizer  # noqa: E402

@@ -10,13 +10,13 @@ import pytest
 from typer.testing import CliRunner
 
 from graftkit.cli import app
-from graftkit.errors import GraftkitError
+from graftkit.core.errors import GraftkitError
 from graftkit.rank.coupling import (
     ANTI_BOTH, BOTH_DIRECTIONS_RULE, NO_TRACK, TOO_FEW, TRACKS_BOTH, TRACKS_IMPROVED, both_directions, coupling,
     coupling_result, verdicts_from_intervals,
 )
 from graftkit.stats import BETTER, NO_CHANGE, WORSE
-from graftkit.store import Result, read_result, write_result
+from graftkit.results.store import Result, read_result, write_result
 from graftkit.weights import band_rule
 
 runner = CliRunner()

@@ -17,7 +17,7 @@ import torch
 from typer.testing import CliRunner
 
 from graftkit.cli import app
-from graftkit.errors import GraftkitError
+from graftkit.core.errors import GraftkitError
 from graftkit.rank import delta_ranks, measures, weight_ranks
 from graftkit.rank import spectra
 from graftkit.rank.spectra import (as_device, delta_energy_in_topk, delta_matrix, intruder_dimensions, pair_measures,
@@ -191,7 +191,7 @@ def test_rank_cli_reports_its_device(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["device"] == "cpu"
-    from graftkit.store import read_result
+    from graftkit.results.store import read_result
 
     saved = read_result(data["models"]["rl"]["result_file"])
     assert saved.attrs["device"] == "cpu" and saved.attrs["workers"] >= 1
@@ -286,7 +286,7 @@ def test_gpu_rank_check_compare_sees_a_difference():
     spec = importlib.util.spec_from_file_location("gpu_rank_check", root / "benchmarks" / "gpu_rank_check.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    from graftkit.store import Result
+    from graftkit.results.store import Result
 
     def res(values):
         v = np.array(values, dtype=np.float64)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from graftkit.errors import GraftkitError
+from graftkit.core.errors import GraftkitError
 from graftkit.rank import spectra as sp
 
 RNG = np.random.default_rng(0)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from graftkit.errors import GraftkitError
+from graftkit.core.errors import GraftkitError
 from graftkit.rank import weight_ranks
 from graftkit.rank.commands import CoupleConfig, RankConfig, run_couple
 from graftkit.rank.coupling import CouplingResult, both_directions, coupling, coupling_result
 from graftkit.rank.results import RankResult
 from graftkit.stats import compare
-from graftkit.store import Result, read_result, write_result
+from graftkit.results.store import Result, read_result, write_result
 from graftkit.weights import open_checkpoint
 from planted import planted_pair
 from test_rank_coupling import grid  # noqa: F401  (the fixture)

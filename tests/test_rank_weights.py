@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from graftkit.cli import app
 from planted import planted_pair
 from graftkit.rank import METRICS, PAIR_METRICS, delta_ranks, measures, weight_ranks
-from graftkit.store import read_result, write_result
+from graftkit.results.store import read_result, write_result
 from graftkit.weights import open_checkpoint
 
 
@@ -108,7 +108,7 @@ def test_layers_late_restricts(pair):
 
 def test_bad_metric_in_api(pair):
     b, _, tax, _, _ = pair
-    from graftkit.errors import GraftkitError
+    from graftkit.core.errors import GraftkitError
 
     with pytest.raises(GraftkitError, match="unknown metric"):
         weight_ranks(b, tax, metrics=["spectral_drift"])

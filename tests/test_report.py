@@ -20,7 +20,7 @@ from graftkit.cli import app
 from graftkit.figures import build_report, export_csv, load_run, make_report, write_report
 from graftkit.figures.browser import browser_available
 from graftkit.stats import compare, wilson_interval
-from graftkit.store import Result, list_results, read_result, write_result
+from graftkit.results.store import Result, list_results, read_result, write_result
 
 EVIL = "<script>alert(1)</script><img src=x onerror=\"window.__pwned=1\">"
 EVIL_DIR = "run<img src=x onerror=window.__pwned=1><script>alert(1)"  # a folder name cannot hold '/'

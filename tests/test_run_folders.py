@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from planted import planted_pair  # noqa: E402
 
 from graftkit.cli import app  # noqa: E402
-from graftkit.store import Result, current_run, read_result, result_labels, subject, write_result  # noqa: E402
+from graftkit.results.store import Result, current_run, read_result, result_labels, subject, write_result  # noqa: E402
 
 
 def _result(sha: str | None, value: float = 1.0) -> Result:
@@ -147,7 +147,7 @@ def test_a_trainer_output_dir_is_recognised_and_its_checkpoints_listed(trl):
 
 
 def test_all_checkpoints_of_a_folder_that_is_no_run_is_one_clear_error(trl):
-    from graftkit.errors import GraftkitError
+    from graftkit.core.errors import GraftkitError
     from graftkit.weights.runs import resolve_models
 
     with pytest.raises(GraftkitError, match="not a trainer output_dir"):
@@ -157,7 +157,7 @@ def test_all_checkpoints_of_a_folder_that_is_no_run_is_one_clear_error(trl):
 def test_trainer_state_becomes_training_curves(trl, tmp_path):
     import numpy as np
 
-    from graftkit.training import TrainingCurves, trainer_curves
+    from graftkit.train.commands import TrainingCurves, trainer_curves
 
     c = trainer_curves(trl["out"])
     assert c.kind == "trainer" and c.label == "grpo-out" and list(c.steps) == [1, 2, 3, 4, 5, 6]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from graftkit.agent import task_words, tiny_policy
-from graftkit.errors import GraftkitError
+from graftkit.core.errors import GraftkitError
 from graftkit.train.sft import (
     DEFAULT_BUDGETS, DEFAULT_DECOYS, TRAIN_SEED_BASE, SFTConfig, decoy_action, episode_examples,
 )
@@ -83,7 +83,7 @@ def test_the_embedded_sft_policy_earns_both_suites(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from graftkit.cli import app
-    from graftkit.study import EMBEDDED_SFT
+    from graftkit.study.pipeline import EMBEDDED_SFT
 
     monkeypatch.setenv("GRAFTKIT_RUNS", str(tmp_path / "runs"))
     tasks = ",".join((*SUITES["mastered"], *SUITES["headroom"]))

@@ -14,7 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 from graftkit.cli import app
-from graftkit.store import read_result
+from graftkit.results.store import read_result
 from graftkit.weights import open_checkpoint, read_tensors, tensor_bits
 from planted import planted_pair
 

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from graftkit import stats
-from graftkit.errors import GraftkitError
+from graftkit.core.errors import GraftkitError
 
 # --------------------------------------------------------------------------------------------------
 # Simulated paired evaluations

@@ -11,10 +11,10 @@ import h5py
 import numpy as np
 import pytest
 
-from graftkit import store
+from graftkit.results import store
 from graftkit._version import __version__
-from graftkit.errors import GraftkitError
-from graftkit.store import Result, list_results, read_result, write_result
+from graftkit.core.errors import GraftkitError
+from graftkit.results.store import Result, list_results, read_result, write_result
 
 
 def sample(kind: str = "sample", scale: float = 1.0) -> Result:

@@ -17,7 +17,7 @@ import pytest
 xr = pytest.importorskip("xarray")
 pytest.importorskip("h5netcdf")
 
-from graftkit.store import Result, open_result, open_run, read_result, write_result  # noqa: E402
+from graftkit.results.store import Result, open_result, open_run, read_result, write_result  # noqa: E402
 from test_store import assert_same, sample  # noqa: E402
 
 # --------------------------------------------------------------------------------- the comparison
@@ -68,7 +68,7 @@ def check_file(path: Path) -> None:
 def _eval_kinds() -> dict[str, Result]:
     from graftkit.agent.evaluate import EvalOutcome
     from graftkit.agent.rollout import Decode
-    from graftkit.evaluation import EvalResult, HeadroomResult, eval_result
+    from graftkit.evaluation.commands import EvalResult, HeadroomResult, eval_result
 
     rng = np.random.default_rng(0)
     tasks, seeds = ["click-button", "focus-text"], [0, 1, 2]
@@ -114,8 +114,8 @@ def _coupling_kind() -> dict[str, Result]:
 
 
 def _findings_kind() -> dict[str, Result]:
-    from graftkit.findings import Finding, findings_result
-    from graftkit.study import StudyConfig
+    from graftkit.study.findings import Finding, findings_result
+    from graftkit.study.pipeline import StudyConfig
 
     found = [Finding(1, "claim one", "stated ‖Δ‖", -0.2, -0.3, -0.1, "not reproduced"),
              Finding(2, "claim two", "stated", float("nan"), float("nan"), float("nan"), "not measured")]
@@ -123,7 +123,7 @@ def _findings_kind() -> dict[str, Result]:
 
 
 def _training_kinds(root: Path) -> dict[str, Result]:
-    from graftkit.training import training_curves
+    from graftkit.train.commands import training_curves
 
     out = {}
     for kind, keys in (("sft", ("loss", "lr", "tokens")), ("grpo", ("loss", "reward", "clip_frac_low"))):
@@ -329,7 +329,7 @@ def test_to_xarray_labels_values_and_decoded_attrs():
 
 
 def test_view_to_xarray_delegates(every_kind):
-    from graftkit.findings import FindingsResult
+    from graftkit.study.findings import FindingsResult
 
     view = FindingsResult.read(every_kind["findings"])
     xr.testing.assert_identical(view.to_xarray(), view.result.to_xarray())
@@ -375,13 +375,13 @@ def test_to_dataframe_of_a_scalar_and_of_a_dimension_called_value():
 
 
 def test_graftkit_import_does_not_import_xarray_or_pandas():
-    code = "import sys, graftkit, graftkit.store; print(sorted({'xarray', 'pandas', 'h5netcdf'} & set(sys.modules)))"
+    code = "import sys, graftkit, graftkit.results.store; print(sorted({'xarray', 'pandas', 'h5netcdf'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
 def test_missing_xarray_says_which_extra(monkeypatch):
-    from graftkit.errors import GraftkitError
+    from graftkit.core.errors import GraftkitError
 
     monkeypatch.setitem(sys.modules, "xarray", None)  # import fails
     with pytest.raises(GraftkitError, match="xarray is not installed") as e:

@@ -7,14 +7,14 @@ import numpy as np
 
 from graftkit.agent.rollout import Decode
 from graftkit.agent.evaluate import EvalOutcome
-from graftkit.evaluation import eval_result
-from graftkit.findings import RLRun, finding_1, finding_2, findings_result, suite_outcomes
+from graftkit.evaluation.commands import eval_result
+from graftkit.study.findings import RLRun, finding_1, finding_2, findings_result, suite_outcomes
 import pytest
 
-from graftkit.errors import GraftkitError
-from graftkit.study import (PRETRAINED_CALIBRATION, PRETRAINED_SUITES, REGIME_CALIBRATION, Study, StudyConfig, all_tasks,
+from graftkit.core.errors import GraftkitError
+from graftkit.study.pipeline import (PRETRAINED_CALIBRATION, PRETRAINED_SUITES, REGIME_CALIBRATION, Study, StudyConfig, all_tasks,
                             pretrained_source, rl_runs)
-from graftkit.store import read_result, write_result
+from graftkit.results.store import read_result, write_result
 from graftkit.webenv.tasks import SUITES
 
 S, E = 25, 2
@@ -96,7 +96,7 @@ def _headroom(tmp_path):
     tasks = all_tasks(StudyConfig(out="x"))
     o = _eval({}, 1)
     o_ = _roundtrip(tmp_path, "hr0", o)
-    from graftkit.store import Result
+    from graftkit.results.store import Result
 
     g = np.asarray(o_["success"])
     return Result("headroom", {**o_.coords, "greedy_sample": np.arange(1)},
@@ -173,7 +173,7 @@ def test_findings_read_the_study_suites(tmp_path):
 
 def test_arithmetic_domain_presets_study_verifiable_tasks():
     from graftkit.agent import is_problem
-    from graftkit.study import ARITHMETIC_SUITES, DOMAIN_PRESETS
+    from graftkit.study.pipeline import ARITHMETIC_SUITES, DOMAIN_PRESETS
 
     quick, full = StudyConfig.preset("q", True, domain="arithmetic"), StudyConfig.preset("f", domain="arithmetic")
     for cfg in (quick, full):
@@ -194,7 +194,7 @@ def test_arithmetic_domain_presets_study_verifiable_tasks():
 def test_arithmetic_demo_runs_end_to_end(tmp_path):
     """The study on verifiable tasks, shrunk to a minute: every stage runs and writes its result, the findings
     are stated, and no evaluated problem was trained on."""
-    from graftkit.study import run_study
+    from graftkit.study.pipeline import run_study
 
     cfg = StudyConfig.preset(str(tmp_path / "run"), True, domain="arithmetic", sft_steps=60, grpo_steps=2,
                              seeds=(0,), degrade_seeds=(0,), variants=(), regimes={"degrade": 2e-3, "collapse": 1e-2},

@@ -34,7 +34,7 @@ from hypothesis import strategies as st  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models import ARCHS, HIDDEN, LAYERS, VISION_DEPTH, VOCAB, decoder_layers, tiny_model  # noqa: E402
 
-from graftkit.errors import GraftkitError  # noqa: E402
+from graftkit.core.errors import GraftkitError  # noqa: E402
 from graftkit.weights import taxonomy as tx  # noqa: E402
 from graftkit.weights.taxonomy import (  # noqa: E402
     BANDS,

@@ -15,7 +15,7 @@ import torch
 pytest.importorskip("trl")
 
 from graftkit.agent import Decode, Episode, Policy, Turn, load_policy, rollout  # noqa: E402
-from graftkit.errors import GraftkitError  # noqa: E402
+from graftkit.core.errors import GraftkitError  # noqa: E402
 from graftkit.train.grpo import GRPOConfig, _prompts  # noqa: E402
 from graftkit.train.trl_engine import (  # noqa: E402
     dataset_rows, episode_key, flatten_episode, log_row, make_rollout, run_grpo_trl, trl_args,

@@ -12,7 +12,7 @@ import pytest
 from graftkit.agent import Decode, Policy, evaluate, resolve_tasks, rollout, task_words, tiny_policy, tiny_words
 from graftkit.agent.evaluate import plan_episodes
 from graftkit.agent.tasks import is_problem, make_task_env, task_spec
-from graftkit.errors import GraftkitError
+from graftkit.core.errors import GraftkitError
 from graftkit.verifiable import (
     Arithmetic,
     Countdown,

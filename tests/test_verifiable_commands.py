@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from graftkit.cli import app
-from graftkit.store import read_result
+from graftkit.results.store import read_result
 from graftkit.verifiable import registry
 
 runner = CliRunner()
@@ -188,8 +188,8 @@ def test_train_headroom_and_graft_on_a_users_tasks(policies, tmp_path, monkeypat
 
 
 def test_the_study_takes_a_users_tasks_as_its_suites(tmp_path, monkeypatch, clean_registry):
-    from graftkit.errors import GraftkitError
-    from graftkit.study import StudyConfig, all_tasks
+    from graftkit.core.errors import GraftkitError
+    from graftkit.study.pipeline import StudyConfig, all_tasks
 
     jsonl, entry = _user_tasks(tmp_path, monkeypatch)
     cfg = StudyConfig.preset(str(tmp_path / "run"), True, domain="arithmetic", mastered_tasks=jsonl,
@@ -207,7 +207,7 @@ def test_the_study_takes_a_users_tasks_as_its_suites(tmp_path, monkeypatch, clea
 
 @pytest.mark.slow
 def test_the_study_runs_end_to_end_on_a_jsonl_and_an_entry_point(tmp_path, monkeypatch, clean_registry):
-    from graftkit.study import StudyConfig, run_study
+    from graftkit.study.pipeline import StudyConfig, run_study
 
     jsonl, entry = _user_tasks(tmp_path, monkeypatch)
     cfg = StudyConfig.preset(str(tmp_path / "run"), True, domain="arithmetic", mastered_tasks=jsonl,

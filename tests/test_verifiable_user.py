@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from graftkit.errors import GraftkitError
+from graftkit.core.errors import GraftkitError
 from graftkit.verifiable import ProblemEnv, registry
 from graftkit.verifiable.base import VerifiableTask
 from graftkit.verifiable.user import JsonlTask, item_index, load_entry_point, load_jsonl

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from graftkit import webenv
-from graftkit.errors import GraftkitError
+from graftkit.core.errors import GraftkitError
 from graftkit.webenv import (
     SUITES,
     TASKS,

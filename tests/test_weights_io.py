@@ -22,7 +22,7 @@ from blake3 import blake3
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from graftkit.errors import GraftkitError
+from graftkit.core.errors import GraftkitError
 from graftkit.weights import (
     OutSpec,
     check_pair,

@@ -27,7 +27,7 @@ from typing import Literal, NamedTuple
 
 import torch
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 
 Tensor = torch.Tensor
 RewardScale = Literal["group", "batch", "none"]

@@ -10,8 +10,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import CommandConfig, DeviceOption, ExecutorOption, LoraOption, check_choice, opt
-from ..errors import GraftkitError
+from ..core.config import CommandConfig, DeviceOption, ExecutorOption, LoraOption, check_choice, opt
+from ..core.errors import GraftkitError
 
 
 #: The GRPO trainers ``train grpo --engine`` runs.
@@ -132,7 +132,7 @@ class GRPOConfig(DeviceOption, LoraOption):
                                 "pick a number of stages that divides the steps")
         if not self.temperature > 0:
             raise GraftkitError(f"--temperature {self.temperature} must be > 0")
-        from ..devices import SAVE_DTYPES, check_dtype
+        from ..core.devices import SAVE_DTYPES, check_dtype
 
         check_dtype(self.save_dtype, "--save-dtype", SAVE_DTYPES)
         check_choice(self.engine, ENGINES, "--engine")
@@ -172,6 +172,6 @@ class SweepConfig(ExecutorOption):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.device is not None:
-            from ..devices import check_device
+            from ..core.devices import check_device
 
             check_device(self.device)

@@ -52,10 +52,10 @@ import torch
 
 from .._version import __version__
 from ..agent import Decode, Episode, Policy, next_token_logits, rollout
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 from ..agent.tasks import make_task_env, task_spec
 from ..webenv.items import SPLIT_RULE, NoItems, draw
-from ..devices import TRAINING_CONVENTION, autocast, dtype_name, resolve_device, training_dtype
+from ..core.devices import TRAINING_CONVENTION, autocast, dtype_name, resolve_device, training_dtype
 from ..weights import load_model, read_tensors, save_model
 from ..weights.hf import save_adapter, save_dtype
 from ..weights.writer import check_output_room

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 
 #: ``--lora-targets`` shorthands.
 TARGET_SETS = {

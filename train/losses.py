@@ -42,7 +42,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 
 Tensor = torch.Tensor
 LossOutput = tuple[Tensor, dict[str, Tensor]]

@@ -28,13 +28,13 @@ import torch
 from .._version import __version__
 from ..agent import Policy, next_token_logits, tiny_policy
 from ..agent.evaluate import MAX_EPISODES_PER_SEED
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 from ..agent.tasks import HINT, is_problem, known, make_task_env, tiny_words
 from ..webenv import demonstrate
 from ..webenv.items import NoItems, SPLIT_RULE, draw
 from ..webenv.render import render_text
 from ..webenv.tasks import TASKS
-from ..devices import TRAINING_CONVENTION, autocast, dtype_name, resolve_device, training_dtype
+from ..core.devices import TRAINING_CONVENTION, autocast, dtype_name, resolve_device, training_dtype
 from ..weights import load_model, save_model
 from ..weights.hf import save_adapter, save_dtype
 from ..weights.writer import check_output_room

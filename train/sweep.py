@@ -26,7 +26,7 @@ from typing import Callable
 
 import yaml
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 from ..webenv.tasks import SUITES
 from .configs import GRPOConfig, SweepConfig  # noqa: F401 (SweepConfig: the command's config)
 from .grpo import latest_checkpoint, run_grpo
@@ -105,7 +105,7 @@ def _train(state, unit: tuple[GRPOConfig, bool]) -> str:
     """One run on a Ray worker (the device as the worker sees its GPU)."""
     from dataclasses import replace
 
-    from ..executor import worker_device
+    from ..core.executor import worker_device
 
     cfg, resume = unit
     return str(run_grpo(replace(cfg, device=worker_device(cfg.device)), resume=resume, force=True))
@@ -137,7 +137,7 @@ def run_sweep(specs: list[RunSpec], on_run: Callable[[RunSpec, str], None] = lam
                          on_step=lambda m, spec=spec: on_step(spec, m))
             on_done(spec)
         return records
-    from ..executor import run_units
+    from ..core.executor import run_units
 
     todo = [i for i, st in enumerate(statuses) if st != "done"]
     for i, (spec, status) in enumerate(zip(specs, statuses)):

@@ -52,8 +52,8 @@ import torch
 
 from .._version import __version__
 from ..agent import Decode, Episode, Policy, rollout
-from ..devices import TRAINING_CONVENTION, autocast, dtype_name, resolve_device, training_dtype
-from ..errors import GraftkitError
+from ..core.devices import TRAINING_CONVENTION, autocast, dtype_name, resolve_device, training_dtype
+from ..core.errors import GraftkitError
 from ..webenv.items import SPLIT_RULE
 from ..weights import load_model, save_model
 from ..weights.hf import save_dtype

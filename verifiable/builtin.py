@@ -228,7 +228,7 @@ def builtin(name: str) -> VerifiableTask | None:
     make, default, (lo, hi) = FAMILIES[m[1]]
     n = int(m[2]) if m[2] else default
     if not lo <= n <= hi:
-        from ..errors import GraftkitError
+        from ..core.errors import GraftkitError
 
         raise GraftkitError(f"task {name}: difficulty {n} is outside {lo}..{hi}", f"pass e.g. {m[1]}-{default}")
     return make(n, name)

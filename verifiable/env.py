@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 from .base import Problem, VerifiableTask
 
 

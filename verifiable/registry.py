@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 from .base import VerifiableTask
 from .builtin import builtin
 

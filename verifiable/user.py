@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 from .base import Problem, VerifiableTask, answer_text, extract_answer, parse_number
 
 _FUNCTION = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")

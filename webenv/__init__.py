@@ -35,7 +35,7 @@ def progress(first: Observation, obs: Observation, reward: float, done: bool) ->
 
 def suite(name: str) -> tuple[str, ...]:
     """The task names of a suite (``mastered``, ``headroom``), or of a comma-separated list of tasks."""
-    from ..errors import GraftkitError
+    from ..core.errors import GraftkitError
 
     if name in SUITES:
         return SUITES[name]

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 
 MAX_TEXT = 64
 _CLICK = re.compile(r"click\(\s*(-?\d+)\s*\)")

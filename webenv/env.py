@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 from .actions import Action, parse_action
 from .observation import Observation, empty_observation
 from .seedrandom import SeedRandom

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 from .actions import Action
 from .env import Step, WebEnv
 from .observation import Element, Observation, empty_observation

@@ -13,7 +13,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 
 #: The lists the mirror's tasks draw from (names as in ui_utils.js).
 USED = ("lorem_words", "FIFTY_NAMES", "COUNTRIES", "LAST_NAMES", "alphanumericChars")

@@ -25,7 +25,7 @@ from typing import Callable, Iterator, Mapping
 
 import numpy as np
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 from .safetensors_file import ITEMSIZE, NUMPY, SafetensorsFile, TensorEntry, code_of, torch_dtype
 from .state_dict import PREFIXES, find_state_dict, load_pickle, rename
 from .taxonomy import Taxonomy, classify, tables

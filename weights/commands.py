@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import CommandConfig, check_choice, opt
-from ..errors import GraftkitError
+from ..core.config import CommandConfig, check_choice, opt
+from ..core.errors import GraftkitError
 from .pair import open_one
 from .lora import is_lora_folder, open_adapted
 from .runs import resolve_models, trainer_run

@@ -28,8 +28,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable
 
-from ..errors import GraftkitError
-from ..files import write_atomic
+from ..core.errors import GraftkitError
+from ..core.files import write_atomic
 
 ALGORITHM = "blake3"
 ALGORITHMS = ("blake3", "sha256")

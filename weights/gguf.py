@@ -34,8 +34,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import CommandConfig, OnProgress, check_choice, no_progress, opt
-from ..errors import GraftkitError
+from ..core.config import CommandConfig, OnProgress, check_choice, no_progress, opt
+from ..core.errors import GraftkitError
 
 MAGIC = b"GGUF"
 DTYPES = ("auto", "float32", "bfloat16", "float16")

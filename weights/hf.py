@@ -126,7 +126,7 @@ def load_model(path: Path, *, allow_pickle: bool = False, dtype=None, need_token
     Returns ``(model, tokenizer)``; each failure is one clear error."""
     from transformers import AutoModelForCausalLM
 
-    from ..errors import GraftkitError
+    from ..core.errors import GraftkitError
     from .checkpoint import open_checkpoint
     from .lora import adapter_base, apply_lora, is_lora_folder
 
@@ -179,7 +179,7 @@ def save_dtype(name: str, init: Path | None):
     float32 for a policy built from scratch), else the named one."""
     import torch
 
-    from ..devices import torch_dtype
+    from ..core.devices import torch_dtype
 
     if name != "auto":
         return torch_dtype(name)
@@ -190,7 +190,7 @@ def single_file_config(path: Path, config_dir: Path | None, allow_pickle: bool =
     """The HF folder whose config.json (and tokenizer or processor) a model loaded from the single
     checkpoint file ``path`` is built from: ``config_dir``, which must be given and hold a config.json.
     A pickled file without ``allow_pickle`` is left to :func:`.checkpoint.open_checkpoint` to refuse."""
-    from ..errors import GraftkitError
+    from ..core.errors import GraftkitError
     from .checkpoint import PICKLE_SUFFIXES
 
     path = Path(path)
@@ -209,7 +209,7 @@ def single_file_config(path: Path, config_dir: Path | None, allow_pickle: bool =
 def _tokenizer(folder: Path):
     from transformers import AutoTokenizer
 
-    from ..errors import GraftkitError
+    from ..core.errors import GraftkitError
 
     if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         raise GraftkitError(
@@ -231,7 +231,7 @@ def _from_single_file(auto_class, ck, config_dir: Path, dtype, what: str):
     import torch
     from transformers import AutoConfig, GenerationConfig
 
-    from ..errors import GraftkitError
+    from ..core.errors import GraftkitError
     from .checkpoint import Checkpoint, TensorMeta, _alias_key, _read_json, match_names
     from .safetensors_file import code_of
 
@@ -280,7 +280,7 @@ def _from_pretrained(auto_class, path: Path, allow_pickle: bool, dtype, what: st
     allowed, float32 unless a dtype is asked for, eval mode, and one clear error."""
     import torch
 
-    from ..errors import GraftkitError
+    from ..core.errors import GraftkitError
 
     try:
         model = auto_class.from_pretrained(
@@ -348,7 +348,7 @@ def load_vlm(path: Path, *, allow_pickle: bool = False, dtype=None, config_dir: 
     from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
-    from ..errors import GraftkitError
+    from ..core.errors import GraftkitError
     from .checkpoint import open_checkpoint
 
     path = Path(path)

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 from .checkpoint import Checkpoint, TensorMeta, _read_json
 from .safetensors_file import SafetensorsFile
 

@@ -31,7 +31,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 from .checkpoint import PROVENANCE, Checkpoint, TensorMeta, match_names, open_checkpoint
 from .fingerprint import fingerprint, fingerprint_later
 from .lora import apply_lora, is_lora_folder

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 
 #: A Trainer's step folder (``save_steps``); DeepSpeed's ``global_stepN`` sits inside one, not beside it.
 CHECKPOINT_DIR = re.compile(r"checkpoint-(\d+)\Z")

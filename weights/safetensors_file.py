@@ -25,7 +25,7 @@ from typing import Iterable
 
 import numpy as np
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 
 MAX_HEADER_BYTES = 100_000_000  # the limit of the reference implementation
 

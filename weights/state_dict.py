@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 
 #: Keys under which training code keeps the model's state dict (Lightning, nanoGPT, DDP wrappers, common
 #: RL scripts), tried in this order.

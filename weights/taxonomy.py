@@ -48,7 +48,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from ..errors import GraftkitError
+from ..core.errors import GraftkitError
 
 GROUPS: tuple[str, ...] = ("embed", "attn", "mlp", "norm", "lm_head", "vision", "projector")
 BANDS: tuple[str, ...] = ("early", "mid", "late")

@@ -10,7 +10,7 @@ the kernel) or as a function yielding the tensor in row chunks, into a new HF fo
 - ``graftkit.json`` recording what produced it;
 - atomically: everything goes to a hidden sibling folder, is fsynced, then renamed into place and the
   parent folder fsynced. An interrupted write leaves the destination as it was; the next writer removes
-  what a killed one left (``graftkit.files``). Free space is checked against the output's size first. The destination may never be, contain, or lie
+  what a killed one left (``graftkit.core.files``). Free space is checked against the output's size first. The destination may never be, contain, or lie
   inside an input, and an existing one is replaced only with ``force`` (and only if graftkit wrote it).
 """
 
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
-from ..errors import GraftkitError
-from ..files import check_folder_dest, check_space, check_writable, fsync_dir, sweep_stale, temp_path, translated, write_atomic
+from ..core.errors import GraftkitError
+from ..core.files import check_folder_dest, check_space, check_writable, fsync_dir, sweep_stale, temp_path, translated, write_atomic
 from .checkpoint import INDEX, PROVENANCE, tensor_bits
 from .safetensors_file import OutTensor, TensorEntry, code_of, header_bytes
 
@@ -137,7 +137,7 @@ def _fsync_tree(folder: Path) -> None:
 def atomic_folder(dest: Path) -> Iterator[Path]:
     """Yield a hidden sibling folder to fill; on success it replaces ``dest`` in one rename, and the parent
     folder is fsynced. Stale temporaries of dead processes beside ``dest`` are removed first
-    (:func:`graftkit.files.sweep_stale`); what the operating system refuses is one GraftkitError."""
+    (:func:`graftkit.core.files.sweep_stale`); what the operating system refuses is one GraftkitError."""
     with translated(dest):
         dest.parent.mkdir(parents=True, exist_ok=True)
         sweep_stale(dest.parent)
@@ -166,7 +166,7 @@ def atomic_folder(dest: Path) -> Iterator[Path]:
 
 
 def write_json_atomic(path: Path, obj: object) -> None:
-    """``obj`` as indented JSON at ``path``, atomically (:func:`graftkit.files.write_atomic`)."""
+    """``obj`` as indented JSON at ``path``, atomically (:func:`graftkit.core.files.write_atomic`)."""
     write_atomic(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
 
 

@@ -25,7 +25,7 @@ groups, each array's dimensions in a JSON ``dims`` attribute) are still read by 
 and so by :func:`open_result`; ``xarray.open_dataset`` finds no arrays in them.
 
 Files are built in memory, checked against the free space, written to a temporary sibling, fsynced,
-renamed and the folder fsynced (:func:`graftkit.files.write_atomic`): a reader never sees half a result, a
+renamed and the folder fsynced (:func:`graftkit.core.files.write_atomic`): a reader never sees half a result, a
 crash never damages an earlier one, and a full disk is one error, never HDF5 closing a half-written file.
 A file that cannot be read (truncated, not HDF5, garbled attributes) is a :class:`DamagedResult` saying
 why; :func:`scan_results` returns the readable results of a run and names the damaged ones.
@@ -44,10 +44,10 @@ from typing import Any, ClassVar, Mapping
 import h5py
 import numpy as np
 
-from ._version import __version__
-from .config import CommandConfig, opt
-from .errors import GraftkitError
-from .files import check_file_dest, find_stale, remove, write_atomic
+from .._version import __version__
+from ..core.config import CommandConfig, opt
+from ..core.errors import GraftkitError
+from ..core.files import check_file_dest, find_stale, remove, write_atomic
 
 _STR = h5py.string_dtype("utf-8")
 
@@ -259,7 +259,7 @@ def write_result(path: str | os.PathLike, result: Result, flag: str | None = Non
     beside it (:func:`free_result_path`): an earlier result of another model is never replaced. Returns the
     path written. The file is built in memory (:func:`result_image`), its size checked against the free
     space, then written to a temporary sibling, fsynced, renamed and the folder fsynced
-    (:func:`graftkit.files.write_atomic`, which also removes stale temporaries of dead processes there).
+    (:func:`graftkit.core.files.write_atomic`, which also removes stale temporaries of dead processes there).
     ``flag``: the option that named ``path``, for errors."""
     check_file_dest(path, flag, f"{result.kind}.h5")
     path = free_result_path(path, result)
@@ -460,7 +460,7 @@ class CleanConfig(CommandConfig):
 
 def run_clean(cfg: CleanConfig) -> dict[str, Any]:
     """Every stale temporary under the run (``.NAME.tmp-PID`` of a PID that no longer runs; see
-    :mod:`graftkit.files`), removed unless ``dry_run``: folder, path, PID and bytes of each, and the total."""
+    :mod:`graftkit.core.files`), removed unless ``dry_run``: folder, path, PID and bytes of each, and the total."""
     run = cfg.run or current_run()
     if not run.is_dir():
         raise GraftkitError(f"{run}: no such folder", "pass a run folder (e.g. runs/demo) or a folder graftkit wrote into")

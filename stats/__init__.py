@@ -99,7 +99,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .errors import GraftkitError
+from ..core.errors import GraftkitError
 
 BETTER, WORSE, NO_CHANGE = "credibly better", "credibly worse", "no credible change"
 

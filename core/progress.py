@@ -1,4 +1,4 @@
-"""Progress on stderr for the command line: rich bars drawn from :class:`~graftkit.config.OnProgress` calls
+"""Progress on stderr for the command line: rich bars drawn from :class:`~graftkit.core.config.OnProgress` calls
 and from training steps, shown only when stderr is a terminal (a leaf: rich only)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ err = Console(stderr=True, highlight=False)
 
 
 class Bars:
-    """An :class:`~graftkit.config.OnProgress` drawn as rich progress bars on stderr, one per ``what``."""
+    """An :class:`~graftkit.core.config.OnProgress` drawn as rich progress bars on stderr, one per ``what``."""
 
     def __init__(self):
         self.p = Progress(TextColumn("[bold]{task.description}[/]"), BarColumn(), Count(), TimeRemainingColumn(),

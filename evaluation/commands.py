@@ -18,11 +18,11 @@ from typing import Any, ClassVar, Mapping
 
 import numpy as np
 
-from .config import CommandConfig, OnProgress, RunOption, DeviceOption, ExecutorOption, check_choice, no_progress, opt
-from .errors import GraftkitError
-from .stats import compare, fold_episodes, headroom, pass_at_k, wilson_interval
-from .store import Result, current_run, result_labels, write_result
-from .webenv.items import SPLIT_RULE
+from ..core.config import CommandConfig, OnProgress, RunOption, DeviceOption, ExecutorOption, check_choice, no_progress, opt
+from ..core.errors import GraftkitError
+from ..stats import compare, fold_episodes, headroom, pass_at_k, wilson_interval
+from ..results.store import Result, current_run, result_labels, write_result
+from ..webenv.items import SPLIT_RULE
 
 DIMS = ("task", "seed", "episode", "sample")
 EPISODE_ARRAYS = ("success", "reward", "turns", "invalid")
@@ -79,7 +79,7 @@ class EpisodeOptions(RunOption, DeviceOption):
 
     def check_episodes(self) -> None:
         """Raise on an unknown task or suite, or on no seeds (before any model loads)."""
-        from .agent import resolve_tasks, seed_list
+        from ..agent import resolve_tasks, seed_list
 
         resolve_tasks(self.tasks)
         seed_list(self.seeds)
@@ -87,7 +87,7 @@ class EpisodeOptions(RunOption, DeviceOption):
 
     def check_models(self, *paths: Path | None) -> None:
         """Raise, before any model loads, on a single checkpoint file without ``--config`` to build it over."""
-        from .weights.hf import single_file_config
+        from ..weights.hf import single_file_config
 
         for p in (self.model, *paths):
             if p is not None and Path(p).is_file():
@@ -95,13 +95,13 @@ class EpisodeOptions(RunOption, DeviceOption):
 
     @property
     def task_list(self) -> list[str]:
-        from .agent import resolve_tasks
+        from ..agent import resolve_tasks
 
         return resolve_tasks(self.tasks)
 
     @property
     def seed_list(self) -> list[int]:
-        from .agent import seed_list
+        from ..agent import seed_list
 
         return seed_list(self.seeds)
 
@@ -137,7 +137,7 @@ class EvalConfig(EpisodeOptions, ExecutorOption):
         self.check_models(self.compare_to)
 
     def check_models(self, *paths: Path | None) -> None:
-        from .weights.hf import single_file_config
+        from ..weights.hf import single_file_config
 
         for p in (*self.model, *paths):
             if p is not None and Path(p).is_file():
@@ -194,7 +194,7 @@ class EvalResult:
     @classmethod
     def from_outcome(cls, outcome, model_desc: dict, config: CommandConfig | None = None, **more_attrs):
         """The view of an ``agent.EvalOutcome`` of the checkpoint ``model_desc`` (``weights.describe``)."""
-        from .agent.tasks import task_sources
+        from ..agent.tasks import task_sources
 
         attrs = {"model": model_desc, "label": Path(model_desc.get("path", "model")).name,
                  "decode": asdict(outcome.decode), "backend": outcome.backend, "obs": outcome.obs,
@@ -249,7 +249,7 @@ class EvalResult:
         """Per task: episodes, distinct items, how many of them training may use (``overlap``: items outside
         the held-out split; 0 for a held-out evaluation), and whether the items are too few for the
         evaluation (``too_few``). Empty when the result kept no items."""
-        from .webenv.items import is_heldout, too_few
+        from ..webenv.items import is_heldout, too_few
 
         out = {}
         for t in self.tasks:
@@ -460,7 +460,7 @@ class HeadroomRun:
 
 
 def _evaluate(cfg: EpisodeOptions, policy, decode, samples: int, what: str, on_progress: OnProgress):
-    from .agent import evaluate
+    from ..agent import evaluate
 
     total = len(cfg.task_list) * cfg.seeds * cfg.episodes * samples
     return evaluate(policy, cfg.task_list, cfg.seed_list, cfg.episodes, decode, samples=samples, backend=cfg.backend,
@@ -504,8 +504,8 @@ def eval_rows(model: EvalResult, compare_to: EvalResult | None = None) -> list[d
 
 def _describe(cfg: EpisodeOptions, path: Path) -> dict:
     """The fingerprinted description of a policy's checkpoint (a LoRA adapter: with its base's files)."""
-    from .weights import describe, open_one
-    from .weights.lora import is_lora_folder, open_adapted
+    from ..weights import describe, open_one
+    from ..weights.lora import is_lora_folder, open_adapted
 
     if is_lora_folder(Path(path)):
         return describe(open_adapted(Path(path), cfg.base, "--base"))
@@ -515,7 +515,7 @@ def _describe(cfg: EpisodeOptions, path: Path) -> dict:
 def _play(cfg: EpisodeOptions, decode, path: Path, what: str, on_progress: OnProgress = no_progress,
           device: str | None = None) -> EvalResult:
     """One policy's evaluation (on ``device``, default ``cfg.device``), as its view."""
-    from .agent import load_policy
+    from ..agent import load_policy
 
     policy = load_policy(Path(path), allow_pickle=cfg.allow_pickle, obs=cfg.obs, config=cfg.config, base=cfg.base,
                          device=device or cfg.device, dtype=cfg.dtype)
@@ -524,7 +524,7 @@ def _play(cfg: EpisodeOptions, decode, path: Path, what: str, on_progress: OnPro
 
 
 def _play_on_worker(state, unit, cfg: EvalConfig, decode) -> EvalResult:
-    from .executor import worker_device
+    from ..core.executor import worker_device
 
     path, what = unit
     return _play(cfg, decode, path, what, device=worker_device(cfg.device))
@@ -537,8 +537,8 @@ def run_eval(cfg: EvalConfig, on_progress: OnProgress = no_progress) -> EvalRun:
     with ``compare_to``. With ``executor="ray"``, one Ray task per policy."""
     import functools
 
-    from .agent import Decode
-    from .weights.runs import resolve_models
+    from ..agent import Decode
+    from ..weights.runs import resolve_models
 
     decode = Decode(greedy=not cfg.sample, temperature=cfg.temperature, top_p=cfg.top_p,
                     max_new_tokens=cfg.max_new_tokens)
@@ -552,7 +552,7 @@ def run_eval(cfg: EvalConfig, on_progress: OnProgress = no_progress) -> EvalRun:
     labels = dict(zip(roles, result_labels(roles.values())))
     units = [(path, f"eval {Path(path).name}") for path in roles.values()]
     if cfg.executor == "ray":
-        from .executor import run_units
+        from ..core.executor import run_units
 
         total = len(cfg.task_list) * cfg.seeds * cfg.episodes
         views = run_units(units, functools.partial(_play_on_worker, cfg=cfg, decode=decode), address=cfg.ray_address,
@@ -587,8 +587,8 @@ def headroom_rows(view: HeadroomResult) -> list[dict]:
 def run_headroom(cfg: HeadroomConfig, on_progress: OnProgress = no_progress) -> HeadroomRun:
     """Play every episode of ``cfg.model`` greedily once and sampled ``cfg.k`` times, write one headroom
     result (``cfg.save``, else ``RUN/results/headroom-NAME[-som].h5``) and summarise it."""
-    from .agent import Decode, load_policy
-    from .weights.runs import resolve_models
+    from ..agent import Decode, load_policy
+    from ..weights.runs import resolve_models
 
     cfg = cfg.replace(model=resolve_models(cfg.model)[0])  # a trainer's output_dir: its last checkpoint
     policy = load_policy(Path(cfg.model), allow_pickle=cfg.allow_pickle, obs=cfg.obs, config=cfg.config, base=cfg.base,

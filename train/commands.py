@@ -16,10 +16,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .config import CommandConfig, OnProgress, RunOption, DeviceOption, LoraOption, no_progress
-from .errors import GraftkitError
-from .store import Result, View, current_run, result_labels, write_result
-from .train.configs import GRPOConfig, SweepConfig
+from ..core.config import CommandConfig, OnProgress, RunOption, DeviceOption, LoraOption, no_progress
+from ..core.errors import GraftkitError
+from ..results.store import Result, View, current_run, result_labels, write_result
+from .configs import GRPOConfig, SweepConfig
 
 TRAIN_KINDS = ("train-sft", "train-grpo", "train-trainer")
 
@@ -84,7 +84,7 @@ def trainer_curves(output_dir: Path) -> TrainingCurves:
 def trainer_curves_result(output_dir: Path) -> Result:
     """The labelled result of a Trainer ``output_dir``'s log (``weights.runs.trainer_series``: every numeric
     metric over [step], NaN where a step did not log it), kind ``train-trainer``."""
-    from .weights.runs import trainer_run, trainer_series
+    from ..weights.runs import trainer_run, trainer_series
 
     run = trainer_run(Path(output_dir))
     if run is None or run.state is None:
@@ -129,11 +129,11 @@ def _steps(what: str, total: int, on_progress: OnProgress, on_step: Callable[[di
 
 def parse_budgets(items: tuple[str, ...], tasks: str | None) -> dict[str, int]:
     """Demonstration pools: the default recipe's (restricted to ``tasks``), then each ``TASK=N``."""
-    from .train.sft import DEFAULT_BUDGETS
+    from .sft import DEFAULT_BUDGETS
 
     budgets = dict(DEFAULT_BUDGETS)
     if tasks:
-        from .agent import is_problem, resolve_tasks
+        from ..agent import is_problem, resolve_tasks
 
         keep = set(resolve_tasks(tasks))
         fresh = {t: 1_000_000 if is_problem(t) else 400 for t in keep - set(budgets)}  # problems: fresh items
@@ -148,7 +148,7 @@ def parse_budgets(items: tuple[str, ...], tasks: str | None) -> dict[str, int]:
 
 def parse_decoys(items: tuple[str, ...]) -> dict[str, float]:
     """Demonstrator slip rates: the default recipe's, then each ``TASK=RATE``."""
-    from .train.sft import DEFAULT_DECOYS
+    from .sft import DEFAULT_DECOYS
 
     decoys = dict(DEFAULT_DECOYS)
     for item in items:
@@ -202,7 +202,7 @@ class TrainSFTConfig(RunOption, DeviceOption, LoraOption):
 
     def sft(self):
         """The :class:`~graftkit.train.sft.SFTConfig` this command trains (what its checkpoint records)."""
-        from .train.sft import SFTConfig
+        from .sft import SFTConfig
 
         return SFTConfig(out=str(self.out), budgets=parse_budgets(self.budget, self.tasks),
                          decoys=parse_decoys(self.decoy), size=self.size, init=str(self.init) if self.init else None,
@@ -215,8 +215,8 @@ def run_train_sft(cfg: TrainSFTConfig, on_progress: OnProgress = no_progress, *,
                   results: Path | None = None, on_step: Callable[[dict], None] | None = None) -> Trained:
     """Train the SFT policy of ``cfg``; write it and its training curves (to ``results``, default the
     current run's results/). ``on_step`` gets each step's metrics."""
-    from .train.sft import run_sft
-    from .weights import check_destination
+    from .sft import run_sft
+    from ..weights import check_destination
 
     check_destination(cfg.out, [cfg.init] if cfg.init else [], force)
     sft = cfg.sft()
@@ -238,13 +238,13 @@ def run_train_grpo(cfg: GRPOConfig, on_progress: OnProgress = no_progress, *, re
     if cfg.engine == "trl":
         from accelerate import PartialState
 
-        from .train.trl_engine import run_grpo_trl
+        from .trl_engine import run_grpo_trl
 
         dest = run_grpo_trl(cfg, resume=resume, force=force, on_step=steps)
         if not PartialState().is_main_process:  # under accelerate launch the main process writes the curves
             return Trained(dest, training_curves(dest, "grpo"))
     else:
-        from .train.grpo import run_grpo
+        from .grpo import run_grpo
 
         dest = run_grpo(cfg, resume=resume, force=force, on_step=steps)
     return Trained(dest, write_curves(dest, "grpo", results or current_run(cfg.run) / "results"))
@@ -264,7 +264,7 @@ def run_sweep_grid(cfg: SweepConfig, on_progress: OnProgress = no_progress,
     set, is every run's device; with ``cfg.executor == "ray"`` each run trains on a Ray worker."""
     from dataclasses import replace
 
-    from .train.sweep import RunSpec, expand, run_sweep
+    from .sweep import RunSpec, expand, run_sweep
 
     specs = expand(cfg.grid)
     if cfg.device is not None:

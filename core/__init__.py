@@ -1,0 +1,1 @@
+"""Foundations every package may import: errors, command configs, files, devices, executors, progress."""

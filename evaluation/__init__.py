@@ -1,0 +1,1 @@
+"""The ``eval`` and ``headroom`` commands: their configs, run functions and result views."""

@@ -1,0 +1,1 @@
+"""Results: the labelled HDF5 store (:mod:`.store`) and the run's layout (:mod:`.layout`)."""
