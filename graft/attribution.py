@@ -38,7 +38,8 @@ from typing import Hashable, Mapping, Sequence
 import numpy as np
 
 from ..core.errors import GraftkitError
-from ..stats import _expanded_tail, cluster_bootstrap_factors, fold_episodes
+from ..stats import cluster_bootstrap_factors, fold_episodes
+from ..stats.quantiles import expanded_tail
 
 BOUNDS = ("estimate", "low", "high")
 
@@ -192,7 +193,7 @@ def contrast_intervals(
         m_bar = float(d.mean(axis=1).mean())
         c, k, df = cluster_bootstrap_factors(d)
         theta = m_bar + c * (Aw[j] - m_bar) + k * (Bw[j] - Aw[j])
-        tail = _expanded_tail(level, df)
+        tail = expanded_tail(level, df)
         low, high = np.quantile(theta, [tail, 1 - tail])
         est = float(W[j] @ m_cfg.mean(axis=1))
         out[name] = (est, float(low), float(high))

@@ -25,6 +25,10 @@ import numpy as np
 import pytest
 
 from graftkit import stats
+from graftkit.stats.correlation import _average_ranks
+from graftkit.stats.quantiles import t_cdf, t_quantile
+from graftkit.stats.results import _BOOT_FALLBACK
+from graftkit.stats.verdicts import _verdict
 from graftkit.core.errors import GraftkitError
 
 # --------------------------------------------------------------------------------------------------
@@ -93,7 +97,7 @@ def test_bootstrap_variance_is_the_unbiased_variance_of_the_mean():
     assert boot.seed_shrink > 0 and boot.df == 11
     m = (b.astype(float) - a).mean(axis=1)
     sd = math.sqrt(m.var(ddof=1) / m.size)
-    t11 = stats._t_quantile((1 + 0.6827) / 2, 11)
+    t11 = t_quantile((1 + 0.6827) / 2, 11)
     assert boot.tail == pytest.approx(NormalDist().cdf(-t11), rel=1e-12)
     assert (boot.high - boot.low) / 2 == pytest.approx(t11 * sd, rel=0.03)
     assert boot.diff == pytest.approx(b.mean() - a.mean())
@@ -106,8 +110,8 @@ def test_bootstrap_variance_is_the_unbiased_variance_of_the_mean():
      (0.975, 24, 2.0638985616), (0.995, 3, 5.8409093097), (0.9, 10, 1.3721836411), (0.975, 1000, 1.9623390808)],
 )
 def test_t_quantile_table_values(p, df, t):
-    assert stats._t_quantile(p, df) == pytest.approx(t, abs=1e-8)
-    assert stats._t_quantile(1 - p, df) == pytest.approx(-t, abs=1e-8)
+    assert t_quantile(p, df) == pytest.approx(t, abs=1e-8)
+    assert t_quantile(1 - p, df) == pytest.approx(-t, abs=1e-8)
 
 
 @pytest.mark.parametrize("df", [1, 2, 3, 8, 31, 200, 201, 5000])
@@ -119,8 +123,8 @@ def test_t_cdf_matches_integrated_density(df):
         f = np.exp(log_c - (df + 1) / 2 * np.log1p(x * x / df))
         h = x[1] - x[0]
         area = h / 3 * (f[0] + f[-1] + 4 * f[1:-1:2].sum() + 2 * f[2:-1:2].sum())
-        assert stats._t_cdf(t, df) == pytest.approx(0.5 + area, abs=1e-9)
-        assert stats._t_cdf(-t, df) == pytest.approx(0.5 - area, abs=1e-9)
+        assert t_cdf(t, df) == pytest.approx(0.5 + area, abs=1e-9)
+        assert t_cdf(-t, df) == pytest.approx(0.5 - area, abs=1e-9)
 
 
 def test_identical_agents_give_a_zero_difference_and_an_interval_around_it():
@@ -300,7 +304,7 @@ def test_correlation_point_estimates():
 def test_average_ranks_rowwise_with_ties():
     rng = np.random.default_rng(12)
     x = rng.integers(0, 4, (20, 9)).astype(float)
-    got = stats._average_ranks(x)
+    got = _average_ranks(x)
     for row, ranks in zip(x, got):
         np.testing.assert_allclose(ranks, average_ranks_reference(row))
 
@@ -347,10 +351,10 @@ def test_verdicts_on_clear_cases():
 
 
 def test_verdict_needs_both_intervals():
-    assert stats._verdict((0.01, 0.2), (0.02, 0.3)) == stats.BETTER
-    assert stats._verdict((-0.3, -0.01), (-0.2, -0.05)) == stats.WORSE
-    assert stats._verdict((0.01, 0.2), (-0.01, 0.3)) == stats.NO_CHANGE
-    assert stats._verdict((-0.2, -0.01), (-0.3, 0.0)) == stats.NO_CHANGE
+    assert _verdict((0.01, 0.2), (0.02, 0.3)) == stats.BETTER
+    assert _verdict((-0.3, -0.01), (-0.2, -0.05)) == stats.WORSE
+    assert _verdict((0.01, 0.2), (-0.01, 0.3)) == stats.NO_CHANGE
+    assert _verdict((-0.2, -0.01), (-0.3, 0.0)) == stats.NO_CHANGE
 
 
 def test_headroom_per_task():
@@ -479,7 +483,7 @@ def reference_two_stage(a, b, level, n_boot, seed):
     u = rng.random((n_boot, n_seeds))
     m_star = ((cdf[pick] <= u[..., None]).sum(axis=-1) - n_eps) / n_eps
     theta = m_bar + (c * (m[pick] - m_bar) + k * (m_star - m[pick])).mean(axis=1)
-    tail = NormalDist().cdf(-stats._t_quantile((1 + level) / 2, n_seeds - 1))
+    tail = NormalDist().cdf(-t_quantile((1 + level) / 2, n_seeds - 1))
     return m_bar, c, k, np.quantile(theta, [tail, 1 - tail])
 
 
@@ -572,7 +576,7 @@ def test_unequal_clusters_bootstrap_variance_is_the_cluster_robust_one():
     assert res.diff == pytest.approx(b.mean() - a.mean(), abs=1e-12)
     assert res.df == s - 1 and res.seed_shrink > 0 and res.n_episodes is None and res.episode_scale is None
     assert res.cluster_sizes == tuple(sizes)
-    t = stats._t_quantile((1 + 0.6827) / 2, s - 1)
+    t = t_quantile((1 + 0.6827) / 2, s - 1)
     assert (res.high - res.low) / 2 == pytest.approx(t * math.sqrt(v_clu), rel=0.03)
 
 
@@ -591,7 +595,7 @@ def test_unequal_clusters_shuffled_and_drawn_directly(monkeypatch):
     bayes = stats.bayes_paired_interval(a, b, clusters=labels)
     assert stats.bayes_paired_interval(a[perm], b[perm], clusters=labels[perm]).design_effect == pytest.approx(
         bayes.design_effect, rel=1e-12)
-    monkeypatch.setattr(stats, "_TABLE_WORK", 0)
+    monkeypatch.setattr(stats.paired, "_TABLE_WORK", 0)
     direct = stats.paired_bootstrap(a, b, n_boot=50_000, seed=1, clusters=labels)
     assert (direct.low, direct.high) == pytest.approx((res.low, res.high), abs=0.01)
     assert (direct.low, direct.high) != (res.low, res.high)  # it did take the other path
@@ -684,7 +688,7 @@ def test_posterior_takes_over_below_min_discordant():
         a[t % 25, t // 25] = 0
         res = stats.paired_bootstrap(a, np.ones_like(a), n_boot=2000)
         assert res.source == source and res.n_discordant == m and res.diff == pytest.approx(m / 100)
-        assert (res.method == stats._BOOT_FALLBACK) == (source == "posterior")
+        assert (res.method == _BOOT_FALLBACK) == (source == "posterior")
         assert 0 < res.low < res.diff < res.high  # m one-way pairs of 100: credibly positive either way
 
 
@@ -705,7 +709,7 @@ def test_a_small_improvement_at_the_ceiling_is_covered(monkeypatch):
             res = stats.paired_bootstrap(a[r], b[r], n_boot=500, seed=r)
             hits += res.low <= 0.005 <= res.high
         assert hits / 300 >= 0.93, (n_eps, hits / 300)
-    monkeypatch.setattr(stats, "MIN_DISCORDANT", 0)
+    monkeypatch.setattr(stats.paired, "MIN_DISCORDANT", 0)
     a, b = ceiling_pairs(np.random.default_rng(2), 300, 25, 2)
     hits = 0
     for r in range(300):
@@ -856,7 +860,7 @@ def test_regime_bootstrap_variance_is_its_two_way_formula():
     df1 = n_runs - 1 if s2 >= v_int else (n_runs - 1) * (n_seeds - 1)
     nu = sum(parts) ** 2 / (parts[0] ** 2 / df1 + parts[1] ** 2 / (n_seeds - 1))
     assert res.df == math.floor(nu) and parts[1] > 0
-    t = stats._t_quantile(0.975, res.df)
+    t = t_quantile(0.975, res.df)
     assert (res.low, res.high) == pytest.approx((theta - t * res.sd, theta + t * res.sd), abs=1e-12)
 
 
