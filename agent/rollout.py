@@ -31,9 +31,9 @@ from typing import Callable, Sequence
 
 import torch
 
+from ..core.env import Env
 from ..core.errors import GraftkitError
 from ..webenv import ParseError
-from ..verifiable import ProblemEnv
 from .tasks import check_known, is_problem, make_task_env
 from .policy import Policy
 from .vlm import VisionPolicy, require_vision
@@ -226,7 +226,7 @@ MAX_BROWSERS = 4
 
 @dataclass
 class _Live:
-    env: object
+    env: Env
     obs: object
     first: object
     gen: torch.Generator
@@ -321,7 +321,7 @@ def _turn(policy: Policy, episodes: list[Episode], live: dict[int, _Live], decod
         action = policy.read_output(st.obs, toks[j])
         try:
             step = st.env.step(action)
-            valid = st.env.parseable(action) if isinstance(st.env, ProblemEnv) else True  # a problem's answer format
+            valid = st.env.parseable(action)  # a problem's answer format (a web action's raised ParseError above)
         except ParseError:
             step, valid = None, False
         if step is not None:

@@ -101,3 +101,21 @@ def test_resolve_tasks_and_bad_input():
         Decode(greedy=False, temperature=0)
     with pytest.raises(GraftkitError, match="greedy"):
         evaluate(tiny_policy(task_words(), "nano"), ["click-button"], [0], 1, Decode(), samples=2)
+
+
+@pytest.mark.parametrize("task, unreadable", [("click-button", "click the button"), ("arithmetic", "912")])
+def test_web_and_problem_envs_play_through_one_episode_interface(task, unreadable):
+    """Rollouts read both kinds of environment through core.env.Env: the same members, the same Step."""
+    from graftkit.agent import make_task_env
+    from graftkit.core.env import Env, Step
+
+    env = make_task_env(task)
+    members = {n for n in vars(Env) if not n.startswith("_")} | set(Env.__annotations__)
+    assert {"reset", "step", "parseable", "demonstration", "success", "close", "spec", "done", "raw_reward"} <= members
+    assert all(hasattr(env, m) for m in members), [m for m in members if not hasattr(env, m)]
+    obs = env.reset(0)
+    plan = env.demonstration(obs)
+    assert env.parseable(plan[0]) and not env.parseable(unreadable)
+    step = env.step(plan[0])
+    assert type(step) is Step and step.done and step.reward == 1.0 and env.success and step.observation.empty
+    assert env.spec.progress(obs, step.observation, step.reward, step.done) == 1.0

@@ -1,4 +1,5 @@
-"""A verifiable problem played as a one-turn episode, with the web environments' interface.
+"""A verifiable problem played as a one-turn episode, with the web environments' interface
+(:class:`graftkit.core.env.Env`).
 
     env = ProblemEnv("arithmetic")
     obs = env.reset(seed=3)                        # ProblemObservation: the problem's prompt
@@ -11,8 +12,8 @@ The finished observation keeps the completion's process score (``ProblemObservat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
+from ..core.env import Step
 from ..core.errors import GraftkitError
 from .base import Problem, VerifiableTask
 
@@ -38,12 +39,6 @@ class ProblemObservation:
         return self.utterance
 
 
-class Step(NamedTuple):
-    observation: ProblemObservation
-    reward: float
-    done: bool
-
-
 class ProblemSpec:
     """A task's episode rules in the shape rollouts read from a web task: one turn, the solution as the
     oracle's plan, the completion's process score as progress."""
@@ -67,7 +62,8 @@ class ProblemSpec:
 
 
 class ProblemEnv:
-    """One verifiable task: ``reset(seed)`` shows problem ``seed``, ``step(completion)`` scores it and ends."""
+    """One verifiable task: ``reset(seed)`` shows problem ``seed``, ``step(completion)`` scores it and ends
+    (the episode interface :class:`graftkit.core.env.Env`)."""
 
     backend = "py"
 

@@ -10,15 +10,15 @@
 Both backends reproduce the same seeded episodes: the mirror ports ``Math.seedrandom`` and each task's
 ``genProblem()``, lays the page out with Chromium's font metrics and numbers elements as
 ``core.getDOMInfo`` does, so an episode's instruction, element list and rendered text are identical
-on either (``tests/test_webenv_browser.py`` checks it). ``SUITES`` names the ``mastered`` and
-``headroom`` task lists; ``progress`` gives partial credit after each step (a process reward).
+on either (``tests/test_webenv_browser.py`` checks it). ``progress`` gives partial credit after each step
+(a process reward).
 """
 
 from .actions import MAX_TEXT, Action, ParseError, parse_action
-from .env import MirrorEnv, Step, WebEnv, demonstrate, make_env
+from .env import MirrorEnv, WebEnv, demonstrate, make_env
 from .observation import Element, Observation
 from .render import Mark, draw_layout, render_som, render_text, som_marks
-from .tasks import SUITES, TASKS, Task
+from .tasks import TASKS, Task
 
 
 def oracle(obs: Observation) -> list[str]:
@@ -33,22 +33,8 @@ def progress(first: Observation, obs: Observation, reward: float, done: bool) ->
     return TASKS[first.task].progress(first, obs, reward, done)
 
 
-def suite(name: str) -> tuple[str, ...]:
-    """The task names of a suite (``mastered``, ``headroom``), or of a comma-separated list of tasks."""
-    from ..core.errors import GraftkitError
-
-    if name in SUITES:
-        return SUITES[name]
-    names = tuple(n.strip() for n in name.split(",") if n.strip())
-    unknown = [n for n in names if n not in TASKS]
-    if unknown or not names:
-        raise GraftkitError(f"unknown web task or suite {', '.join(unknown) or name!r}",
-                            f"choose a suite ({', '.join(SUITES)}) or tasks from: {', '.join(TASKS)}")
-    return names
-
-
 __all__ = [
-    "MAX_TEXT", "Action", "ParseError", "parse_action", "MirrorEnv", "Step", "WebEnv", "demonstrate", "make_env", "Element",
-    "Observation", "Mark", "draw_layout", "render_som", "render_text", "som_marks", "SUITES", "TASKS", "Task",
-    "oracle", "progress", "suite",
+    "MAX_TEXT", "Action", "ParseError", "parse_action", "MirrorEnv", "WebEnv", "demonstrate", "make_env", "Element",
+    "Observation", "Mark", "draw_layout", "render_som", "render_text", "som_marks", "TASKS", "Task",
+    "oracle", "progress",
 ]

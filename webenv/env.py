@@ -1,4 +1,5 @@
-"""The episode interface both backends implement, and the pure-Python mirror backend.
+"""The web environment both backends implement (the episode interface :class:`graftkit.core.env.Env`), and the
+pure-Python mirror backend.
 
     env = make_env("click-button")            # backend="py" (the mirror) or "miniwob" (real browser)
     obs = env.reset(seed=3)                   # Observation: utterance + element list
@@ -23,23 +24,18 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import NamedTuple
 
+from ..core.env import Step
 from ..core.errors import GraftkitError
-from .actions import Action, parse_action
+from .actions import Action, ParseError, parse_action
 from .observation import Observation, empty_observation
 from .seedrandom import SeedRandom
 from .tasks import TASKS, Task
 
 
-class Step(NamedTuple):
-    observation: Observation
-    reward: float
-    done: bool
-
-
 class WebEnv(ABC):
-    """One task, one page; ``reset(seed)`` starts the seeded episode, ``step(action)`` plays one action."""
+    """One task, one page; ``reset(seed)`` starts the seeded episode, ``step(action)`` plays one action
+    (the episode interface :class:`graftkit.core.env.Env`)."""
 
     backend: str
 
@@ -65,6 +61,14 @@ class WebEnv(ABC):
         result = self._act(action)
         self.done, self.raw_reward = result.done, result.reward
         return result
+
+    def parseable(self, action: str) -> bool:
+        """Whether ``action`` is in the action grammar (``step`` raises :class:`ParseError` on one that is not)."""
+        try:
+            parse_action(action)
+        except ParseError:
+            return False
+        return True
 
     def demonstration(self, obs: Observation) -> list[str]:
         """The demonstrator's plan from ``obs``: the oracle's (the mirror's may also read the page)."""

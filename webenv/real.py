@@ -1,6 +1,6 @@
 """The real backend: MiniWoB++ in headless Chromium through the ``miniwob`` package and Selenium.
 
-Settings (FACTS.md, "Real MiniWoB++"): ``SE_OFFLINE=true`` so Selenium does not reach for the network,
+Settings (docs/tasks.md, "Real MiniWoB++"): ``SE_OFFLINE=true`` so Selenium does not reach for the network,
 Debian's ``/usr/bin/chromium`` and ``/usr/bin/chromedriver`` passed to ``miniwob`` through
 ``MINIWOB_CHROME_BINARY`` / ``MINIWOB_CHROMEDRIVER`` (it reads both in
 ``SeleniumInstance.create_driver``), ``core.EPISODE_MAX_TIME`` raised right after the page loads so no
@@ -20,9 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.env import Step
 from ..core.errors import GraftkitError
 from .actions import Action
-from .env import Step, WebEnv
+from .env import WebEnv
 from .observation import Element, Observation, empty_observation
 
 CHROMIUM = "/usr/bin/chromium"

@@ -1,4 +1,4 @@
-"""The mirrored MiniWoB++ tasks, each a port of its HTML file's ``genProblem()``, and the task suites.
+"""The mirrored MiniWoB++ tasks, each a port of its HTML file's ``genProblem()``.
 
 Every task builds its page once (as the HTML file does) and regenerates the problem for each seed
 exactly as the browser does after ``Math.seedrandom(seed)``: the same calls to ``Math.random`` in the
@@ -7,8 +7,8 @@ order. Beside the port, each task has an **oracle** (observation → the action 
 episode from this observation; a task that hides its answer plans a step at a time) and a **progress** score in [0, 1] after each step (partial credit,
 later a process reward). Both read only observations, so they work the same on either backend.
 
-``TASKS`` maps a task name to its class; ``SUITES`` names the task lists ``mastered`` and ``headroom``
-— the one place to move a task between them once measured greedy vs sampled success says so.
+``TASKS`` maps a task name to its class. Which tasks the study calls mastered and headroom is its design
+(:data:`graftkit.study.design.SUITES`).
 """
 
 from __future__ import annotations
@@ -1028,25 +1028,11 @@ class FillForm(Task):
         return 0.8 * sum(got) / len(got)
 
 
-# --- the registry and the suites ----------------------------------------------------------------------------------
+# --- the registry -------------------------------------------------------------------------------------------------
 
 TASKS: dict[str, type[Task]] = {
     cls.name: cls
     for cls in (ClickButton, ClickLink, EnterText, FocusText, FocusText2, ClickCheckboxes, ClickTab, ClickTab2,
                 UseAutocomplete,
                 ClickCheckboxesLarge, LoginUser, EnterPassword, EnterText2, EnterTextLong, FillForm)
-}
-
-#: The two named suites, in one place, set by measurement on held-out items (``graftkit headroom --tasks all
-#: --seeds 40``, the embedded SFT policy, 80 episodes per task). ``mastered``: tasks the default SFT policy
-#: solves greedily on items it never trained on — click-tab 100% (80 distinct items); no other rich-item task
-#: reaches 90% (click-button 46%, click-checkboxes 39%, click-link 32%; enter-text 0% on its 13 held-out
-#: names: the policy copies only names it was trained on). ``headroom``: tasks whose reward sampling reaches
-#: (pass@8 96% and 78%) but the policy has not mastered; whether its sampled policy beats its greedy one there
-#: is measured by every study, not assumed (for the embedded policy it does not: −0.3 and −1.7 points, no
-#: credible headroom). Tasks with one or a few distinct items (focus-text, focus-text-2) cannot be held out
-#: and are in no suite.
-SUITES: dict[str, tuple[str, ...]] = {
-    "mastered": ("click-tab",),
-    "headroom": ("click-button", "click-link"),
 }

@@ -1,0 +1,121 @@
+"""The study's design as data: its task suites, learning-rate regimes, grid variants and presets.
+
+Every number here was set before the runs it configures, by measurement on training items or on a policy the
+study does not evaluate; each table says how. :class:`~graftkit.study.pipeline.StudyConfig` reads its defaults
+and presets from here, the findings rules (:mod:`graftkit.study.findings`) the suites, and the commands' task
+names (``--tasks mastered``) the suites too, through :mod:`graftkit.core.suites`, where this module registers
+:data:`SUITES` when ``graftkit/__init__.py`` imports it, before any other (those commands sit below the study and
+do not import it).
+
+A preset is a table of :class:`~graftkit.study.pipeline.StudyConfig` fields over its defaults: the embedded policy's
+(:data:`EMBEDDED_PRESETS`), a pretrained chat model's (:data:`PRETRAINED_PRESETS`), another domain's
+(:data:`DOMAIN_PRESETS`); each has a ``full`` and a ``quick`` size.
+"""
+
+from __future__ import annotations
+
+from ..core.suites import register_suites
+
+# --- the web study on the embedded policy --------------------------------------------------------------------------
+
+#: The two named suites of web tasks, set by measurement on held-out items (``graftkit headroom --tasks all
+#: --seeds 40``, the embedded SFT policy, 80 episodes per task). ``mastered``: tasks the default SFT policy
+#: solves greedily on items it never trained on — click-tab 100% (80 distinct items); no other rich-item task
+#: reaches 90% (click-button 46%, click-checkboxes 39%, click-link 32%; enter-text 0% on its 13 held-out
+#: names: the policy copies only names it was trained on). ``headroom``: tasks whose reward sampling reaches
+#: (pass@8 96% and 78%) but the policy has not mastered; whether its sampled policy beats its greedy one there
+#: is measured by every study, not assumed (for the embedded policy it does not: −0.3 and −1.7 points, no
+#: credible headroom). Tasks with one or a few distinct items (focus-text, focus-text-2) cannot be held out
+#: and are in no suite. The one place to move a task between them once measured greedy vs sampled success says so.
+SUITES: dict[str, tuple[str, ...]] = {
+    "mastered": ("click-tab",),
+    "headroom": ("click-button", "click-link"),
+}
+# The commands' task names (``--tasks mastered``) read these suites; graftkit/__init__.py imports this module first.
+register_suites(SUITES)
+
+#: GRPO learning-rate regimes of the mastered-suite grid (40 steps, temperature 1.5), chosen on TRAINING items
+#: (``graftkit eval --items train``, so the evaluation items never informed them): see ``REGIME_CALIBRATION``.
+#: Measured on the embedded policy (seed 0, click-tab, 25 seeds × 2 training-item episodes): 1e-4 100% → 100%,
+#: 2e-3 → 82% (credibly worse), 5e-3 → 50%, 1e-2 → 0%.
+REGIMES: dict[str, float] = {"null": 1e-4, "degrade": 2e-3, "collapse": 1e-2}
+
+#: How the regimes were chosen (recorded in every study's config so a reader can check it).
+REGIME_CALIBRATION = ("GRPO runs of the embedded SFT policy (seed 0, 40 steps, T 1.5) evaluated on training items "
+                      "(eval --items train): lr 1e-4 -> +0 points, 2e-3 -> -18, 5e-3 -> -50, 1e-2 -> -100")
+
+#: One-knob variants of the grid, each a run at a regime's learning rate with one setting changed (the
+#: study's control axes beyond learning rate and seed): name → (regime whose lr it uses, GRPO overrides,
+#: the regime it counts in). Initialisation is a random draw like the training seed, so an init-b run
+#: counts in its learning-rate regime; a KL weight or a clipping range is a fixed change of recipe.
+VARIANTS: dict[str, tuple[str, dict, str]] = {
+    "kl0.04": ("degrade", {"beta": 0.04}, "recipe"),
+    "kl0.2": ("degrade", {"beta": 0.2}, "recipe"),
+    "init-b-null": ("null", {"init": "sft-b"}, "null"),
+    "init-b-degrade": ("degrade", {"init": "sft-b"}, "degrade"),
+    "clip0.1": ("degrade", {"epsilon": 0.1}, "recipe"),
+    "clip-high0.3": ("degrade", {"epsilon_high": 0.3}, "recipe"),
+}
+
+#: The study on the embedded policy: ``full`` is the config's defaults (the study as docs/design.md describes it), ``quick``
+#: the CI-sized study (≈5 minutes: fewer steps, seeds and probes).
+EMBEDDED_PRESETS: dict[str, dict] = {
+    "quick": dict(sft_steps=600, grpo_steps=12, seeds=(0, 1), degrade_seeds=(0, 1), variants=("init-b-degrade",),
+                  sft_b_steps=40, swept_seeds=1, headroom_seeds=(0,), eval_seeds=6, eval_episodes=1, headroom_k=4,
+                  graft_groups=("embed", "attn", "mlp", "lm_head"), graft_seeds=6, probes=16),
+    "full": {},
+}
+
+# --- the web study on a pretrained chat model ----------------------------------------------------------------------
+
+#: The study on a pretrained chat model (``demo --policy smollm2``), sized for two machines: ``quick`` for 2 CPU
+#: cores (≤ 60 minutes: LoRA SFT, one seed per regime, a few GRPO steps of small groups), ``full`` for one GPU.
+#: The suites: the four tasks the SFT demonstrates most (mastered) and click-tab-2, demonstrated a little.
+PRETRAINED_SUITES = {"mastered": ("click-tab", "click-button", "click-link", "enter-text"),
+                     "headroom": ("click-tab-2",)}
+#: Demonstration pools of the pretrained SFT: a task's share of the demonstrations is its pool (up to 2000),
+#: so the two tasks that take longest to learn (a target among many elements of its kind) get the most, and
+#: click-tab-2 (a tab, then a link inside it) a few: learnt in part, where headroom can show.
+PRETRAINED_BUDGETS = ("click-button=2000", "click-link=2000", "click-tab=1000", "enter-text=400", "click-tab-2=300")
+PRETRAINED_REGIMES = {"null": 1e-6, "degrade": 2e-5, "collapse": 2e-4}
+PRETRAINED_CALIBRATION = ("chosen for full fine-tuning of a 135M model with AdamW before any run of this "
+                          "study (null: an update below bf16 resolution of most weights; collapse: 200x null per "
+                          "step), not tuned on its evaluation")
+_PRETRAINED = dict(train_sft=True, suites=PRETRAINED_SUITES, sft_tasks=",".join(sum(PRETRAINED_SUITES.values(), ())),
+                   sft_budgets=PRETRAINED_BUDGETS, regimes=PRETRAINED_REGIMES,
+                   regime_calibration=PRETRAINED_CALIBRATION, sft_lr=1e-3, sft_lora_r=16, sft_b_lr=1e-4,
+                   grpo_temperature=1.5, headroom_lr=2e-5, threads=2)
+PRETRAINED_PRESETS: dict[str, dict] = {
+    "quick": dict(_PRETRAINED, sft_steps=420, sft_batch_size=4, sft_warmup=20, sft_b_steps=20, grpo_steps=6,
+                  grpo_prompts=2, grpo_group=4, grpo_checkpoints=False, seeds=(0,), degrade_seeds=(0,), variants=(),
+                  headroom_seeds=(0,), eval_seeds=12, eval_episodes=1, headroom_k=4, swept_seeds=1, graft_seeds=4,
+                  probes=16),
+    "full": dict(_PRETRAINED, sft_steps=480, sft_batch_size=8, sft_warmup=48, sft_b_steps=60, grpo_steps=20,
+                 grpo_prompts=4, grpo_group=8, grpo_checkpoints=True, seeds=(0, 1, 2), degrade_seeds=(0, 1, 2),
+                 variants=("init-b-degrade", "kl0.04"), headroom_seeds=(0, 1), eval_seeds=25, eval_episodes=2,
+                 headroom_k=8, swept_seeds=2, graft_seeds=12, probes=64),
+}
+
+# --- the study of another domain -----------------------------------------------------------------------------------
+
+#: The study's second domain (``demo --domain arithmetic``): single-turn verifiable tasks, a tiny policy trained in
+#: the run (SFT on solutions of training items; numbers written digit by digit), the same grid, grafts, ranks and
+#: findings. The suites, set by measurement (micro policy, 1500 SFT steps on both, 50 held-out items each):
+#: multiples is learnt (greedy 92%, sampled 78%: mastered, below the ceiling), 2-digit addition is not (greedy
+#: 6%) but its reward is reachable by sampling (pass@8 32%): the headroom suite, where GRPO has a signal to climb.
+DOMAINS = ("web", "arithmetic")
+ARITHMETIC_SUITES = {"mastered": ("multiples",), "headroom": ("arithmetic-2",)}
+ARITHMETIC_REGIMES = {"null": 1e-4, "degrade": 2e-3, "collapse": 1e-2}
+ARITHMETIC_CALIBRATION = ("GRPO runs of a micro SFT policy (1500 steps on both suites; seed 0, 40 steps, T 1.5) on "
+                          "multiples, evaluated on training items (eval --items train): lr 1e-4 -> -2 points (98% -> "
+                          "96%), 2e-3 -> -22, 1e-2 -> -98 (no answer format left)")
+_ARITHMETIC = dict(train_sft=True, suites=ARITHMETIC_SUITES, sft_tasks="multiples,arithmetic-2",
+                   regimes=ARITHMETIC_REGIMES, regime_calibration=ARITHMETIC_CALIBRATION, sft_lr=3e-3,
+                   sft_batch_size=32, probe_tasks="multiples,arithmetic-2", grpo_max_tokens=12)
+DOMAIN_PRESETS: dict[str, dict[str, dict]] = {"arithmetic": {
+    "quick": dict(_ARITHMETIC, sft_steps=600, grpo_steps=12, seeds=(0, 1), degrade_seeds=(0, 1),
+                  variants=("init-b-degrade",), sft_b_steps=40, swept_seeds=1, headroom_seeds=(0,), eval_seeds=10,
+                  eval_episodes=2, headroom_k=4, graft_groups=("embed", "attn", "mlp", "lm_head"), graft_seeds=6,
+                  probes=16),
+    "full": dict(_ARITHMETIC, sft_steps=1500, grpo_steps=40),
+}}
