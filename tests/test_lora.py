@@ -25,12 +25,12 @@ from graftkit.core.errors import GraftkitError  # noqa: E402
 from graftkit.weights import (  # noqa: E402
     OutSpec,
     apply_lora,
+    base_of,
     check_pair,
     describe,
     is_lora_folder,
     open_checkpoint,
     open_rl,
-    resolve_base,
     write_checkpoint,
 )
 
@@ -233,7 +233,7 @@ def test_open_rl_and_pair(tiny_lm, tmp_path):
     assert all(same_bits(rl.read(n), direct.read(n)) for n in rl.names)
     check_pair(base, rl, base.taxonomy())
     assert Path(describe(rl)["path"]) == adapter_dir.resolve()
-    assert resolve_base(adapter_dir, None) == Path(str(base_dir))
+    assert base_of(adapter_dir) == Path(str(base_dir))
 
     full = open_rl(base_dir, base)
     assert full.kind == "hf-folder"

@@ -144,9 +144,9 @@ def test_rank_of_an_adapter_delta_is_taken_on_the_exact_update(tmp_path, monkeyp
     tolerance of q_proj is the matrix rule on that product."""
     from safetensors.torch import load_file
 
-    from graftkit.weights.lora import open_adapted
+    from graftkit.weights.resolve import open_model
 
-    ck = open_adapted(adapters["local"], None, "--base")
+    ck = open_model(adapters["local"])
     ab = load_file(adapters["local"] / "adapter_model.safetensors")
     name = "model.layers.0.self_attn.q_proj.weight"
     key = "base_model.model.model.layers.0.self_attn.q_proj"

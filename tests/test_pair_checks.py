@@ -152,7 +152,7 @@ def test_integer_dtypes_must_agree_under_every_policy(world, tmp_path):
 
     def with_code(ck, name, code):
         metas = {**ck.metas, name: TensorMeta(name, code, ck.metas[name].shape)}
-        return Checkpoint(ck.path, ck.kind, metas, ck.reader)
+        return Checkpoint(path=ck.path, kind=ck.kind, metas=metas, reader=ck.reader)
 
     name = next(iter(b.metas))
     ib, ir = with_code(b, name, "I32"), with_code(b, name, "I64")

@@ -18,11 +18,10 @@ from .pair import (
     open_pair,
     open_rl,
     pair_distance,
-    recorded_base,
-    resolve_base,
     stream_pair_distance,
     guard_pair_distance,
 )
+from .resolve import base_of, checkpoint_of, checkpoints_of, open_model, recorded_base
 from .safetensors_file import SafetensorsFile, TensorEntry, code_of, dtype_name, torch_dtype
 from .taxonomy import (
     BANDS,
@@ -42,7 +41,7 @@ __all__ = [
     "PROVENANCE", "Checkpoint", "tensor_bits", "code_of", "dtype_name", "torch_dtype", "TensorMeta", "open_checkpoint", "match_names", "open_one", "open_pair", "notes", "fingerprint", "apply_lora",
     "is_lora_folder", "lora_delta", "check_pair", "DTYPE_POLICIES", "cast_like", "shared_vocab", "FINE_TUNE_RULE", "PairDistance",
     "pair_distance", "stream_pair_distance", "guard_pair_distance", "check_fine_tune", "describe", "describe_later", "open_rl", "recorded_base",
-    "resolve_base", "SafetensorsFile", "TensorEntry", "BANDS", "GROUPS", "Taxonomy", "TensorRole",
+    "base_of", "checkpoint_of", "checkpoints_of", "open_model", "SafetensorsFile", "TensorEntry", "BANDS", "GROUPS", "Taxonomy", "TensorRole",
     "UnknownTensors", "band_of", "band_rule", "classify", "parse_layers", "OutSpec",
     "save_model", "load_model", "load_vlm", "is_vision_folder", "ImageTextProcessor", "read_tensors", "tensors_bytes", "check_destination", "parse_size", "write_checkpoint", "write_json_atomic",
 ]

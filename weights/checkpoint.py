@@ -26,6 +26,7 @@ from typing import Callable, Iterator, Mapping
 import numpy as np
 
 from ..core.errors import GraftkitError
+from ..core.files import require
 from .safetensors_file import ITEMSIZE, NUMPY, SafetensorsFile, TensorEntry, code_of, torch_dtype
 from .state_dict import PREFIXES, find_state_dict, load_pickle, rename
 from .taxonomy import Taxonomy, classify, tables
@@ -82,9 +83,10 @@ def _pread_exact(fd: int, view: memoryview, offset: int, e: TensorEntry, name: s
         done += n
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class Checkpoint:
-    """A set of named tensors with its folder's config and provenance, read lazily."""
+    """A set of named tensors with its folder's config and provenance, read lazily. Built by name and never
+    changed after: a variant (renamed, cast, cut, annotated) is a new one (``dataclasses.replace``)."""
 
     path: Path
     kind: str  # "hf-folder" | "safetensors-file" | "pickle" | "lora-merged"
@@ -227,10 +229,8 @@ def _from_safetensors(path: Path, kind: str, files: list[Path], config: dict | N
     metas = {n: TensorMeta(n, e.dtype, e.shape) for n, e in entries.items()}
     folder = path if path.is_dir() else path.parent
     prov = _read_json(folder / PROVENANCE) if (path.is_dir() and (folder / PROVENANCE).is_file()) else None
-    return Checkpoint(
-        path, kind, metas, lambda n: by_name[n].read(n), entries, config, prov, tuple(files),
-        lambda n: by_name[n].array(n),
-    )
+    return Checkpoint(path=path, kind=kind, metas=metas, reader=lambda n: by_name[n].read(n), raw=entries,
+                      config=config, provenance=prov, weight_files=tuple(files), arrays=lambda n: by_name[n].array(n))
 
 
 def _shards_from_index(folder: Path, index_name: str) -> list[Path]:
@@ -261,11 +261,13 @@ def _check_index(index_path: Path, ckpt: Checkpoint) -> None:
             )
 
 
+#: What a model path may be, for the error that names a missing one.
+A_MODEL = "an HF folder, a .safetensors file, a LoRA adapter or a trainer's output_dir"
+
+
 def open_checkpoint(path: str | os.PathLike, allow_pickle: bool = False) -> Checkpoint:
     """Open an HF folder, a single ``.safetensors`` file, or (``allow_pickle``) pickled weights."""
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise GraftkitError(f"{path}: no such file or folder", "check the checkpoint path")
+    path = require(Path(path).expanduser(), expected=A_MODEL)
     if path.is_file():
         if path.suffix == ".safetensors":
             return _from_safetensors(path, "safetensors-file", [path], None)
@@ -323,7 +325,8 @@ def _open_pickle(path: Path, files: list[Path], config: dict | None, allow: bool
             raise GraftkitError(f"{path}: tensor {n} has unsupported dtype {t.dtype}") from None
     prov_path = (path if path.is_dir() else path.parent) / PROVENANCE
     prov = _read_json(prov_path) if path.is_dir() and prov_path.is_file() else None
-    return Checkpoint(path, "pickle", metas, tensors.__getitem__, {}, config, prov, tuple(files), notes=tuple(notes))
+    return Checkpoint(path=path, kind="pickle", metas=metas, reader=tensors.__getitem__, config=config, provenance=prov,
+                      weight_files=tuple(files), notes=tuple(notes))
 
 
 def _alias_key(t) -> tuple:
@@ -393,8 +396,8 @@ def match_names(ck: Checkpoint, reference: Checkpoint | None = None, *, unknown:
     if config_from is not None:
         notes[0] += f", config from {config_from}"
     metas = {new: TensorMeta(new, ck.metas[old].code, ck.metas[old].shape) for new, old in inverse.items()}
-    return Checkpoint(ck.path, ck.kind, metas, lambda n: ck.read(inverse[n]), {}, config, ck.provenance,
-                      ck.weight_files, notes=tuple(notes), config_from=config_from)
+    return Checkpoint(path=ck.path, kind=ck.kind, metas=metas, reader=lambda n: ck.read(inverse[n]), config=config,
+                      provenance=ck.provenance, weight_files=ck.weight_files, notes=tuple(notes), config_from=config_from)
 
 
 __all__ = ["Checkpoint", "TensorMeta", "match_names", "open_checkpoint", "tensor_bits", "PROVENANCE", "NUMPY"]

@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.config import CommandConfig, check_choice, opt
-from ..core.errors import GraftkitError
-from .pair import open_one
-from .lora import is_lora_folder, open_adapted
-from .runs import resolve_models, trainer_run
+from .lora import is_lora_folder
+from .resolve import checkpoint_of, open_model
+from .runs import trainer_run
 from .taxonomy import DECODER, GROUPS, band_rule
 
 UNKNOWN = ("error", "keep-base")
-
-
-def must_exist(path: Path, flag: str = "--from") -> Path:
-    """A checkpoint path that exists (else resolving its recorded base would mislead), named by its ``flag``."""
-    if not Path(path).exists():
-        raise GraftkitError(f"{path}: no such file or folder", f"check the {flag} path")
-    return path
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,22 +42,19 @@ class InspectConfig(ReadOptions):
     """HF folder, .safetensors file, PEFT LoRA adapter (merged over --base) or a trainer's output_dir (its last
     checkpoint)."""
     base: Path | None = opt(None, flags=("--base",))
-    """Base model folder of a LoRA adapter (default: the adapter's base_model_name_or_path, when local)."""
+    """Base model folder of a LoRA adapter (default: the parent its graftkit.json records, else the adapter's
+    base_model_name_or_path when local)."""
 
 
 def run_inspect(cfg: InspectConfig) -> dict:
     """Groups, layers, bytes and tied embeddings of ``cfg.model``, and its taxonomy table (``family``) with
     how it was found (``matched_by``: model_type, names or generic); nothing is written."""
-    if not Path(cfg.model).exists():
-        raise GraftkitError(f"{cfg.model}: no such file or folder", "check the MODEL path")
-    (model,) = resolve_models(cfg.model)  # a trainer's output_dir: its last checkpoint
+    model = checkpoint_of(cfg.model, "MODEL")
     run = trainer_run(Path(cfg.model))
+    ck = open_model(model, cfg.base, allow_pickle=cfg.allow_pickle, unknown=cfg.unknown, config=cfg.config)
     if is_lora_folder(model):
-        ck = open_adapted(model, cfg.base, "--base")
-        ck.notes = (*ck.notes, f"LoRA adapter {model} merged over {ck.provenance['lora']['base']}: "
-                               f"{len(ck.provenance['lora']['targets'])} tensors adapted")
-    else:
-        ck = open_one(model, allow_pickle=cfg.allow_pickle, unknown=cfg.unknown, config=cfg.config)
+        ck = dataclasses.replace(ck, notes=(*ck.notes, f"LoRA adapter {model} merged over {ck.provenance['lora']['base']}: "
+                                                       f"{len(ck.provenance['lora']['targets'])} tensors adapted"))
     tax = ck.taxonomy(cfg.unknown)
     rows = {}
     for g in [*GROUPS, "unknown"]:

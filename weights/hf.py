@@ -121,18 +121,19 @@ def load_model(path: Path, *, allow_pickle: bool = False, dtype=None, need_token
     never remote code. A single checkpoint file (``.safetensors``, or with ``allow_pickle`` a
     ``.ckpt``/``.pt``/``.pth``/``.bin`` training checkpoint) holds no config: the model is built from
     ``config_dir``'s config.json and its tokenizer read from there (:func:`_from_single_file`).
-    A PEFT LoRA adapter folder is merged into its base model in memory (``base``, else the adapter's local
-    ``base_model_name_or_path``; the tokenizer is the adapter folder's when it has one, else the base's).
+    A PEFT LoRA adapter folder is merged into its base model in memory (:func:`.resolve.base_of` with ``base``;
+    the tokenizer is the adapter folder's when it has one, else the base's).
     Returns ``(model, tokenizer)``; each failure is one clear error."""
     from transformers import AutoModelForCausalLM
 
     from ..core.errors import GraftkitError
     from .checkpoint import open_checkpoint
-    from .lora import adapter_base, apply_lora, is_lora_folder
+    from .lora import apply_lora, is_lora_folder
+    from .resolve import base_of
 
     path = Path(path)
     if is_lora_folder(path):
-        base_dir = adapter_base(path, base, "--base")
+        base_dir = base_of(path, base)
         model, tokenizer = load_model(base_dir, allow_pickle=allow_pickle, dtype=dtype, need_tokenizer=False)
         merged = apply_lora(open_checkpoint(base_dir, allow_pickle=allow_pickle), path)
         import torch
@@ -163,10 +164,11 @@ def stored_dtype(path: Path, *, allow_pickle: bool = False, base: Path | None = 
     import torch
 
     from .checkpoint import open_checkpoint
-    from .lora import is_lora_folder, open_adapted
+    from .lora import is_lora_folder
+    from .resolve import open_model
 
     path = Path(path)
-    ck = open_adapted(path, base, "--base") if is_lora_folder(path) else open_checkpoint(path, allow_pickle=allow_pickle)
+    ck = open_model(path, base) if is_lora_folder(path) else open_checkpoint(path, allow_pickle=allow_pickle)
     by: dict = {}
     for m in ck.metas.values():
         if m.dtype.is_floating_point:
@@ -243,8 +245,9 @@ def _from_single_file(auto_class, ck, config_dir: Path, dtype, what: str):
         raise GraftkitError(f"--config {config_dir}: cannot build {what} from its config.json ({exc})".splitlines()[0],
                             "check config.json's architecture") from None
     own = model.state_dict()  # views of the parameters: copying into them sets the model's weights
-    ref = Checkpoint(config_dir, "hf-folder", {n: TensorMeta(n, code_of(t.dtype), tuple(t.shape)) for n, t in own.items()},
-                     own.__getitem__, config=_read_json(config_dir / "config.json"))
+    ref = Checkpoint(path=config_dir, kind="hf-folder",
+                     metas={n: TensorMeta(n, code_of(t.dtype), tuple(t.shape)) for n, t in own.items()},
+                     reader=own.__getitem__, config=_read_json(config_dir / "config.json"))
     named = match_names(ck, ref, config_dir=config_dir)
     extra = [n for n in named.metas if n not in own]
     if extra:

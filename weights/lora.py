@@ -46,29 +46,6 @@ def is_lora_folder(path: Path) -> bool:
     return path.is_dir() and (path / "adapter_config.json").is_file()
 
 
-def adapter_base(adapter: Path, base: Path | None, flag: str) -> Path:
-    """The base model folder of LoRA ``adapter``: ``base`` when given, else its ``base_model_name_or_path``
-    when that is a local folder; a hub id (the usual case: PEFT records what the model was loaded from) is
-    one error saying how to pass the local folder with ``flag``."""
-    if base is not None:
-        return Path(base)
-    named = _read_json(Path(adapter) / "adapter_config.json").get("base_model_name_or_path")
-    if named and Path(named).is_dir():
-        return Path(named)
-    if named:
-        raise GraftkitError(f"{adapter} is a LoRA adapter over {named!r}, which is no folder from here (a hub id, or "
-                            "a path relative to where it was trained; graftkit never downloads a model)",
-                            f"pass the local folder of {named} as {flag} DIR")
-    raise GraftkitError(f"{adapter} is a LoRA adapter that names no base model", f"pass its base model folder as {flag} DIR")
-
-
-def open_adapted(adapter: Path, base: Path | None, flag: str) -> Checkpoint:
-    """``adapter`` merged over its base (:func:`adapter_base`), as a checkpoint read one tensor at a time."""
-    from .checkpoint import open_checkpoint
-
-    return apply_lora(open_checkpoint(adapter_base(adapter, base, flag)), Path(adapter), flag)
-
-
 def _pattern_value(patterns: dict, module: str, default):
     # PEFT's rule: a key matches a module whose dotted name ends with it.
     for key, value in patterns.items():
@@ -195,7 +172,6 @@ def apply_lora(base: Checkpoint, adapter_path: Path, base_flag: str = "--base") 
             return None
         return lora_delta(sf.read(m.a), sf.read(m.b), m.scale, m.transpose)
 
-    ckpt = Checkpoint(adapter_path, "lora-merged", metas, read, raw, base.config,
-                      None, (sf.path, *base.weight_files), base.arrays, deltas=exact)
-    ckpt.provenance = {"lora": {"config": cfg, "base": str(base.path), "targets": sorted(changed)}}
-    return ckpt
+    return Checkpoint(path=adapter_path, kind="lora-merged", metas=metas, reader=read, raw=raw, config=base.config,
+                      provenance={"lora": {"config": cfg, "base": str(base.path), "targets": sorted(changed)}},
+                      weight_files=(sf.path, *base.weight_files), arrays=base.arrays, deltas=exact)

@@ -1,9 +1,8 @@
 """A base checkpoint and an RL checkpoint, opened and checked as a pair.
 
 Grafting and delta anatomy need the two to hold the same tensors with the same shapes. Each mismatch is
-one error that names the tensors and both shapes. ``--base`` defaults to the SFT parent recorded in the
-RL checkpoint's ``graftkit.json`` (``base_model.path``) or, for a LoRA adapter, to its
-``base_model_name_or_path`` when that is a local folder.
+one error that names the tensors and both shapes. Which base a pair takes when ``--base`` is not given is
+:func:`.resolve.base_of`'s answer.
 
 Dtypes (:func:`check_pair`, ``dtypes=``, one of :data:`DTYPE_POLICIES`): a bfloat16 SFT base and a float32
 checkpoint of another trainer are one pair. An analysis (``delta``, ``rank --what delta``) takes the
@@ -24,7 +23,6 @@ names onto the other side's (:func:`.checkpoint.match_names`) and records what i
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -32,42 +30,11 @@ from typing import Callable
 import numpy as np
 
 from ..core.errors import GraftkitError
-from .checkpoint import PROVENANCE, Checkpoint, TensorMeta, match_names, open_checkpoint
+from .checkpoint import Checkpoint, TensorMeta, match_names, open_checkpoint
 from .fingerprint import fingerprint, fingerprint_later
 from .lora import apply_lora, is_lora_folder
 from .safetensors_file import dtype_name, torch_dtype
 from .taxonomy import Taxonomy
-
-
-def recorded_base(rl_path: Path) -> Path | None:
-    """The base model an RL checkpoint names: graftkit.json's base_model, or a LoRA's base folder."""
-    rl_path = Path(rl_path)
-    prov = rl_path / PROVENANCE
-    if prov.is_file():
-        base = (json.loads(prov.read_text()).get("base_model") or {}).get("path")
-        if base:
-            return Path(base)
-    cfg = rl_path / "adapter_config.json"
-    if cfg.is_file():
-        base = json.loads(cfg.read_text()).get("base_model_name_or_path")
-        if base and Path(base).is_dir():
-            return Path(base)
-    return None
-
-
-def resolve_base(rl_path: Path, base: Path | None) -> Path:
-    if base is not None:
-        return Path(base)
-    found = recorded_base(rl_path)
-    if found is None:
-        raise GraftkitError(
-            f"{rl_path} records no SFT parent (no graftkit.json with base_model)", "pass --base SFT_FOLDER"
-        )
-    if not found.exists():
-        raise GraftkitError(
-            f"{rl_path} records its SFT parent as {found}, which no longer exists", "pass --base SFT_FOLDER"
-        )
-    return found
 
 
 def open_rl(path: Path, base: Checkpoint, allow_pickle: bool = False) -> Checkpoint:

@@ -6,9 +6,9 @@ or ``adapter_model.safetensors`` + ``adapter_config.json`` with PEFT), ``config.
 ``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth`` and ``training_args.bin``. Those pickles are never
 opened here (nor warned about: they are the trainer's, not weights); ``trainer_state.json`` is JSON.
 
-:func:`trainer_run` recognises such a folder; :func:`resolve_models` turns a path a command was given
-into the checkpoints it means: the folder itself when it holds weights, else the run's last checkpoint,
-or every checkpoint in step order (``all_checkpoints``: the training trajectory).
+:func:`trainer_run` recognises such a folder and lists its checkpoints by step number (``checkpoint-10``
+after ``checkpoint-9``); :func:`.resolve.checkpoints_of` turns a path a command was given into the
+checkpoints it means.
 """
 
 from __future__ import annotations
@@ -76,19 +76,6 @@ def trainer_run(path: Path) -> TrainerRun | None:
         return None
     states = [p / STATE for _, p in reversed(found)] + [path / STATE]
     return TrainerRun(path, tuple(found), next((s for s in states if s.is_file()), None))
-
-
-def resolve_models(path: Path, all_checkpoints: bool = False) -> list[Path]:
-    """The checkpoints ``path`` names: itself when it holds weights (or is a file); for a Trainer
-    ``output_dir``, its last checkpoint, or all of them in step order with ``all_checkpoints``."""
-    path = Path(path)
-    run = trainer_run(path)
-    if run is None:
-        if all_checkpoints and not path.is_file():
-            raise GraftkitError(f"{path} is not a trainer output_dir (no checkpoint-N folders with weights)",
-                                "pass the folder that holds checkpoint-N/, or drop --all-checkpoints")
-        return [path]
-    return [p for _, p in run.checkpoints] if all_checkpoints else [run.last]
 
 
 def trainer_log(state: Path) -> list[dict[str, float]]:

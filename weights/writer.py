@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
 from ..core.errors import GraftkitError
-from ..core.files import check_folder_dest, check_space, check_writable, fsync_dir, sweep_stale, temp_path, translated, write_atomic
+from ..core.files import (check_folder_dest, check_space, check_writable, fsync_dir, sweep_stale, temp_path, translated,
+                          write_all, write_atomic)
 from .checkpoint import INDEX, PROVENANCE, tensor_bits
 from .safetensors_file import OutTensor, TensorEntry, code_of, header_bytes
 
@@ -184,14 +185,6 @@ def aux_files(folder: Path | None) -> list[Path]:
     return sorted(p for p in found if p.name not in _NOT_AUX)
 
 
-def _write_all(fd: int, data, pos: int) -> int:
-    view = memoryview(data).cast("B")
-    done = 0
-    while done < len(view):
-        done += os.pwrite(fd, view[done:], pos + done)
-    return done
-
-
 def _libc_sync_file_range():
     try:
         import ctypes
@@ -236,7 +229,7 @@ def _copy_at(src_fd: int, src_pos: int, dst_fd: int, dst_pos: int, nbytes: int, 
             raise GraftkitError(f"{src or 'an input file'}: the file is {os.fstat(src_fd).st_size:,} bytes now, a tensor "
                                 f"needs bytes up to {src_pos + nbytes:,}; the checkpoint changed while it was read",
                                 "rerun when it is complete")
-        done += _write_all(dst_fd, chunk, dst_pos + done)
+        done += write_all(dst_fd, chunk, dst_pos + done)
 
 
 def _write_shard(
@@ -274,14 +267,14 @@ def _write_shard(
                     raise AssertionError(f"{s.name}: chunk dtype {chunk.dtype} != {s.dtype}")
                 flat = chunk.detach().contiguous().reshape(-1)
                 if flat.numel():
-                    written += _write_all(fd, tensor_bits(flat), at + written)
+                    written += write_all(fd, tensor_bits(flat), at + written)
         if written != s.out.nbytes:
             raise AssertionError(f"{s.name}: wrote {written} bytes, expected {s.out.nbytes}")
         _start_writeback(fd, at, written)
         return s
 
     try:
-        _write_all(fd, head, 0)
+        write_all(fd, head, 0)
         os.ftruncate(fd, pos)
         with ThreadPoolExecutor(max_workers=workers) as pool:
             for s in pool.map(job, range(len(specs))):
