@@ -1,12 +1,14 @@
 """Executors of sweeps: many independent units, run one after another here or on Ray workers.
 
-Graft sweeps, evaluations of many checkpoints and GRPO grids are lists of frozen, serialisable specs.
-``--executor serial`` (the default) runs them in this process and never imports Ray. ``--executor ray``
-hands them to a :class:`WorkerPool`: one long-lived Ray actor per worker, each built once by a ``setup``
-callable (e.g. the loaded base policy of a graft sweep), then fed one unit at a time as it frees up. The
-driver receives ``(index, result)`` as each unit finishes, so it can write partial results exactly as the
-serial path does. This module runs callables and knows nothing of what they compute (a leaf: Ray and
-torch are imported lazily).
+Graft sweeps, evaluations of many checkpoints and GRPO grids are lists of frozen, serialisable specs. An
+:class:`Executor` is picked once from the command's flags and gives a pool with one interface for both kinds:
+``--executor serial`` (the default) runs the units in this process (:class:`SerialPool`) and never imports
+Ray; ``--executor ray`` hands them to a :class:`WorkerPool`: one long-lived Ray actor per worker. Either
+way each worker's state is built once by a ``setup`` callable, in the worker's own process (e.g. a graft
+sweep's opened checkpoints and loaded base policy), then fed one unit at a time as it frees up. The
+driver receives ``(index, result)`` as each unit finishes, so it writes partial results the same way
+whichever executor runs them. This module runs callables and knows nothing of what they compute (a leaf:
+Ray and torch are imported lazily).
 
 - ``--ray-address local`` starts a cluster on this machine (its CPUs, or ``--workers`` where that is more;
   the GPUs Ray sees) and shuts it down afterwards; ``auto`` joins the running cluster; ``HOST:PORT`` (or
@@ -30,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
+from .config import EXECUTORS
 from .errors import GraftkitError
 
 #: Environment variables (exact names, or prefixes ending in ``_``) each Ray worker inherits from the driver.
@@ -165,24 +168,69 @@ def _cause(e: BaseException) -> BaseException:
     return cause if isinstance(cause, GraftkitError) else e
 
 
+class SerialPool:
+    """The serial executor's one worker, this process: ``setup()`` once, here, then every unit in item order."""
+
+    def __init__(self, setup: Callable[[], Any] | None):
+        self.state = setup() if setup is not None else None
+
+    def size(self, units: int) -> int:
+        """How many workers ``units`` units get: one."""
+        return 1
+
+    def first(self, fn: Callable[[Any], Any]) -> Any:
+        """``fn(state)``."""
+        return fn(self.state)
+
+    def map(self, work: Callable[[Any, Any], Any], items: Sequence, on_start: Callable[[int], None] = lambda i: None,
+            workers: int | None = None) -> Iterator[tuple[int, Any]]:
+        """``(index, work(state, items[index]))`` for every item in order; ``on_start(index)`` before each."""
+        for i, item in enumerate(items):
+            on_start(i)
+            yield i, work(self.state, item)
+
+
 @dataclass
 class WorkerPool:
-    """Ray actors, each built once by ``setup``; :meth:`map` feeds them units as they free up."""
+    """Ray actors on ``cluster`` (one CPU each, and one GPU with ``gpu``), each built once by ``setup`` when work
+    first needs it: :meth:`first` starts one, :meth:`map` as many as it hands units to, fed as they free up."""
 
-    actors: list
+    cluster: Cluster
+    setup: Callable[[], Any] | None = field(repr=False)
+    gpu: bool
+    workers: int | None
+    """--workers (None: :func:`worker_count`'s default)."""
     ray: Any = field(repr=False)
+    actors: list = field(default_factory=list)
 
-    def broadcast(self, fn: Callable[[Any], Any]) -> list:
-        """``fn(state)`` on every worker (e.g. where its model runs), in worker order."""
+    def size(self, units: int) -> int:
+        """How many workers ``units`` units get (:func:`worker_count`)."""
+        return worker_count(self.cluster, self.gpu, units, self.workers)
+
+    def _started(self, n: int) -> list:
+        """The first ``n`` actors, starting those not yet running."""
+        remote = self.ray.remote(num_cpus=1, num_gpus=1 if self.gpu else 0, max_concurrency=1)(_Actor)
+        while len(self.actors) < n:
+            self.actors.append(remote.remote(self.setup))
+        return self.actors[:n]
+
+    def _get(self, ref) -> Any:
         try:
-            return self.ray.get([a.call.remote(fn) for a in self.actors])
+            return self.ray.get(ref)
         except self.ray.exceptions.RayTaskError as e:
             raise _cause(e) from None
 
-    def map(self, work: Callable[[Any, Any], Any], items: Sequence,
-            on_start: Callable[[int], None] = lambda i: None) -> Iterator[tuple[int, Any]]:
-        """``(index, work(state, items[index]))`` for every item, as each finishes; ``on_start(index)`` as
-        each is handed to a worker (in item order)."""
+    def first(self, fn: Callable[[Any], Any]) -> Any:
+        """``fn(state)`` on the first worker."""
+        (actor,) = self._started(1)
+        return self._get(actor.call.remote(fn))
+
+    def map(self, work: Callable[[Any, Any], Any], items: Sequence, on_start: Callable[[int], None] = lambda i: None,
+            workers: int | None = None) -> Iterator[tuple[int, Any]]:
+        """``(index, work(state, items[index]))`` for every item, as each finishes, on ``workers`` workers (default
+        :meth:`size` of the items); ``on_start(index)`` as each is handed to a worker (in item order)."""
+        if not items:
+            return
         ray, todo, running = self.ray, list(range(len(items)))[::-1], {}
 
         def give(actor) -> None:
@@ -190,57 +238,104 @@ class WorkerPool:
             on_start(i)
             running[actor.run.remote(work, items[i])] = (i, actor)
 
-        for actor in self.actors[:len(items)]:
+        for actor in self._started(min(workers or self.size(len(items)), len(items))):
             give(actor)
         while running:
             (ref,), _ = ray.wait(list(running), num_returns=1)
             i, actor = running.pop(ref)
-            try:
-                result = ray.get(ref)
-            except ray.exceptions.RayTaskError as e:
-                raise _cause(e) from None
+            result = self._get(ref)
             if todo:
                 give(actor)
             yield i, result
 
 
 @contextlib.contextmanager
-def worker_pool(cluster: Cluster, setup: Callable[[], Any] | None, workers: int, gpu: bool = False
+def worker_pool(cluster: Cluster, setup: Callable[[], Any] | None, gpu: bool = False, workers: int | None = None
                 ) -> Iterator[WorkerPool]:
-    """``workers`` actors on ``cluster`` (one CPU each, and one GPU with ``gpu``), each running ``setup()``
-    once; killed when the block ends, so a reused cluster gets its resources back."""
+    """A :class:`WorkerPool` on ``cluster``; its actors are killed when the block ends, so a reused cluster gets
+    its resources back. ``workers`` the cluster cannot place is an error here, before any actor is scheduled."""
     ray = ray_module()
-    remote = ray.remote(num_cpus=1, num_gpus=1 if gpu else 0, max_concurrency=1)(_Actor)
-    actors = [remote.remote(setup) for _ in range(workers)]
+    worker_count(cluster, gpu, 1, workers)
+    pool = WorkerPool(cluster, setup, gpu, workers, ray)
     try:
-        yield WorkerPool(actors, ray)
+        yield pool
     finally:
-        for a in actors:
+        for a in pool.actors:
             ray.kill(a)
 
 
-@contextlib.contextmanager
-def ray_pool(setup: Callable[[], Any] | None, units: int, *, address: str = "local", workers: int | None = None,
-             device: str = "cpu") -> Iterator[WorkerPool]:
-    """A :func:`worker_pool` on the cluster at ``address``: the workers :func:`worker_count` gives for
-    ``units`` units, a GPU each where ``device`` asks for one (:func:`wants_gpu`), each built by ``setup``."""
-    with ray_cluster(address, workers) as cluster:
-        gpu = wants_gpu(device, cluster)
-        with worker_pool(cluster, setup, worker_count(cluster, gpu, units, workers), gpu) as pool:
-            yield pool
+@dataclass(frozen=True)
+class Executor:
+    """Where the units of a sweep run, picked once: ``serial`` (in this process, one after another) or ``ray``
+    (on the workers of the cluster at ``address``: ``workers`` of them, or :func:`worker_count`'s default).
+    ``device`` is the device the units' models run on (with Ray, it decides whether each worker takes a GPU).
+
+    :meth:`pool` gives either kind's pool, with one interface: ``size(units)``, ``first(fn)`` (``fn(state)`` on
+    one worker) and ``map(work, items)`` (``(index, work(state, item))`` as each finishes); each worker's
+    ``state`` is built once by the ``setup`` it was given, in that worker's process (never in this one under
+    Ray)."""
+
+    kind: str = "serial"
+    address: str = "local"
+    workers: int | None = None
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.kind not in EXECUTORS:
+            raise GraftkitError(f"unknown --executor {self.kind!r}", f"use one of {', '.join(EXECUTORS)}")
+
+    @classmethod
+    def of(cls, cfg) -> "Executor":
+        """The executor a command's config asks for (its ExecutorOption and DeviceOption fields)."""
+        return cls(cfg.executor, cfg.ray_address, cfg.workers, getattr(cfg, "device", "cpu"))
+
+    @property
+    def local(self) -> bool:
+        """Units run in this process: callbacks handed to them reach the caller (a Ray worker's stay there)."""
+        return self.kind == "serial"
+
+    @property
+    def unit_device(self) -> str:
+        """The device a unit runs ``device`` on: itself here, :func:`worker_device` on a Ray worker."""
+        return self.device if self.local else worker_device(self.device)
+
+    @contextlib.contextmanager
+    def pool(self, setup: Callable[[], Any] | None = None) -> Iterator[SerialPool | WorkerPool]:
+        """This executor's pool for the ``with`` block, each worker's state built by ``setup()``. A serial
+        state with a ``close()`` method is closed when the block ends (a Ray worker's goes with its actor)."""
+        if self.local:
+            pool = SerialPool(setup)
+            try:
+                yield pool
+            finally:
+                close = getattr(pool.state, "close", None)
+                if callable(close):
+                    close()
+            return
+        with ray_cluster(self.address, self.workers) as cluster:
+            with worker_pool(cluster, setup, wants_gpu(self.device, cluster), self.workers) as pool:
+                yield pool
+
+    def run(self, items: Sequence, work: Callable[[Any, Any], Any], *, setup: Callable[[], Any] | None = None,
+            on_start: Callable[[int], None] = lambda i: None,
+            on_result: Callable[[int, Any], None] = lambda i, r: None) -> list:
+        """Every item through ``work(state, item)`` on this executor's pool; ``on_result(index, result)`` as each
+        finishes. Returns the results in item order (nothing is started for no items)."""
+        results: dict[int, Any] = {}
+        if items:
+            with self.pool(setup) as pool:
+                for i, r in pool.map(work, items, on_start):
+                    results[i] = r
+                    on_result(i, r)
+        return [results[i] for i in range(len(items))]
 
 
 def run_units(items: Sequence, work: Callable[[Any, Any], Any], *, setup: Callable[[], Any] | None = None,
               address: str = "local", workers: int | None = None, device: str = "cpu",
               on_start: Callable[[int], None] = lambda i: None,
-              on_result: Callable[[int, Any], None] = lambda i, r: None) -> list:
-    """Every item through ``work(state, item)`` on the workers of a :func:`ray_pool` (``state = setup()``
-    once per worker, or None); ``on_result(index, result)`` as each finishes. Returns the results in item
-    order."""
-    results: dict[int, Any] = {}
-    if items:
-        with ray_pool(setup, len(items), address=address, workers=workers, device=device) as pool:
-            for i, r in pool.map(work, items, on_start):
-                results[i] = r
-                on_result(i, r)
-    return [results[i] for i in range(len(items))]
+              on_result: Callable[[int, Any], None] = lambda i, r: None, executor: str = "ray") -> list:
+    """:meth:`Executor.run` on the ``executor`` (Ray by default) at ``address``: every item through
+    ``work(state, item)`` (``state = setup()`` once per worker, or None); ``on_result(index, result)`` as each
+    finishes. Returns the results in item order."""
+    return Executor(executor, address, workers, device).run(items, work, setup=setup, on_start=on_start,
+                                                            on_result=on_result)

@@ -1,11 +1,17 @@
-"""Graft experiments: sweeps expand to frozen specs, one executor evaluates them on one loaded model.
+"""Graft experiments: sweeps expand to frozen specs, and an executor's workers evaluate them in place.
 
 Plan, then execute. :func:`expand_sweep` turns a sweep kind and the chosen groups into a list of frozen,
 serialisable :class:`GraftExperiment` s (``--dry-run`` prints them); :func:`plan_sweep` turns each into a
 :class:`~graftkit.graft.plan.GraftPlan` over the checkpoint's tensors, so a spec that selects nothing
-fails before any evaluation; :func:`run_graft_sweep` loads nothing: it grafts each spec in place into the
-policy's already loaded (base) model (:class:`~graftkit.graft.inplace.InPlaceGraft`), evaluates it on the
-same tasks × seeds × episodes as every other spec, streams each outcome, and restores the model.
+fails before any evaluation; :func:`plan_units` splits the configurations still to play into
+:class:`SweepUnit` s (a configuration on a block of evaluation seeds) for the workers of an executor
+(:class:`graftkit.core.executor.Executor`: this process, or Ray workers). Each worker holds a
+:class:`SweepWorker`, built once in its own process: the checkpoints opened, the base policy loaded, into
+which it grafts each unit's spec in place (:class:`~graftkit.graft.inplace.InPlaceGraft`) and evaluates
+it on the same tasks × seeds × episodes as every other spec (:class:`EpisodeGrid`);
+:func:`execute_sweep` is the one loop that hands out units and streams each configuration's outcomes as
+its last block finishes, whichever executor runs them. :func:`run_graft_sweep` is the same on a policy
+already loaded in this process.
 
 Sweeps over the chosen groups G (k = |G|), each with the base (∅) and the RL model (every group) as
 references, both always included:
@@ -23,19 +29,23 @@ A spec equal to a reference is not repeated. Labels: ``attn+mlp`` (groups joined
 :func:`sweep_result` assembles the labelled result (kind ``graft-sweep``) with the paired comparisons and
 the attribution of :mod:`graftkit.graft.attribution`; :class:`SweepResult` and :class:`DissociationResult`
 are the typed views every reader goes through. An interrupted sweep resumes (:func:`resume_outcomes`):
-partial results go to ``.partial-<name>`` beside the result, never to the result itself.
+partial results go to ``.partial-<name>`` beside the result (:func:`graftkit.results.layout.partial_path`),
+never to the result itself.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
 from ..core.errors import GraftkitError
+from ..results.layout import partial_path
 from ..results.store import Result, View, read_result
 from ..weights import BANDS, GROUPS, Checkpoint, Taxonomy
 from ..weights.taxonomy import DECODER
@@ -205,6 +215,138 @@ def plan_sweep(tax: Taxonomy, experiments: Sequence[GraftExperiment]) -> dict[st
 # -------------------------------------------------------------------------------------- execute
 
 
+@dataclass(frozen=True)
+class EpisodeGrid:
+    """The episodes every configuration of a sweep plays, and how: ``tasks`` × ``seeds`` × ``episodes``
+    decoded by ``decode``, ``batch_size`` episodes advanced together."""
+
+    tasks: tuple[str, ...]
+    seeds: tuple[int, ...]
+    episodes: int
+    decode: Any
+    """How actions are decoded (:class:`graftkit.agent.Decode`)."""
+    batch_size: int = 64
+    backend: str = "py"
+    obs: str = "text"
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """``[task, seed, episode]``: the shape of one configuration's outcomes."""
+        return len(self.tasks), len(self.seeds), self.episodes
+
+    @property
+    def count(self) -> int:
+        """Episodes one configuration plays."""
+        return len(self.tasks) * len(self.seeds) * self.episodes
+
+
+@dataclass(frozen=True)
+class SweepUnit:
+    """One unit of a sweep's plan: configuration ``experiment`` of RL run ``run`` (A: ``--from``, B: ``--vs``),
+    played on the evaluation seeds at positions ``block`` of the grid's."""
+
+    run: str
+    experiment: GraftExperiment
+    block: tuple[int, ...]
+
+
+def plan_units(experiments: Sequence[GraftExperiment], n_seeds: int, width: int, *, run: str = "A",
+               done: Collection[str] = ()) -> list[SweepUnit]:
+    """The units of run ``run``'s sweep for a pool of ``width`` workers: every configuration not ``done``, each
+    split into ``min(width, n_seeds)`` contiguous blocks of seeds. Episodes depend only on their seed, so a
+    configuration's blocks put together are its outcomes, and no worker idles while another plays a sweep's
+    last configuration alone; the serial executor's one worker plays each configuration whole."""
+    blocks = [tuple(b.tolist()) for b in np.array_split(np.arange(n_seeds), min(width, n_seeds))]
+    return [SweepUnit(run, e, b) for e in experiments if e.label not in done for b in blocks]
+
+
+class SweepWorker:
+    """What each worker of a sweep holds, built once in its own process (the serial executor's one worker is
+    this process): the base and each RL run's checkpoint by run key, opened and checked; the base policy,
+    loaded by ``load()`` when first needed (or given loaded, as ``policy``); one in-place graft session at a
+    time (per RL run: a worker switches runs once, between ``--vs``'s two sweeps). :meth:`close` restores
+    the base's weights."""
+
+    def __init__(self, base: Checkpoint, rls: Mapping[str, Checkpoint], load: Callable[[], Any] | None = None, *,
+                 policy=None, unknown: str = "keep-base", tax: Taxonomy | None = None):
+        if load is None and policy is None:
+            raise GraftkitError("a sweep worker needs its base policy, loaded or a way to load it")
+        self.base, self.rls, self.unknown = base, dict(rls), unknown
+        self.tax = tax or base.taxonomy(unknown)
+        self._load, self._policy = load, policy
+        self.key, self.session, self.plans = None, None, {}
+
+    @property
+    def policy(self):
+        if self._policy is None:
+            self._policy = self._load()
+        return self._policy
+
+    @property
+    def placement(self) -> dict:
+        return self.policy.placement
+
+    def _session(self, key: str):
+        from .inplace import InPlaceGraft
+
+        if key != self.key:
+            self.close()
+            self.session = InPlaceGraft(self.policy.model, self.base, self.rls[key], unknown=self.unknown).__enter__()
+            self.key = key
+        return self.session
+
+    def play(self, unit: SweepUnit, grid: EpisodeGrid, on_episode: Callable[[object], None] | None = None
+             ) -> np.ndarray:
+        """Success ``[task, seed, episode]`` (int8) of ``unit``'s configuration on its block of seeds."""
+        from ..agent import evaluate
+
+        e = unit.experiment
+        if e.label not in self.plans:
+            self.plans[e.label] = plan_graft(self.tax, e.spec())
+        self._session(unit.run).apply(self.plans[e.label])
+        outcome = evaluate(self.policy, list(grid.tasks), [grid.seeds[i] for i in unit.block], grid.episodes,
+                           grid.decode, backend=grid.backend, batch_size=grid.batch_size,
+                           on_episode=on_episode or (lambda ep: None), obs=grid.obs)
+        return outcome.success[..., 0].astype(np.int8)
+
+    def close(self) -> None:
+        """End the graft session: the model holds the base's weights again."""
+        if self.session is not None:
+            session, self.key, self.session = self.session, None, None
+            session.__exit__(None, None, None)
+
+
+def play_unit(worker: SweepWorker, unit: SweepUnit, grid: EpisodeGrid,
+              on_episode: Callable[[object], None] | None = None) -> np.ndarray:
+    """The work of a sweep's pool: :meth:`SweepWorker.play`."""
+    return worker.play(unit, grid, on_episode)
+
+
+def execute_sweep(pool, units: Sequence[SweepUnit], grid: EpisodeGrid, *, workers: int | None = None,
+                  on_start: Callable[[SweepUnit], None] = lambda u: None,
+                  on_episode: Callable[[object], None] | None = None,
+                  on_result: Callable[[GraftExperiment, np.ndarray], None] = lambda e, s: None
+                  ) -> dict[str, np.ndarray]:
+    """Play the units of one run's sweep (:func:`plan_units`) on ``pool``, an executor's pool whose workers
+    hold a :class:`SweepWorker` (:meth:`graftkit.core.executor.Executor.pool`; ``workers``: the width the
+    units were planned for): one loop whichever executor it is. ``on_start(unit)`` as each unit is handed
+    out; ``on_result(experiment, success [task, seed, episode])``, in this process, as a configuration's last
+    block finishes. ``on_episode`` is called for each episode a unit plays, in the worker's process: pass it
+    only to an executor whose units run in this one. Returns success (int8) by label."""
+    work = functools.partial(play_unit, grid=grid, on_episode=on_episode)
+    blocks = Counter(u.experiment.label for u in units)
+    pieces: dict[str, dict[tuple[int, ...], np.ndarray]] = {}
+    out: dict[str, np.ndarray] = {}
+    for i, s in pool.map(work, units, lambda i: on_start(units[i]), workers=workers):
+        u = units[i]
+        got = pieces.setdefault(u.experiment.label, {})
+        got[u.block] = s
+        if len(got) == blocks[u.experiment.label]:
+            out[u.experiment.label] = np.concatenate([got[b] for b in sorted(got)], axis=1)
+            on_result(u.experiment, out[u.experiment.label])
+    return out
+
+
 def run_graft_sweep(
     experiments: Sequence[GraftExperiment],
     policy,
@@ -224,132 +366,34 @@ def run_graft_sweep(
     backend: str = "py",
     obs: str = "text",
 ) -> dict[str, np.ndarray]:
-    """Evaluate every experiment on identical episodes, grafting in place into ``policy.model`` (which
-    must hold ``base``'s weights; it does again on return, also after an error).
+    """Evaluate every experiment on identical episodes in this process (the serial executor), grafting in
+    place into the already loaded ``policy.model`` (which must hold ``base``'s weights; it does again on
+    return, also after an error).
 
     Returns success ``[task, seed, episode]`` (int8) per label, in ``experiments`` order; labels in
     ``done`` (outcomes of an earlier, interrupted run) are taken from there, not evaluated again.
     """
-    from ..agent import evaluate
-    from .inplace import InPlaceGraft
+    from ..core.executor import Executor
 
-    done = _checked_done(done, (len(tasks), len(seeds), episodes))
-    plans = plan_sweep(base.taxonomy(unknown), experiments)
-    results: dict[str, np.ndarray] = {}
-    with InPlaceGraft(policy.model, base, rl, unknown=unknown) as session:
-        for e in experiments:
-            if e.label in done:
-                results[e.label] = np.asarray(done[e.label], dtype=np.int8)
-                continue
-            on_start(e)
-            session.apply(plans[e.label])
-            outcome = evaluate(policy, tasks, seeds, episodes, decode, backend=backend, batch_size=batch_size,
-                               on_episode=on_episode, obs=obs)
-            results[e.label] = outcome.success[..., 0].astype(np.int8)
-            on_result(e, results[e.label])
-    return {e.label: results[e.label] for e in experiments}
+    grid = EpisodeGrid(tuple(tasks), tuple(seeds), episodes, decode, batch_size, backend, obs)
+    done = checked_done(done, grid.shape)
+    tax = base.taxonomy(unknown)
+    plan_sweep(tax, experiments)  # a bad spec fails here, before any evaluation
+    with Executor().pool(lambda: SweepWorker(base, {"A": rl}, policy=policy, unknown=unknown, tax=tax)) as pool:
+        played = execute_sweep(pool, plan_units(experiments, len(grid.seeds), 1, done=done), grid,
+                               on_start=lambda u: on_start(u.experiment), on_episode=on_episode, on_result=on_result)
+    return {e.label: played[e.label] if e.label in played else np.asarray(done[e.label], dtype=np.int8)
+            for e in experiments}
 
 
-def _checked_done(done: Mapping[str, np.ndarray] | None, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+def checked_done(done: Mapping[str, np.ndarray] | None, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """Stored outcomes of an earlier run, each checked to have this sweep's ``[task, seed, episode]`` shape."""
     done = dict(done or {})
     for label, s in done.items():
         if np.shape(s) != shape:
             raise GraftkitError(f"stored outcomes of {label} have shape {np.shape(s)}, expected {shape}",
                                 "start the sweep afresh (remove the partial result)")
     return done
-
-
-class SweepWorker:
-    """What one worker of a distributed sweep holds: the base policy, loaded once, the base and each RL
-    run's checkpoint (by run key), and one in-place graft session at a time (per RL run: a worker switches
-    runs once, between ``--vs``'s two sweeps). :meth:`play` evaluates a configuration as
-    :func:`run_graft_sweep` does."""
-
-    def __init__(self, policy, base: Checkpoint, rls: Mapping[str, Checkpoint], unknown: str = "keep-base"):
-        self.policy, self.base, self.rls, self.unknown = policy, base, dict(rls), unknown
-        self.tax = base.taxonomy(unknown)
-        self.key, self.session = None, None
-
-    @property
-    def placement(self) -> dict:
-        return self.policy.placement
-
-    def _session(self, key: str):
-        from .inplace import InPlaceGraft
-
-        if key != self.key:
-            if self.session is not None:
-                self.session.__exit__(None, None, None)
-                self.key, self.session = None, None
-            self.session = InPlaceGraft(self.policy.model, self.base, self.rls[key], unknown=self.unknown).__enter__()
-            self.key = key
-        return self.session
-
-    def play(self, key: str, e: GraftExperiment, tasks, seeds, episodes: int, decode, batch_size: int = 64,
-             backend: str = "py", obs: str = "text") -> np.ndarray:
-        """Success ``[task, seed, episode]`` (int8) of configuration ``e`` of run ``key``."""
-        from ..agent import evaluate
-
-        session = self._session(key)
-        session.apply(plan_graft(self.tax, e.spec()))
-        outcome = evaluate(self.policy, tasks, seeds, episodes, decode, backend=backend, batch_size=batch_size, obs=obs)
-        return outcome.success[..., 0].astype(np.int8)
-
-
-def _play(worker: SweepWorker, unit: tuple, seeds, **episodes) -> np.ndarray:
-    key, e, part = unit
-    return worker.play(key, e, seeds=[seeds[i] for i in part], **episodes)
-
-
-def distribute_graft_sweep(
-    experiments: Sequence[GraftExperiment],
-    pool,
-    key: str,
-    base: Checkpoint,
-    tasks: Sequence[str],
-    seeds: Sequence[int],
-    episodes: int,
-    decode,
-    *,
-    done: Mapping[str, np.ndarray] | None = None,
-    on_start: Callable[[GraftExperiment], None] = lambda e: None,
-    on_result: Callable[[GraftExperiment, np.ndarray], None] = lambda e, s: None,
-    unknown: str = "keep-base",
-    batch_size: int = 64,
-    backend: str = "py",
-    obs: str = "text",
-) -> dict[str, np.ndarray]:
-    """:func:`run_graft_sweep` on the workers of ``pool`` (:func:`graftkit.core.executor.worker_pool`, each
-    worker a :class:`SweepWorker` holding run ``key``'s RL checkpoint): the configurations ``done`` lacks
-    are handed out as workers free up, each split into one block of evaluation seeds per worker (episodes
-    depend only on their seed, so the blocks put together are the configuration's outcomes, and no worker
-    idles while another plays a sweep's last configuration alone); ``on_start`` as a configuration is first
-    handed out, ``on_result`` (in this process) as its last block finishes. Returns what
-    :func:`run_graft_sweep` returns."""
-    import functools
-
-    done = _checked_done(done, (len(tasks), len(seeds), episodes))
-    plan_sweep(base.taxonomy(unknown), experiments)  # a bad spec fails here, before any unit is handed out
-    todo = [e for e in experiments if e.label not in done]
-    blocks = [b.tolist() for b in np.array_split(np.arange(len(seeds)), min(len(pool.actors), len(seeds)))]
-    units = [(key, e, b) for e in todo for b in blocks]
-    work = functools.partial(_play, tasks=list(tasks), seeds=list(seeds), episodes=episodes, decode=decode,
-                             batch_size=batch_size, backend=backend, obs=obs)
-    results = {label: np.asarray(s, dtype=np.int8) for label, s in done.items()}
-    pieces: dict[str, dict[int, np.ndarray]] = {}
-
-    def started(i: int) -> None:
-        if units[i][2] is blocks[0]:
-            on_start(units[i][1])
-
-    for i, success in pool.map(work, units, on_start=started):
-        e = units[i][1]
-        got = pieces.setdefault(e.label, {})
-        got[i % len(blocks)] = success
-        if len(got) == len(blocks):
-            results[e.label] = np.concatenate([got[j] for j in range(len(blocks))], axis=1)
-            on_result(e, results[e.label])
-    return {e.label: results[e.label] for e in experiments}
 
 
 # -------------------------------------------------------------------------------------- results
@@ -394,25 +438,11 @@ def sweep_result(
     base and RL (:func:`graftkit.stats.compare`; ``compare_configs=False`` leaves NaN, for the partial
     results written while a sweep runs), and — once every configuration is in — the attribution
     (factorial: main effects, interactions, Shapley values; single / loo / factorial: ``group_effect``)."""
-    from ..stats import VERDICT_RULE, compare
+    from ..stats import VERDICT_RULE
 
     groups = _ordered(groups)
     configs = [e for e in experiments if e.label in success]
     pending = [e.label for e in experiments if e.label not in success]
-    n = len(configs)
-    folded = {e.label: A.fold_tasks(success[e.label]) for e in configs}
-    diff_base, diff_rl = np.full((n, 3), np.nan), np.full((n, 3), np.nan)
-    bayes_base = np.full((n, 3), np.nan)
-    verdict_base, verdict_rl = np.full(n, "", dtype=object), np.full(n, "", dtype=object)
-    for i, e in enumerate(configs):
-        for ref, diff, verdicts, bayes in ((BASE_LABEL, diff_base, verdict_base, bayes_base),
-                                           (RL_LABEL, diff_rl, verdict_rl, None)):
-            if ref in folded and compare_configs:
-                c = compare(folded[ref], folded[e.label], level=level, n_boot=n_boot, seed=seed)
-                diff[i] = (c.diff, c.bootstrap.low, c.bootstrap.high)
-                verdicts[i] = c.verdict
-                if bayes is not None:
-                    bayes[i] = (c.bayes.mean, c.bayes.low, c.bayes.high)
     coords = {
         "config": np.array([e.label for e in configs], dtype=object),
         "task": np.array(list(tasks), dtype=object),
@@ -427,16 +457,8 @@ def sweep_result(
         "success": (("config", "task", "seed", "episode"),
                     np.stack([np.asarray(success[e.label], np.int8) for e in configs]) if configs
                     else np.zeros((0, *shape), np.int8)),
-        "diff_vs_base": (("config", "bound"), diff_base),
-        "diff_vs_rl": (("config", "bound"), diff_rl),
-        "diff_vs_base_bayes": (("config", "bound"), bayes_base),
-        "verdict_vs_base": (("config",), verdict_base),
-        "verdict_vs_rl": (("config",), verdict_rl),
-        "config_groups": (("config",), np.array([",".join(e.groups) for e in configs], dtype=object)),
-        "config_alpha": (("config",), np.array([e.alpha if e.role == "graft" else float(e.role == "rl")
-                                               for e in configs], dtype=np.float64)),
-        "config_layers": (("config",), np.array([e.layers for e in configs], dtype=object)),
-        "config_role": (("config",), np.array([e.role for e in configs], dtype=object)),
+        **_comparisons(configs, success, compare_configs, level, n_boot, seed),
+        **_config_arrays(configs),
     }
     var_attrs: dict[str, dict] = {
         "diff_vs_base": {"what": "success(config) − success(base), paired bootstrap interval", "level": level},
@@ -448,20 +470,9 @@ def sweep_result(
     conventions = {"interval": A.INTERVAL_METHOD, "level": level, "n_boot": n_boot, "seed": seed,
                    "credible": A.CREDIBLE, "verdict_rule": VERDICT_RULE,
                    "outcomes": "tasks folded into episodes: [seed, task·episode], seeds are the clusters"}
-    complete = not pending and compare_configs
-    subsets = subset_outcomes(configs, success, layers) if complete else {}
-    if complete and kind == "factorial":
-        fa = A.attribute_factorial(subsets, groups, level, n_boot, seed)
-        data["main_effect"] = (("group", "bound"), fa.main_effect)
-        data["interaction"] = (("group", "group2", "bound"), fa.interaction)
-        data["shapley"] = (("group", "bound"), fa.shapley)
-        var_attrs["main_effect"] = {"formula": A.MAIN_EFFECT}
-        var_attrs["interaction"] = {"formula": A.INTERACTION}
-        var_attrs["shapley"] = {"formula": A.SHAPLEY, "total_v_all_minus_v_none": list(fa.total)}
-    if complete and kind in GROUP_EFFECT:
-        effect = GROUP_EFFECT[kind]
-        data["group_effect"] = (("group", "bound"), A.group_effects(subsets, groups, effect, level, n_boot, seed))
-        var_attrs["group_effect"] = {"kind": effect, "formula": A.EFFECTS[effect]}
+    if not pending and compare_configs:
+        subsets = subset_outcomes(configs, success, layers)
+        _add_attribution(data, var_attrs, kind, subsets, groups, level, n_boot, seed)
     if movement_share is not None:
         data["movement_share"] = (("group",), np.array([float(movement_share.get(g, 0.0)) for g in groups]))
         var_attrs["movement_share"] = {
@@ -471,6 +482,61 @@ def sweep_result(
         "experiments": [e.as_dict() for e in experiments], "tasks": list(tasks), "seeds": list(seeds),
         "episodes": episodes, "conventions": conventions, **(attrs or {}),
     }, var_attrs)
+
+
+def _comparisons(configs: Sequence[GraftExperiment], success: Mapping[str, np.ndarray], compare_configs: bool,
+                 level: float, n_boot: int, seed: int) -> dict[str, tuple]:
+    """Each configuration's paired difference from base and from RL ``[config, bound]`` and the verdicts
+    (:func:`graftkit.stats.compare` on the folded outcomes); NaN and "" where a reference is not in yet, or
+    with ``compare_configs=False``."""
+    from ..stats import compare
+
+    n = len(configs)
+    folded = {e.label: A.fold_tasks(success[e.label]) for e in configs}
+    diff_base, diff_rl = np.full((n, 3), np.nan), np.full((n, 3), np.nan)
+    bayes_base = np.full((n, 3), np.nan)
+    verdict_base, verdict_rl = np.full(n, "", dtype=object), np.full(n, "", dtype=object)
+    for i, e in enumerate(configs):
+        for ref, diff, verdicts, bayes in ((BASE_LABEL, diff_base, verdict_base, bayes_base),
+                                           (RL_LABEL, diff_rl, verdict_rl, None)):
+            if ref in folded and compare_configs:
+                c = compare(folded[ref], folded[e.label], level=level, n_boot=n_boot, seed=seed)
+                diff[i] = (c.diff, c.bootstrap.low, c.bootstrap.high)
+                verdicts[i] = c.verdict
+                if bayes is not None:
+                    bayes[i] = (c.bayes.mean, c.bayes.low, c.bayes.high)
+    return {"diff_vs_base": (("config", "bound"), diff_base), "diff_vs_rl": (("config", "bound"), diff_rl),
+            "diff_vs_base_bayes": (("config", "bound"), bayes_base),
+            "verdict_vs_base": (("config",), verdict_base), "verdict_vs_rl": (("config",), verdict_rl)}
+
+
+def _config_arrays(configs: Sequence[GraftExperiment]) -> dict[str, tuple]:
+    """What each configuration grafts: its groups, α (0 for base, 1 for RL), layers and role ``[config]``."""
+    return {
+        "config_groups": (("config",), np.array([",".join(e.groups) for e in configs], dtype=object)),
+        "config_alpha": (("config",), np.array([e.alpha if e.role == "graft" else float(e.role == "rl")
+                                               for e in configs], dtype=np.float64)),
+        "config_layers": (("config",), np.array([e.layers for e in configs], dtype=object)),
+        "config_role": (("config",), np.array([e.role for e in configs], dtype=object)),
+    }
+
+
+def _add_attribution(data: dict, var_attrs: dict, kind: str, subsets: Mapping[frozenset, np.ndarray],
+                     groups: tuple[str, ...], level: float, n_boot: int, seed: int) -> None:
+    """The attribution a complete sweep of ``kind`` stores, added to ``data`` with its formulas: factorial's
+    main effects, interactions and Shapley values; single / loo / factorial's ``group_effect``."""
+    if kind == "factorial":
+        fa = A.attribute_factorial(subsets, groups, level, n_boot, seed)
+        data["main_effect"] = (("group", "bound"), fa.main_effect)
+        data["interaction"] = (("group", "group2", "bound"), fa.interaction)
+        data["shapley"] = (("group", "bound"), fa.shapley)
+        var_attrs["main_effect"] = {"formula": A.MAIN_EFFECT}
+        var_attrs["interaction"] = {"formula": A.INTERACTION}
+        var_attrs["shapley"] = {"formula": A.SHAPLEY, "total_v_all_minus_v_none": list(fa.total)}
+    if kind in GROUP_EFFECT:
+        effect = GROUP_EFFECT[kind]
+        data["group_effect"] = (("group", "bound"), A.group_effects(subsets, groups, effect, level, n_boot, seed))
+        var_attrs["group_effect"] = {"kind": effect, "formula": A.EFFECTS[effect]}
 
 
 def completed_outcomes(result: Result, experiments: Sequence[GraftExperiment], setup: Mapping) -> dict[str, np.ndarray]:
@@ -485,13 +551,6 @@ def completed_outcomes(result: Result, experiments: Sequence[GraftExperiment], s
     if not same:
         return {}
     return {str(label): result["success"][i] for i, label in enumerate(result.coords["config"])}
-
-
-def partial_path(dest: str | Path) -> Path:
-    """Where a sweep writes its partial result while it runs: ``.partial-<name>`` beside ``dest`` (the result
-    itself is written once, complete, so a finished result is never mistaken for a partial one)."""
-    dest = Path(dest)
-    return dest.with_name(f".partial-{dest.name}")
 
 
 def resume_outcomes(dest: str | Path, experiments: Sequence[GraftExperiment], setup: Mapping) -> dict[str, np.ndarray]:
@@ -652,5 +711,6 @@ __all__ = [
     "GROUPS", "GROUP_EFFECT", "BASE_LABEL", "DEFAULT_ALPHAS", "MAX_FACTORIAL", "RL_LABEL", "SWEEPS", "GraftExperiment", "completed_outcomes",
     "dissociation_result", "expand_sweep", "label_for", "layered_groups", "one_experiment", "plan_sweep",
     "present_groups", "references", "run_graft_sweep", "subset_outcomes", "sweep_result", "SweepResult",
-    "DissociationResult", "partial_path", "resume_outcomes",
+    "DissociationResult", "resume_outcomes", "EpisodeGrid", "SweepUnit", "SweepWorker", "checked_done",
+    "execute_sweep", "plan_units", "play_unit",
 ]

@@ -139,6 +139,33 @@ def test_pool_builds_each_worker_once_and_yields_every_unit(ray_session):
     assert ray_session.get(ray_session.remote(num_cpus=2)(_pid).remote(), timeout=60) > 0
 
 
+class _Closing:
+    def __init__(self):
+        self.pid, self.closed = os.getpid(), False
+
+    def close(self):
+        self.closed = True
+
+
+def test_serial_pool_builds_its_state_here_once_and_runs_units_in_order():
+    from graftkit.core.executor import Executor
+
+    built, started = [], []
+    ex = Executor()
+    assert ex.local and ex.unit_device == "cpu" and Executor(device="cuda:1").unit_device == "cuda:1"
+    with ex.pool(lambda: built.append(_Closing()) or built[-1]) as pool:
+        assert pool.size(10) == 1 and pool.first(lambda s: s.pid) == os.getpid()
+        got = list(pool.map(lambda s, x: (s.pid, x * x), [0, 1, 2], started.append))
+    assert got == [(0, (os.getpid(), 0)), (1, (os.getpid(), 1)), (2, (os.getpid(), 4))] and started == [0, 1, 2]
+    assert len(built) == 1 and built[0].closed  # the state was built once, and closed with the pool
+    assert Executor().run([1, 2, 4], _tagged, setup=_pid) == [(os.getpid(), x * x, os.environ.get("HF_HUB_OFFLINE"))
+                                                             for x in (1, 2, 4)]
+    assert Executor(device="cuda:1", kind="ray").unit_device == "cuda"
+    with pytest.raises(GraftkitError, match="unknown --executor 'dask'"):
+        Executor("dask")
+
+
+@pytest.mark.slow
 def test_gpu_request_on_a_cpu_cluster_is_an_error_not_a_hang(ray_session, policies):
     from graftkit.evaluation.commands import EvalConfig, run_eval
     from graftkit.core.executor import run_units
@@ -202,6 +229,35 @@ def test_graft_sweep_on_ray_is_the_serial_sweep_and_resumes_a_killed_one(ray_ses
     assert sorted(played) == sorted(f"rl: {c}" for c in configs[2:])  # only the missing ones, each once
     _assert_same_data(_data(ray.files["A"]), _data(serial.files["A"]))
     assert ray.sweeps["A"].attrs["complete"] and not list((tmp_path / "ray" / "results").glob(".partial-*"))
+
+
+@pytest.mark.slow
+def test_graft_sweep_on_ray_opens_the_pair_in_the_workers_only(ray_session, policies, tmp_path, monkeypatch):
+    """Under Ray each worker's setup opens and casts the pair once; this process opens no checkpoint (it
+    plans, writes and resumes from what the workers return), and a sweep whose configurations are split into
+    seed blocks over two workers gives the serial outcomes bit for bit."""
+    from graftkit.graft.commands import GraftConfig, run_graft
+    from graftkit.weights.checkpoint import Checkpoint
+
+    opened: list[str] = []
+    real = Checkpoint.__init__
+
+    def counted(self, *args, **kwargs):
+        opened.append(str(kwargs.get("path", args[0] if args else "")))
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Checkpoint, "__init__", counted)
+    common = dict(rl=policies["rl"], sweep="single", groups="attn,mlp", tasks=TASKS, seeds=3, episodes=1,
+                  max_new_tokens=4)
+    serial = run_graft(GraftConfig(run=tmp_path / "serial", **common))
+    assert opened  # the serial executor's one worker is this process: the counter sees its opens
+    opened.clear()
+    ray = run_graft(GraftConfig(run=tmp_path / "ray", executor="ray", workers=2, **common))
+    assert opened == []
+    assert ray.sweeps["A"].configs == serial.sweeps["A"].configs and ray.notes == serial.notes
+    _assert_same_data(_data(ray.files["A"]), _data(serial.files["A"]))
+    a, b = ray.sweeps["A"].attrs, serial.sweeps["A"].attrs
+    assert (a["base"], a["rl"], a["placement"]) == (b["base"], b["rl"], b["placement"])
 
 
 # ----------------------------------------------------------------------------------------------- eval

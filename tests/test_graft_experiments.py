@@ -4,6 +4,7 @@ outcome tables, the double-dissociation verdicts, and `graftkit graft --sweep/--
 from __future__ import annotations
 
 import json
+import re
 import sys
 from itertools import combinations
 from pathlib import Path
@@ -77,6 +78,43 @@ def test_sweep_errors():
         expand_sweep("grid", ("attn",), PRESENT)
     with pytest.raises(GraftkitError, match="vision.*no tensors"):
         expand_sweep("single", ("vision",), PRESENT)
+
+
+@pytest.mark.parametrize("fields, error", [
+    (dict(groups="attn", out_dir="g"), None),
+    (dict(sweep="single", out_dir="g"), "--out applies to an export, not to --sweep"),
+    (dict(groups="attn", tasks="all"), "--tasks applies to --eval, --sweep and --vs, not to an export"),
+    (dict(groups="attn", executor="ray"), "--executor applies to --eval, --sweep and --vs, not to an export"),
+    (dict(eval_=True, groups="attn", max_shard_size="1GB"), "--max-shard-size applies to an export, not to --eval"),
+    (dict(sweep="single", alpha=0.5), "--alpha applies to an export and --eval, not to --sweep"),
+    (dict(sweep="single", alphas="0,1"), "--alphas applies to --sweep alpha"),
+    (dict(sweep="alpha", alphas="0,1"), None),
+    (dict(sweep="layers", layers="late"), "--sweep layers grafts each band"),
+    (dict(sweep="single", reverse=True), "--reverse applies to one graft"),
+    (dict(sweep="layers", vs="rl2"), "--vs needs --sweep single, loo or factorial"),
+    (dict(eval_=True, groups="attn", seeds=3, executor="ray", workers=2), None),
+])
+def test_graft_config_modes_refuse_what_they_would_ignore(fields, error):
+    from graftkit.graft.commands import GraftConfig
+
+    if error is None:
+        GraftConfig(rl=Path("rl"), **fields)
+        return
+    with pytest.raises(GraftkitError, match=re.escape(error)):
+        GraftConfig(rl=Path("rl"), **fields)
+
+
+def test_units_split_each_configuration_into_seed_blocks_per_worker():
+    from graftkit.graft.experiments import SweepUnit, plan_units
+
+    exps = expand_sweep("single", ("attn", "mlp"), PRESENT)
+    serial = plan_units(exps, 5, 1, done={BASE_LABEL})
+    assert [u.experiment.label for u in serial] == [RL_LABEL, "attn", "mlp"]
+    assert {u.block for u in serial} == {(0, 1, 2, 3, 4)}  # one worker: each configuration whole
+    three = plan_units(exps, 5, 3, run="B")
+    assert [u.block for u in three[:3]] == [(0, 1), (2, 3), (4,)] and len(three) == 3 * len(exps)
+    assert {u.run for u in three} == {"B"} and plan_units(exps, 2, 8)[:2] == [
+        SweepUnit("A", exps[0], (0,)), SweepUnit("A", exps[0], (1,))]  # never more blocks than seeds
 
 
 # ----------------------------------------------------------------------------------- attribution
