@@ -285,7 +285,7 @@ def sft_policy(s: Setting, work: Path) -> tuple[Path, bool, str]:
     """The cached SFT policy of ``s`` (trained when absent): (folder, was cached, config hash)."""
     from graftkit.train.sft import run_sft
 
-    key = {k: v for k, v in asdict(sft_config(s, Path("."))).items() if k != "out"}
+    key = {k: v for k, v in sft_config(s, Path(".")).recorded().items() if k != "out"}
     h = config_hash(key)
     out = work / f"variants-sft-{h}"
     if (out / "graftkit.json").is_file():

@@ -80,8 +80,9 @@ def test_configs_are_frozen_and_record_their_command(cls):
     (lambda: _cls("delta")(rl=()), "no RL checkpoint"),
     (lambda: _cls("train grpo")(init="a", out="b", group_size=1), "--group-size 1 must be ≥ 2"),
     (lambda: _cls("train grpo")(init="a", out="b", tasks="nope"), "unknown task or suite"),
-    (lambda: _cls("train sft")(out="a", budget=("click-button",)), "expected TASK=N"),
-    (lambda: _cls("train sft")(out="a", decoy=("click-button=2",)), "0 ≤ RATE < 1"),
+    (lambda: _cls("train sft")(out="a", budgets=("click-button",)), "expected TASK=N"),
+    (lambda: _cls("train sft")(out="a", decoys=("click-button=2",)), "0 ≤ RATE < 1"),
+    (lambda: _cls("train sft")(out="a", tasks="mastered", budgets={"click-tab": 5}), "given whole"),
     (lambda: _cls("train sft")(out="a", steps=0), "--steps must be ≥ 1"),
 ])
 def test_bad_settings_are_refused_on_creation(make, message):
@@ -94,15 +95,22 @@ def _cls(name: str) -> type:
 
 
 def test_command_line_forms_become_the_stored_types():
-    from graftkit.train.sft import SFTConfig
-    from graftkit.webenv.tasks import SUITES
+    from graftkit.train.sft import DEFAULT_BUDGETS, SFTConfig
+    from graftkit.study.design import SUITES
 
     grpo = _cls("train grpo")(init=Path("sft"), out=Path("rl"), tasks="mastered,headroom")
     assert grpo.init == "sft" and grpo.out == "rl"
     assert grpo.tasks == (*SUITES["mastered"], *SUITES["headroom"])
     assert _cls("train grpo")(init="a", out="b").tasks == tuple(SUITES["mastered"])
-    # no TASK=N given: the default recipe, exactly as SFTConfig records it
-    assert dataclasses.asdict(_cls("train sft")(out=Path("o")).sft()) == dataclasses.asdict(SFTConfig(out="o"))
+    # the command line's TASK=N changes to the default recipe become its pools; none given: the default recipe
+    assert _cls("train sft") is SFTConfig
+    sft = SFTConfig(out="o", tasks="click-tab,enter-text", budgets=["click-tab=7"], decoys=["click-tab=0.5"])
+    assert sft.out == Path("o") and sft.budgets == {"click-tab": 7, "enter-text": DEFAULT_BUDGETS["enter-text"]}
+    assert sft.decoys == {"click-tab": 0.5} and SFTConfig(out="o").budgets == DEFAULT_BUDGETS
+    # what the policy records: how it trained, not where its curves go nor how the pools were spelled
+    assert set(sft.recorded()) == {"out", "budgets", "decoys", "size", "init", "steps", "batch_size", "lr", "warmup",
+                                   "weight_decay", "grad_clip", "seed", "threads", "device", "dtype", "save_dtype",
+                                   "lora_r", "lora_alpha", "lora_targets"}
     study = _cls("demo")(out=Path("runs/x"), sft=Path("s"))
     assert study.out == "runs/x" and study.sft == "s"
 

@@ -172,6 +172,7 @@ def test_cli_cuda_without_cuda_is_one_line(policies, tmp_path, monkeypatch):
 # ------------------------------------------------------------------------- every path, bf16 on the CPU
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_eval_and_headroom_record_their_placement(policies, tmp_path, monkeypatch, dtype):
     res = _cli(["eval", "--model", policies["sft"], "--tasks", "click-button,focus-text", "--seeds", "2",
@@ -202,6 +203,7 @@ def test_load_policy_rounds_a_float32_checkpoint_once_to_bfloat16(policies):
     assert {p.dtype for p in auto.model.parameters()} == {torch.float32}
 
 
+@pytest.mark.slow
 def test_graft_eval_and_factorial_sweep_in_bfloat16(policies, tmp_path, monkeypatch):
     common = ["--tasks", "click-button", "--seeds", "2", "--episodes", "1", "--max-new-tokens", "4",
               "--device", "cpu", "--dtype", "bfloat16", "--json"]
@@ -359,7 +361,7 @@ def test_study_passes_its_placement_to_every_stage_that_runs_a_model(policies, t
                   study.stage_ranks):
         stage(st)
     kinds = {type(c).__name__ for c in seen}
-    assert {"TrainSFTConfig", "HeadroomConfig", "GRPOConfig", "EvalConfig", "GraftConfig", "RankConfig"} <= kinds
+    assert {"SFTConfig", "HeadroomConfig", "GRPOConfig", "EvalConfig", "GraftConfig", "RankConfig"} <= kinds
     placed = [c for c in seen if not (type(c).__name__ == "RankConfig" and c.what != "activations")]
     assert len(placed) >= len(study.grid(cfg)) + 4
     for c in placed:
@@ -443,6 +445,7 @@ def _tensors(folder: Path) -> dict[str, bytes]:
     return {n: ck.array(n).tobytes() for n in ck.names}
 
 
+@pytest.mark.slow
 def test_grpo_resume_in_bfloat16_equals_the_uninterrupted_run(policies, tmp_path):
     from graftkit.train.grpo import GRPOConfig, latest_checkpoint, run_grpo
 

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 import torch
 
 from graftkit.core.errors import GraftkitError
+from graftkit.results.layout import rl_checkpoints
 from graftkit.train.grpo import GRPOConfig, latest_checkpoint, run_grpo
 from graftkit.train.sft import SFTConfig, run_sft
 from graftkit.weights import open_checkpoint, recorded_base
@@ -124,21 +124,28 @@ def test_sigkill_then_resume_is_bit_identical_to_an_uninterrupted_run(sft, tmp_p
     args = ["train", "grpo", "--init", killed.init, "--out", killed.out, "--tasks", ",".join(TASKS),
             "--steps", "6", "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "12",
             "--lr", "3e-4", "--threads", "1", "--checkpoint-every", "1"]
-    proc = subprocess.Popen([sys.executable, "-c", "from graftkit.cli import main; main()", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        ck = latest_checkpoint(killed)
-        if ck is not None and int(ck.name.split("-")[1]) >= 3:
-            break
-        if proc.poll() is not None:
-            pytest.fail(f"training ended before it could be killed: {proc.stderr.read().decode()[-2000:]}")
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    # The command line's run, held once its step-3 checkpoint is written (it says so on stdout, then waits on
+    # stdin), so the kill falls mid-run however fast the machine: no polling, no race with the last step.
+    held = ("import functools, sys\n"
+            "from graftkit.train import grpo\n"
+            "def hold(folder):\n"
+            "    if folder.name == 'step-000003':\n"
+            "        print('held after', folder.name, flush=True)\n"
+            "        sys.stdin.read()\n"
+            "        raise SystemExit('released, not killed')\n"
+            "grpo.run_grpo = functools.partial(grpo.run_grpo, on_checkpoint=hold)\n"
+            "from graftkit.cli import main; main()\n")
+    with open(tmp_path / "stderr.txt", "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-c", held, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=stderr, text=True)
+        if not any(line.startswith("held after step-000003") for line in proc.stdout):  # until held, or the end
+            proc.wait()
+            pytest.fail(f"training ended before its step-3 checkpoint: {(tmp_path / 'stderr.txt').read_text()[-2000:]}")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
     assert not Path(killed.out).exists(), "killed before the end: no final model"
-    at = int(latest_checkpoint(killed).name.split("-")[1])
-    assert 3 <= at < 6
+    assert latest_checkpoint(killed) == rl_checkpoints(killed.out) / "step-000003"
 
     with pytest.raises(GraftkitError, match="different config"):
         run_grpo(replace(killed, lr=1e-4), resume=True)

@@ -10,7 +10,8 @@ from graftkit.train.sft import (
     DEFAULT_BUDGETS, DEFAULT_DECOYS, TRAIN_SEED_BASE, SFTConfig, decoy_action, episode_examples,
 )
 from graftkit.webenv import make_env
-from graftkit.webenv.tasks import SUITES, TASKS
+from graftkit.study.design import SUITES
+from graftkit.webenv.tasks import TASKS
 
 
 @pytest.fixture(scope="module")

@@ -39,6 +39,7 @@ def _cfg(sft: Path, out: Path, **kw) -> GRPOConfig:
     return GRPOConfig(**{**base, **kw})
 
 
+@pytest.mark.slow
 def test_two_trl_steps_write_a_policy_graftkit_loads(sft, tmp_path):
     cfg = _cfg(sft, tmp_path / "rl", beta=0.05, save_dtype="bfloat16")
     out = run_grpo_trl(cfg)
@@ -93,7 +94,7 @@ def test_rollout_func_plays_the_episodes_the_graftkit_engine_plays(sft, tmp_path
     trainer = SimpleNamespace(accelerator=Accelerator(cpu=True), state=SimpleNamespace(global_step=step),
                               model_wrapped=model, args=SimpleNamespace(ds3_gather_for_generation=True))
     got = func(prompts, trainer)
-    jobs = [(t, s, k) for t, s, _ in plan for k in range(cfg.group_size)]  # train.grpo.run_grpo's jobs
+    jobs = [(t, s, k) for t, s, _ in plan for k in range(cfg.group_size)]  # train.grpo.generate's jobs
     want = rollout(Policy(model, tok, sft), jobs, Decode(greedy=False, max_new_tokens=12, seed=step), max_turns=2)
     flat = [flatten_episode(e) for e in want]
     for key in ("prompt_ids", "completion_ids", "env_mask"):

@@ -3,23 +3,23 @@
 Each run function trains through ``train/`` (which may not import the store), then writes the run's
 ``train_log.jsonl`` as a labelled result, ``train-<kind>-<folder>.h5`` (every numeric metric over
 ``[step]``), read back through :class:`TrainingCurves`. ``train/`` is imported lazily, so building the
-command line (these configs) never imports torch.
+command line (from the configs in ``train/configs.py``) never imports torch.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from ..core.config import CommandConfig, OnProgress, RunOption, DeviceOption, LoraOption, no_progress
+from ..core.config import OnProgress, no_progress
 from ..core.errors import GraftkitError
-from ..results.store import Result, View, current_run, result_labels, write_result
-from .configs import GRPOConfig, SweepConfig
+from ..results.layout import result_labels, run_layout, training_path
+from ..results.store import Result, View, write_result
+from .configs import GRPOConfig, SFTConfig, SweepConfig
 
 TRAIN_KINDS = ("train-sft", "train-grpo", "train-trainer")
 
@@ -99,7 +99,7 @@ def trainer_curves_result(output_dir: Path) -> Result:
 def write_curves(folder: Path, kind: str, results: Path | None = None) -> TrainingCurves:
     """Write ``folder``'s training curves to ``results`` (default: the current run's results/)."""
     curves = training_curves(Path(folder), kind)
-    dest = (results or current_run() / "results") / f"train-{kind}-{result_labels([folder])[0]}.h5"
+    dest = training_path(results or run_layout().results, kind, result_labels([folder])[0])
     return TrainingCurves(curves.result, write_result(dest, curves.result))
 
 
@@ -127,101 +127,48 @@ def _steps(what: str, total: int, on_progress: OnProgress, on_step: Callable[[di
 # ------------------------------------------------------------------------------------------------ SFT
 
 
-def parse_budgets(items: tuple[str, ...], tasks: str | None) -> dict[str, int]:
-    """Demonstration pools: the default recipe's (restricted to ``tasks``), then each ``TASK=N``."""
-    from .sft import DEFAULT_BUDGETS
-
-    budgets = dict(DEFAULT_BUDGETS)
-    if tasks:
-        from ..agent import is_problem, resolve_tasks
-
-        keep = set(resolve_tasks(tasks))
-        fresh = {t: 1_000_000 if is_problem(t) else 400 for t in keep - set(budgets)}  # problems: fresh items
-        budgets = {t: n for t, n in budgets.items() if t in keep} | fresh
-    for item in items:
-        task, sep, n = item.partition("=")
-        if not sep or not n.strip().isdigit():
-            raise GraftkitError(f"--budget {item!r}: expected TASK=N", "e.g. --budget click-tab=200")
-        budgets[task.strip()] = int(n)
-    return budgets
-
-
-def parse_decoys(items: tuple[str, ...]) -> dict[str, float]:
-    """Demonstrator slip rates: the default recipe's, then each ``TASK=RATE``."""
-    from .sft import DEFAULT_DECOYS
-
-    decoys = dict(DEFAULT_DECOYS)
-    for item in items:
-        task, sep, rate = item.partition("=")
-        try:
-            decoys[task.strip()] = float(rate) if sep else math.nan
-        except ValueError:
-            decoys[task.strip()] = math.nan
-        if not 0 <= decoys[task.strip()] < 1:
-            raise GraftkitError(f"--decoy {item!r}: expected TASK=RATE with 0 ≤ RATE < 1", "e.g. --decoy focus-text-2=0.5")
-    return decoys
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainSFTConfig(RunOption, DeviceOption, LoraOption):
-    """``graftkit train sft``: the command line's form of :class:`~graftkit.train.sft.SFTConfig` (budgets and
-    decoys as ``TASK=N`` / ``TASK=RATE`` strings over the default recipe); :meth:`sft` builds it."""
-
-    command = "train sft"
-    out: Path
-    """Output folder of the SFT policy."""
-    tasks: str | None = None
-    """Suite(s) or tasks to demonstrate (default: both suites)."""
-    budget: tuple[str, ...] = ()
-    """Demonstration pool of a task: TASK=N episodes (repeatable)."""
-    decoy: tuple[str, ...] = ()
-    """Demonstrator slip rate of a task: TASK=RATE (repeatable; default: none — a decoy plants a position bias)."""
-    size: str = "micro"
-    """Tiny policy size: nano, micro, small."""
-    init: Path | None = None
-    """Fine-tune this HF causal LM folder instead of a tiny policy."""
-    steps: int = 6000
-    """Optimizer steps."""
-    batch_size: int = 32
-    """Turns per step."""
-    lr: float = 3e-3
-    """Peak learning rate."""
-    seed: int = 0
-    """Seed."""
-    threads: int = 2
-    """torch threads."""
-    save_dtype: str = "auto"
-    """dtype of the written policy: auto (the init checkpoint's; float32 for a tiny policy), float32, bfloat16 or
-    float16."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        object.__setattr__(self, "budget", tuple(self.budget or ()))
-        object.__setattr__(self, "decoy", tuple(self.decoy or ()))
-        self.sft()  # a malformed TASK=N, an unknown task or a bad setting is an error now, not mid-run
-
-    def sft(self):
-        """The :class:`~graftkit.train.sft.SFTConfig` this command trains (what its checkpoint records)."""
-        from .sft import SFTConfig
-
-        return SFTConfig(out=str(self.out), budgets=parse_budgets(self.budget, self.tasks),
-                         decoys=parse_decoys(self.decoy), size=self.size, init=str(self.init) if self.init else None,
-                         steps=self.steps, batch_size=self.batch_size, lr=self.lr, seed=self.seed,
-                         threads=self.threads, device=self.device, dtype=self.dtype, save_dtype=self.save_dtype,
-                         lora_r=self.lora_r, lora_alpha=self.lora_alpha, lora_targets=self.lora_targets)
-
-
-def run_train_sft(cfg: TrainSFTConfig, on_progress: OnProgress = no_progress, *, force: bool = False,
-                  results: Path | None = None, on_step: Callable[[dict], None] | None = None) -> Trained:
+def run_train_sft(cfg: SFTConfig, on_progress: OnProgress = no_progress, *, resume: bool = False,
+                  force: bool = False, results: Path | None = None,
+                  on_step: Callable[[dict], None] | None = None) -> Trained:
     """Train the SFT policy of ``cfg``; write it and its training curves (to ``results``, default the
-    current run's results/). ``on_step`` gets each step's metrics."""
+    current run's results/), then, with ``cfg.merged``, the LoRA adapter merged into its base (the policy
+    returned). ``resume``: an output folder that already holds the policy of this very config is kept, not
+    trained again (a study stopped between the adapter and its merge). ``on_step`` gets each step's metrics."""
     from .sft import run_sft
     from ..weights import check_destination
 
-    check_destination(cfg.out, [cfg.init] if cfg.init else [], force)
-    sft = cfg.sft()
-    dest = run_sft(sft, on_step=_steps("sft", sft.steps, on_progress, on_step), force=force)
-    return Trained(dest, write_curves(dest, "sft", results or current_run(cfg.run) / "results"))
+    if cfg.merged is not None:  # before training: the merge's folder can be written (the adapter, once it is)
+        check_destination(cfg.merged, [cfg.init], force)
+    if resume and _trained(cfg):
+        dest = Path(cfg.out)
+    else:
+        check_destination(cfg.out, [cfg.init] if cfg.init else [], force)
+        dest = run_sft(cfg, on_step=_steps("sft", cfg.steps, on_progress, on_step), force=force)
+    curves = write_curves(dest, "sft", results or run_layout(cfg.run).results)
+    if cfg.merged is not None:
+        return Trained(merge_adapter(dest, cfg.merged, cfg.init, force=force), curves)
+    return Trained(dest, curves)
+
+
+def _trained(cfg: SFTConfig) -> bool:
+    """Whether ``cfg.out`` holds the policy ``cfg`` trains: its graftkit.json records this config."""
+    from ..weights import PROVENANCE
+
+    prov = Path(cfg.out) / PROVENANCE
+    return prov.is_file() and json.loads(prov.read_text()).get("config") == cfg.recorded()
+
+
+def merge_adapter(adapter: Path, dest: Path, base: Path, *, force: bool = False) -> Path:
+    """The LoRA adapter folder ``adapter`` merged into ``base`` (the model it was trained over), written to
+    ``dest`` as a full-weight policy: its graftkit.json is the adapter's, with the adapter as its parent, and
+    its training log the adapter's."""
+    from ..weights import PROVENANCE, load_model, save_model
+
+    model, tok = load_model(adapter)
+    prov = json.loads((adapter / PROVENANCE).read_text())
+    prov.update(producer="graftkit demo (LoRA SFT merged)", parents=[{"role": "adapter", "path": str(adapter)}])
+    return save_model(dest, model, tok, provenance=prov, force=force, inputs=[adapter, base],
+                      extra_files={"train_log.jsonl": (adapter / "train_log.jsonl").read_bytes()})
 
 
 # ----------------------------------------------------------------------------------------------- GRPO
@@ -232,8 +179,9 @@ def run_train_grpo(cfg: GRPOConfig, on_progress: OnProgress = no_progress, *, re
                    on_step: Callable[[dict], None] | None = None) -> Trained:
     """GRPO per ``cfg`` (``resume``: from the run's newest checkpoint); write the policy and its training
     curves (to ``results``, default the current run's results/)."""
-    if not Path(cfg.init).exists():
-        raise GraftkitError(f"--init {cfg.init}: no such folder", "pass the SFT policy folder")
+    from ..core.files import require
+
+    require(cfg.init, "--init", "the SFT policy folder")
     steps = _steps("grpo", cfg.steps, on_progress, on_step)
     if cfg.engine == "trl":
         from accelerate import PartialState
@@ -247,7 +195,7 @@ def run_train_grpo(cfg: GRPOConfig, on_progress: OnProgress = no_progress, *, re
         from .grpo import run_grpo
 
         dest = run_grpo(cfg, resume=resume, force=force, on_step=steps)
-    return Trained(dest, write_curves(dest, "grpo", results or current_run(cfg.run) / "results"))
+    return Trained(dest, write_curves(dest, "grpo", results or run_layout(cfg.run).results))
 
 # ---------------------------------------------------------------------------------------------- sweep
 

@@ -1,18 +1,166 @@
-"""The configs of ``graftkit train grpo`` and ``graftkit sweep``, importable without torch.
+"""The configs of ``graftkit train sft``, ``train grpo`` and ``sweep``, and the SFT's default recipe, importable
+without torch.
 
 The command line generates its options from these fields, so they live apart from the training code
-(``train/grpo.py`` and ``train/sweep.py`` re-export them): building the CLI never imports torch.
+(``train/sft.py``, ``train/grpo.py`` and ``train/sweep.py`` re-export them): building the CLI never imports torch.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import List, Mapping
 
-from ..core.config import CommandConfig, DeviceOption, ExecutorOption, LoraOption, check_choice, opt
+from ..core.config import DeviceOption, ExecutorOption, LoraOption, RunOption, check_choice, opt
 from ..core.errors import GraftkitError
 
+# ------------------------------------------------------------------------------------------------ SFT
+
+#: Demonstration pools per task in the default recipe: fresh episodes throughout for every task with a rich
+#: item space (and the few-item tasks, whose items may all be held out), a small reused pool for the long
+#: form tasks (see :class:`~graftkit.train.sft.DemoStream`). Only training items are demonstrated
+#: (``webenv.items``).
+DEFAULT_BUDGETS: dict[str, int] = {
+    **{t: 1_000_000 for t in ("click-tab", "click-button", "click-link", "click-checkboxes", "use-autocomplete",
+                              "enter-text", "enter-password", "login-user", "enter-text-2", "focus-text-2",
+                              "focus-text")},
+    **{t: 60 for t in ("click-checkboxes-large", "enter-text-long", "fill-form")},
+}
+
+#: The default recipe's demonstrator never slips. ``--decoy TASK=RATE`` makes it slip as a controlled
+#: condition: in that fraction of its episodes (where a slip exists) its click goes to a decoy — the first
+#: element of the target's kind (see :func:`~graftkit.train.sft.decoy_action`), a position bias that plants
+#: headroom (greedy picks the decoy, sampling finds the target); every output of a study using it says so.
+DEFAULT_DECOYS: dict[str, float] = {}
+
+#: Fields of :class:`SFTConfig` that say where its outputs go or how the command line spelled the pools (folded
+#: into ``budgets``), not how the policy trains: the policy's recorded config leaves them out.
+SFT_NOT_RECORDED = ("command", "run", "tasks", "merged")
+
+
+def parse_budgets(items: tuple[str, ...], tasks: str | None) -> dict[str, int]:
+    """Demonstration pools: the default recipe's (restricted to ``tasks``), then each ``TASK=N``."""
+    budgets = dict(DEFAULT_BUDGETS)
+    if tasks:
+        from ..agent import is_problem, resolve_tasks
+
+        keep = set(resolve_tasks(tasks))
+        fresh = {t: 1_000_000 if is_problem(t) else 400 for t in keep - set(budgets)}  # problems: fresh items
+        budgets = {t: n for t, n in budgets.items() if t in keep} | fresh
+    for item in items:
+        task, sep, n = item.partition("=")
+        if not sep or not n.strip().isdigit():
+            raise GraftkitError(f"--budget {item!r}: expected TASK=N", "e.g. --budget click-tab=200")
+        budgets[task.strip()] = int(n)
+    return budgets
+
+
+def parse_decoys(items: tuple[str, ...]) -> dict[str, float]:
+    """Demonstrator slip rates: the default recipe's, then each ``TASK=RATE``."""
+    decoys = dict(DEFAULT_DECOYS)
+    for item in items:
+        task, sep, rate = item.partition("=")
+        try:
+            decoys[task.strip()] = float(rate) if sep else math.nan
+        except ValueError:
+            decoys[task.strip()] = math.nan
+        if not 0 <= decoys[task.strip()] < 1:
+            raise GraftkitError(f"--decoy {item!r}: expected TASK=RATE with 0 ≤ RATE < 1", "e.g. --decoy focus-text-2=0.5")
+    return decoys
+
+
+@dataclass(frozen=True, kw_only=True)
+class SFTConfig(RunOption, DeviceOption, LoraOption):
+    """``graftkit train sft``: supervised fine-tuning of a policy on oracle demonstrations (see train/sft.py).
+
+    ``budgets`` and ``decoys`` are mappings (exactly these pools and slip rates), or, as the command line gives
+    them, ``TASK=N`` / ``TASK=RATE`` strings that change the default recipe (its pools restricted to ``tasks``);
+    once created they are mappings. The policy's graftkit.json records :meth:`recorded`."""
+
+    command = "train sft"
+    out: Path
+    """Output folder of the SFT policy."""
+    tasks: str | None = None
+    """Suite(s) or tasks to demonstrate (default: both suites)."""
+    budgets: Mapping[str, int] = opt(None, flags=("--budget",), cli_type=List[str])
+    """Demonstration pool of a task: TASK=N episodes (repeatable)."""
+    decoys: Mapping[str, float] = opt(None, flags=("--decoy",), cli_type=List[str])
+    """Demonstrator slip rate of a task: TASK=RATE (repeatable; default: none — a decoy plants a position bias)."""
+    size: str = "micro"
+    """Tiny policy size: nano, micro, small."""
+    init: Path | None = None
+    """Fine-tune this HF causal LM folder instead of a tiny policy."""
+    steps: int = 6000
+    """Optimizer steps."""
+    batch_size: int = 32
+    """Turns per step."""
+    lr: float = 3e-3
+    """Peak learning rate."""
+    warmup: int = opt(100, cli=False)
+    """Linear warmup steps (then cosine decay to 10% of ``lr``)."""
+    weight_decay: float = opt(0.01, cli=False)
+    """AdamW weight decay (of the matrices; biases and norms get none)."""
+    grad_clip: float = opt(1.0, cli=False)
+    """Gradient-norm clip."""
+    seed: int = 0
+    """Seed."""
+    threads: int = 2
+    """torch threads."""
+    save_dtype: str = "auto"
+    """dtype of the written policy: auto (the init checkpoint's; float32 for a tiny policy), float32, bfloat16 or
+    float16."""
+    merged: Path | None = opt(None, cli=False)
+    """With ``lora_r``: also write the adapter merged into ``init`` to this folder, a full-weight policy (what a
+    study's grid, deltas and grafts read)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.budgets, Mapping):
+            if self.tasks:
+                raise GraftkitError("--tasks restricts the default recipe, but the pools were given whole (a mapping)",
+                                    "drop tasks, or give the pools as TASK=N changes to the default recipe")
+            budgets = dict(self.budgets)
+        else:  # the command line's TASK=N changes to the default recipe
+            budgets = parse_budgets(tuple(self.budgets or ()), self.tasks)
+        decoys = dict(self.decoys) if isinstance(self.decoys, Mapping) else parse_decoys(tuple(self.decoys or ()))
+        object.__setattr__(self, "budgets", budgets)
+        object.__setattr__(self, "decoys", decoys)
+        self._validate()
+
+    def _validate(self) -> None:
+        from ..agent.tasks import HINT, known
+        from ..webenv.tasks import TASKS
+        from .lora import lora_spec
+
+        unknown = [t for t in self.budgets if not known(t)]
+        if unknown:
+            raise GraftkitError(f"unknown task(s) in budgets: {', '.join(unknown)}", HINT)
+        bad = [f"{t}={r}" for t, r in self.decoys.items() if t not in TASKS or not 0 <= r < 1]
+        if bad:
+            raise GraftkitError(f"decoy rates {', '.join(bad)}: need a known task and a rate in [0, 1)",
+                                "e.g. --decoy focus-text-2=0.6")
+        if not any(v > 0 for v in self.budgets.values()):
+            raise GraftkitError("no demonstrations: every budget is 0", "give at least one task a budget > 0")
+        if lora_spec(self.lora_r, self.lora_alpha, self.lora_targets) and not self.init:
+            raise GraftkitError("--lora-r trains an adapter over a model folder, but no --init was given",
+                                "pass the model to adapt as --init DIR, or drop --lora-r")
+        if self.merged is not None and not self.lora_r:
+            raise GraftkitError("merged names the folder of a LoRA adapter merged into its base, but lora_r is 0",
+                                "set lora_r, or drop merged (a full fine-tune is the policy itself)")
+        for name in ("steps", "batch_size", "threads"):
+            if getattr(self, name) < 1:
+                raise GraftkitError(f"--{name.replace('_', '-')} must be ≥ 1")
+        if not self.lr > 0:
+            raise GraftkitError(f"--lr {self.lr} must be > 0", "pass e.g. --lr 2e-3")
+
+    def recorded(self) -> dict:
+        """The config the trained policy's graftkit.json records: how it trained, as JSON-able data."""
+        return {k: v for k, v in self.as_dict().items() if k not in SFT_NOT_RECORDED}
+
+
+# ----------------------------------------------------------------------------------------------- GRPO
 
 #: The GRPO trainers ``train grpo --engine`` runs.
 ENGINES = ("graftkit", "trl")

@@ -56,6 +56,7 @@ from ..core.errors import GraftkitError
 from ..agent.tasks import make_task_env, task_spec
 from ..webenv.items import SPLIT_RULE, NoItems, draw
 from ..core.devices import TRAINING_CONVENTION, autocast, dtype_name, resolve_device, training_dtype
+from ..results.layout import rl_checkpoints
 from ..weights import load_model, read_tensors, save_model
 from ..weights.hf import save_adapter, save_dtype
 from ..weights.writer import check_output_room
@@ -277,7 +278,7 @@ def check_tokenizer_fits(policy: Policy, tasks: Sequence[str], seeds: int = 5) -
 
 
 def _ckpt_dir(cfg: GRPOConfig) -> Path:
-    return Path(str(Path(cfg.out)) + ".checkpoints")
+    return rl_checkpoints(cfg.out)
 
 
 def _rng_state() -> dict[str, torch.Tensor]:
@@ -316,15 +317,74 @@ def latest_checkpoint(cfg: GRPOConfig) -> Path | None:
     return done[-1] if done else None
 
 
+@dataclass
+class TrainState:
+    """What a GRPO run holds while it trains: the policy (whose model the optimiser updates), the frozen SFT
+    reference, the optimiser and where the model runs."""
+
+    cfg: GRPOConfig
+    policy: Policy
+    ref: torch.nn.Module | None  # the SFT reference (β > 0 only), frozen
+    adapter: object | None  # with LoRA, the PEFT model; its adapters live inside ``policy.model``'s modules
+    trained: list[tuple[str, torch.nn.Parameter]]  # (name, parameter) the optimiser updates, in its order
+    opt: torch.optim.Optimizer
+    dev: torch.device
+    compute: torch.dtype  # autocast dtype; the master weights stay float32
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.policy.model
+
+    @property
+    def names(self) -> list[str]:
+        return [n for n, _ in self.trained]
+
+
 def run_grpo(
     cfg: GRPOConfig,
     *,
     resume: bool = False,
     force: bool = False,
     on_step: Callable[[dict], None] = lambda m: None,
+    on_checkpoint: Callable[[Path], None] = lambda folder: None,
 ) -> Path:
-    """Train per ``cfg``; returns the final policy folder (an HF folder with graftkit.json)."""
+    """Train per ``cfg``; returns the final policy folder (an HF folder with graftkit.json). ``on_step`` gets
+    each step's metrics; ``on_checkpoint`` each resumable checkpoint's folder once it is written."""
     torch.set_num_threads(cfg.threads)
+    tr = setup(cfg)
+    start, log = restore(tr, resume=resume, force=force)
+    _check_room(cfg, tr.model, tr.adapter)  # before training, not when the first checkpoint is written
+    tr.model.train()
+    per_stage = cfg.steps // cfg.stages if cfg.stages else 1
+    t_start = time.perf_counter() - (log[-1]["seconds"] if log else 0.0)
+    stage: list[tuple[list[Episode], Rows]] = []
+    for step in range(start, cfg.steps):
+        t_gen = time.perf_counter()
+        fresh = step % per_stage == 0 or not stage
+        if fresh:  # rollouts: every step, or once per stage (Mu-GRPO)
+            stage = generate(tr, first=step - step % per_stage, steps=per_stage)
+        gen_seconds = time.perf_counter() - t_gen if fresh else 0.0
+        episodes, rows = stage[step % per_stage]
+        token_adv, weight, stats = row_advantages(cfg, episodes, rows)
+        t_opt = time.perf_counter()
+        lr = lr_at(cfg, step)
+        loss, update = optimise(tr, rows, token_adv, weight, lr)
+        m = {"step": step + 1, "loss": loss, **stats, **update, "lr": lr, "tokens": int(rows.mask.sum()),
+             "episodes": len(episodes), "staleness": step % per_stage, "gen_seconds": gen_seconds,
+             "opt_seconds": time.perf_counter() - t_opt, "seconds": time.perf_counter() - t_start}
+        log.append(m)
+        on_step(m)
+        if checkpoint_due(cfg, step + 1, per_stage):
+            on_checkpoint(_save(cfg, tr.model, tr.policy, log, step + 1, tr.opt, tr.names,
+                                _ckpt_dir(cfg) / f"step-{step + 1:06d}", adapter=tr.adapter))
+    tr.model.eval()
+    return _save(cfg, tr.model, tr.policy, log, cfg.steps, None, tr.names, Path(cfg.out), force=True,
+                 dtype=save_dtype(cfg.save_dtype, Path(cfg.init)), adapter=tr.adapter)
+
+
+def setup(cfg: GRPOConfig) -> TrainState:
+    """The policy loaded from ``cfg.init`` onto its device (float32 master weights), its frozen reference when
+    β > 0, LoRA adapters when ``lora_r`` > 0, and AdamW over what trains."""
     init = Path(cfg.init)
     dev = resolve_device(cfg.device)
     compute = training_dtype(cfg.dtype, dev)
@@ -337,100 +397,101 @@ def run_grpo(
     check_lora_base(spec, cfg.init)
     adapter = add_lora(model, spec) if spec else None  # the adapters live inside ``model``'s modules
     trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    names = [n for n, _ in trained]
     opt = torch.optim.AdamW([p for _, p in trained], lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    log: list[dict] = []
-    start = 0
+    return TrainState(cfg, policy, ref, adapter, trained, opt, dev, compute)
+
+
+def restore(tr: TrainState, *, resume: bool, force: bool) -> tuple[int, list[dict]]:
+    """With ``resume``, the newest checkpoint's weights, optimiser and RNG state loaded into ``tr``: returns the
+    step to continue from and the log so far; else ``(0, [])``, once the output folder may be written."""
+    cfg = tr.cfg
     ckpt = latest_checkpoint(cfg) if resume else None
     if resume and ckpt is None and _ckpt_dir(cfg).exists():
         raise GraftkitError(f"--resume: no complete checkpoint in {_ckpt_dir(cfg)}", "run without --resume")
-    if ckpt is not None:
-        saved = json.loads((ckpt / "graftkit.json").read_text())
-        mine = {k: v for k, v in cfg.as_dict().items() if k not in NOT_TRAINING}  # where, not how it trains
-        if {k: v for k, v in saved["config"].items() if k not in NOT_TRAINING} != mine:
-            diff = sorted(k for k in mine if saved["config"].get(k) != mine[k])
-            raise GraftkitError(f"--resume: {ckpt} was written with a different config (differs in {', '.join(diff)})",
-                                "resume with the same settings, or start a new run without --resume")
-        if adapter is not None:
-            load_adapter_state(adapter, read_tensors(ckpt / "adapter_model.safetensors"))
-        else:
-            ck_model, _ = load_model(ckpt)  # intermediate checkpoints hold the float32 master weights
-            model.load_state_dict(ck_model.state_dict())
-        state = read_tensors(ckpt / STATE)
-        _load_opt_state(opt, names, state, saved["optimizer_scalars"])
-        torch.set_rng_state(state["rng.torch"])
-        start = saved["step"]
-        log = [json.loads(line) for line in (ckpt / LOG).read_text().splitlines() if line]
-    elif Path(cfg.out).exists() and not force:
-        raise GraftkitError(f"output folder {cfg.out} already exists", "pass --force to replace it, or --resume")
-    _check_room(cfg, model, adapter)  # before training, not when the first checkpoint is written
-    model.train()
-    eps_high = cfg.eps_high
-    per_stage = cfg.steps // cfg.stages if cfg.stages else 1
-    t_start = time.perf_counter() - (log[-1]["seconds"] if log else 0.0)
-    stage_data: list = []
-    for step in range(start, cfg.steps):
-        # ---- generation: every step, or once per stage (Mu-GRPO)
-        if step % per_stage == 0 or not stage_data:
-            t_gen = time.perf_counter()
-            first = step - step % per_stage
-            plan = [_prompts(cfg, s) for s in range(first, first + per_stage)]
-            jobs = [(t, env_seed, k) for prompts in plan for (t, env_seed, _) in prompts for k in range(cfg.group_size)]
-            decode = Decode(greedy=False, temperature=cfg.temperature, top_p=cfg.top_p,
-                            max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 1_000_003 + first)
-            model.eval()
-            with autocast(dev, compute):
-                episodes = rollout(policy, jobs, decode, batch_size=max(64, cfg.prompts_per_step * cfg.group_size),
-                                   max_turns=cfg.max_turns)
-            n = cfg.prompts_per_step * cfg.group_size
-            stage_data = []
-            for j in range(per_stage):
-                eps_j = episodes[j * n:(j + 1) * n]
-                rows = episode_rows(eps_j, policy.pad_id)
-                with torch.no_grad(), autocast(dev, compute):
-                    # On-policy with one update per batch, the sampling policy is the current one:
-                    # old log-probs are sg[logp] of the update's own forward pass (TRL does the same).
-                    if cfg.num_iterations > 1 or per_stage > 1:
-                        rows.old_logp = action_logp(model, rows, cfg.temperature)[0]
-                    rows.ref_logp = action_logp(ref, rows, cfg.temperature)[0] if ref is not None else None
-                stage_data.append((eps_j, rows))
-            model.train()
-            gen_seconds = time.perf_counter() - t_gen
-        else:
-            gen_seconds = 0.0
-        episodes, rows = stage_data[step % per_stage]
-        token_adv, weight, stats = row_advantages(cfg, episodes, rows)
-        lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup) if cfg.warmup else cfg.lr
-        for g in opt.param_groups:
-            g["lr"] = lr
-        t_opt = time.perf_counter()
-        for _ in range(cfg.num_iterations):
-            with autocast(dev, compute):
-                logp, entropy = action_logp(model, rows, cfg.temperature)
-            old_logp = rows.old_logp if rows.old_logp is not None else logp.detach()
-            veto = None
-            if cfg.veto_epsilon is not None:
-                adv_row = token_adv.sum(-1) / rows.mask.sum(-1).clamp(min=1)
-                veto = trajectory_veto(rows, logp, old_logp, adv_row, cfg.veto_epsilon)
-            loss, metrics = LOSSES[cfg.loss](
-                logp, old_logp, token_adv, rows.mask, ref_logp=rows.ref_logp, eps_low=cfg.epsilon,
-                eps_high=eps_high, beta=cfg.beta, max_len=cfg.max_new_tokens, weight=weight, veto=veto)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            gnorm = torch.nn.utils.clip_grad_norm_([p for _, p in trained], cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
-            opt.step()
-        m = {"step": step + 1, "loss": loss.item(), **stats, **{k: float(v) for k, v in metrics.items()},
-             "entropy": entropy, "grad_norm": gnorm.item(), "lr": lr, "tokens": int(rows.mask.sum()),
-             "episodes": len(episodes), "staleness": step % per_stage, "gen_seconds": gen_seconds,
-             "opt_seconds": time.perf_counter() - t_opt, "seconds": time.perf_counter() - t_start}
-        log.append(m)
-        on_step(m)
-        boundary = (step + 1) % per_stage == 0
-        if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and boundary and step + 1 < cfg.steps:
-            _save(cfg, model, policy, log, step + 1, opt, names, _ckpt_dir(cfg) / f"step-{step + 1:06d}", adapter=adapter)
+    if ckpt is None:
+        if Path(cfg.out).exists() and not force:
+            raise GraftkitError(f"output folder {cfg.out} already exists", "pass --force to replace it, or --resume")
+        return 0, []
+    saved = json.loads((ckpt / "graftkit.json").read_text())
+    mine = {k: v for k, v in cfg.as_dict().items() if k not in NOT_TRAINING}  # where, not how it trains
+    if {k: v for k, v in saved["config"].items() if k not in NOT_TRAINING} != mine:
+        diff = sorted(k for k in mine if saved["config"].get(k) != mine[k])
+        raise GraftkitError(f"--resume: {ckpt} was written with a different config (differs in {', '.join(diff)})",
+                            "resume with the same settings, or start a new run without --resume")
+    if tr.adapter is not None:
+        load_adapter_state(tr.adapter, read_tensors(ckpt / "adapter_model.safetensors"))
+    else:
+        ck_model, _ = load_model(ckpt)  # intermediate checkpoints hold the float32 master weights
+        tr.model.load_state_dict(ck_model.state_dict())
+    state = read_tensors(ckpt / STATE)
+    _load_opt_state(tr.opt, tr.names, state, saved["optimizer_scalars"])
+    torch.set_rng_state(state["rng.torch"])
+    return saved["step"], [json.loads(line) for line in (ckpt / LOG).read_text().splitlines() if line]
+
+
+def generate(tr: TrainState, *, first: int, steps: int) -> list[tuple[list[Episode], Rows]]:
+    """The rollouts of steps ``first`` … ``first + steps − 1``, sampled at once by the current policy: per step,
+    its ``prompts_per_step × group_size`` episodes and their rows, with the sampling policy's log-probs (when an
+    update will not be on-policy) and the reference's (β > 0)."""
+    cfg, model = tr.cfg, tr.model
+    plan = [_prompts(cfg, s) for s in range(first, first + steps)]
+    jobs = [(t, env_seed, k) for prompts in plan for (t, env_seed, _) in prompts for k in range(cfg.group_size)]
+    decode = Decode(greedy=False, temperature=cfg.temperature, top_p=cfg.top_p,
+                    max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 1_000_003 + first)
     model.eval()
-    return _save(cfg, model, policy, log, cfg.steps, None, names, Path(cfg.out), force=True,
-                 dtype=save_dtype(cfg.save_dtype, init), adapter=adapter)
+    with autocast(tr.dev, tr.compute):
+        episodes = rollout(tr.policy, jobs, decode, batch_size=max(64, cfg.prompts_per_step * cfg.group_size),
+                           max_turns=cfg.max_turns)
+    n = cfg.prompts_per_step * cfg.group_size
+    batches = []
+    for j in range(steps):
+        eps_j = episodes[j * n:(j + 1) * n]
+        rows = episode_rows(eps_j, tr.policy.pad_id)
+        with torch.no_grad(), autocast(tr.dev, tr.compute):
+            # On-policy with one update per batch, the sampling policy is the current one:
+            # old log-probs are sg[logp] of the update's own forward pass (TRL does the same).
+            if cfg.num_iterations > 1 or steps > 1:
+                rows.old_logp = action_logp(model, rows, cfg.temperature)[0]
+            rows.ref_logp = action_logp(tr.ref, rows, cfg.temperature)[0] if tr.ref is not None else None
+        batches.append((eps_j, rows))
+    model.train()
+    return batches
+
+
+def checkpoint_due(cfg: GRPOConfig, done: int, per_stage: int) -> bool:
+    """Whether a resumable checkpoint follows step ``done`` (1-based): every ``checkpoint_every`` steps, on a
+    stage boundary (a stage's rollouts are not saved, so a run resumes at a stage's start), never after the last."""
+    return bool(cfg.checkpoint_every) and done % cfg.checkpoint_every == 0 and done % per_stage == 0 and done < cfg.steps
+
+
+def lr_at(cfg: GRPOConfig, step: int) -> float:
+    """Linear warmup over ``cfg.warmup`` steps, then constant."""
+    return cfg.lr * min(1.0, (step + 1) / cfg.warmup) if cfg.warmup else cfg.lr
+
+
+def optimise(tr: TrainState, rows: Rows, token_adv: torch.Tensor, weight: torch.Tensor, lr: float) -> tuple[float, dict]:
+    """``num_iterations`` AdamW updates at ``lr`` on ``LOSSES[cfg.loss]`` over one batch (``token_adv [R, T]``,
+    focal ``weight [R]``; Mu-GRPO's veto when ``veto_epsilon`` is set), gradient norm clipped. Returns the last
+    update's loss and its metrics, the policy's entropy and the gradient norm before clipping."""
+    cfg, model = tr.cfg, tr.model
+    for g in tr.opt.param_groups:
+        g["lr"] = lr
+    for _ in range(cfg.num_iterations):
+        with autocast(tr.dev, tr.compute):
+            logp, entropy = action_logp(model, rows, cfg.temperature)  # [R, T]
+        old_logp = rows.old_logp if rows.old_logp is not None else logp.detach()
+        veto = None
+        if cfg.veto_epsilon is not None:
+            adv_row = token_adv.sum(-1) / rows.mask.sum(-1).clamp(min=1)  # [R]
+            veto = trajectory_veto(rows, logp, old_logp, adv_row, cfg.veto_epsilon)
+        loss, metrics = LOSSES[cfg.loss](
+            logp, old_logp, token_adv, rows.mask, ref_logp=rows.ref_logp, eps_low=cfg.epsilon,
+            eps_high=cfg.eps_high, beta=cfg.beta, max_len=cfg.max_new_tokens, weight=weight, veto=veto)
+        tr.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_([p for _, p in tr.trained], cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+        tr.opt.step()
+    return loss.item(), {**{k: float(v) for k, v in metrics.items()}, "entropy": entropy, "grad_norm": gnorm.item()}
 
 
 def _check_room(cfg: GRPOConfig, model, adapter) -> None:

@@ -19,7 +19,7 @@ import math
 import random
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -29,7 +29,7 @@ from .._version import __version__
 from ..agent import Policy, next_token_logits, tiny_policy
 from ..agent.evaluate import MAX_EPISODES_PER_SEED
 from ..core.errors import GraftkitError
-from ..agent.tasks import HINT, is_problem, known, make_task_env, tiny_words
+from ..agent.tasks import is_problem, make_task_env, tiny_words
 from ..webenv import demonstrate
 from ..webenv.items import NoItems, SPLIT_RULE, draw
 from ..webenv.render import render_text
@@ -38,89 +38,10 @@ from ..core.devices import TRAINING_CONVENTION, autocast, dtype_name, resolve_de
 from ..weights import load_model, save_model
 from ..weights.hf import save_adapter, save_dtype
 from ..weights.writer import check_output_room
+from .configs import DEFAULT_BUDGETS, DEFAULT_DECOYS, SFTConfig  # noqa: F401  (the recipe, re-exported)
 from .lora import adapter_state, add_lora, check_lora_base, lora_spec
 
 TRAIN_SEED_BASE = 10 * MAX_EPISODES_PER_SEED * MAX_EPISODES_PER_SEED  # far above every evaluation seed
-
-#: Demonstration pools per task in the default recipe: fresh episodes throughout for every task with a rich
-#: item space (and the few-item tasks, whose items may all be held out), a small reused pool for the long
-#: form tasks (see :class:`DemoStream`). Only training items are demonstrated (``webenv.items``).
-DEFAULT_BUDGETS: dict[str, int] = {
-    **{t: 1_000_000 for t in ("click-tab", "click-button", "click-link", "click-checkboxes", "use-autocomplete",
-                              "enter-text", "enter-password", "login-user", "enter-text-2", "focus-text-2",
-                              "focus-text")},
-    **{t: 60 for t in ("click-checkboxes-large", "enter-text-long", "fill-form")},
-}
-
-#: The default recipe's demonstrator never slips. ``--decoy TASK=RATE`` makes it slip as a controlled
-#: condition: in that fraction of its episodes (where a slip exists) its click goes to a decoy — the first
-#: element of the target's kind (see :func:`decoy_action`), a position bias that plants headroom (greedy
-#: picks the decoy, sampling finds the target); every output of a study using it says so.
-DEFAULT_DECOYS: dict[str, float] = {}
-
-
-@dataclass(frozen=True)
-class SFTConfig:
-    """Supervised fine-tuning of a policy on oracle demonstrations."""
-
-    out: str
-    """Output folder (an HF model folder with tokenizer, graftkit.json and train_log.jsonl)."""
-    budgets: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_BUDGETS))
-    """Demonstration episodes per task (tasks not listed get none)."""
-    decoys: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_DECOYS))
-    """Per task, the fraction of demonstrations whose first click goes to a decoy (0 or absent: none)."""
-    size: str = "micro"
-    """Tiny policy size when no ``init`` is given: nano, micro or small."""
-    init: str | None = None
-    """Fine-tune this HF causal LM folder (with its tokenizer) instead of a tiny policy."""
-    steps: int = 6000
-    """Optimizer steps."""
-    batch_size: int = 32
-    """Examples (turns) per step."""
-    lr: float = 3e-3
-    """Peak learning rate."""
-    warmup: int = 100
-    """Linear warmup steps."""
-    weight_decay: float = 0.01
-    """AdamW weight decay."""
-    grad_clip: float = 1.0
-    """Gradient-norm clip."""
-    seed: int = 0
-    """Seed of the initialisation, the data order and every other random choice."""
-    threads: int = 2
-    """torch threads (results are reproducible for a fixed count)."""
-    device: str = "auto"
-    """Where it trains: auto, cpu, cuda or cuda:N."""
-    dtype: str = "auto"
-    """Compute dtype (autocast; float32 master weights): auto (bfloat16 on a GPU that has it, else float32),
-    float32, bfloat16 or float16."""
-    save_dtype: str = "auto"
-    """dtype of the written policy: auto (the init checkpoint's; float32 for a tiny policy) or a dtype."""
-    lora_r: int = 0
-    """LoRA rank (0: full fine-tuning): the run writes a PEFT adapter over ``init``."""
-    lora_alpha: float = 16.0
-    """LoRA alpha."""
-    lora_targets: str = "attn"
-    """Modules that get adapters (see :data:`graftkit.train.lora.TARGET_SETS`)."""
-
-    def __post_init__(self) -> None:
-        unknown = [t for t in self.budgets if not known(t)]
-        if unknown:
-            raise GraftkitError(f"unknown task(s) in budgets: {', '.join(unknown)}", HINT)
-        bad = [f"{t}={r}" for t, r in self.decoys.items() if t not in TASKS or not 0 <= r < 1]
-        if bad:
-            raise GraftkitError(f"decoy rates {', '.join(bad)}: need a known task and a rate in [0, 1)",
-                                "e.g. --decoy focus-text-2=0.6")
-        if not any(v > 0 for v in self.budgets.values()):
-            raise GraftkitError("no demonstrations: every budget is 0", "give at least one task a budget > 0")
-        if lora_spec(self.lora_r, self.lora_alpha, self.lora_targets) and not self.init:
-            raise GraftkitError("--lora-r trains an adapter over a model folder, but no --init was given",
-                                "pass the model to adapt as --init DIR, or drop --lora-r")
-        for name in ("steps", "batch_size", "threads"):
-            if getattr(self, name) < 1:
-                raise GraftkitError(f"--{name.replace('_', '-')} must be ≥ 1")
-        if not self.lr > 0:
-            raise GraftkitError(f"--lr {self.lr} must be > 0", "pass e.g. --lr 2e-3")
 
 
 @dataclass(frozen=True)
@@ -331,7 +252,7 @@ def run_sft(cfg: SFTConfig, on_step: Callable[[dict], None] = lambda m: None, fo
         "producer": "graftkit train sft",
         "graftkit_version": __version__,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "config": asdict(cfg),
+        "config": cfg.recorded(),
         "demonstrations": {"pools": dict(cfg.budgets), "decoys": dict(cfg.decoys),
                            "decoy": "first click sent to the first element of the target's tag and classes when that is not the target; the episode ends", "seeds": f"{TRAIN_SEED_BASE} + i, i < pool",
                            "items": SPLIT_RULE, "tasks_without_training_items": sorted(stream.no_items),

@@ -27,7 +27,7 @@ from typing import Callable
 import yaml
 
 from ..core.errors import GraftkitError
-from ..webenv.tasks import SUITES
+from ..core.suites import suites
 from .configs import GRPOConfig, SweepConfig  # noqa: F401 (SweepConfig: the command's config)
 from .grpo import latest_checkpoint, run_grpo
 
@@ -57,7 +57,7 @@ def _tasks(v) -> tuple[str, ...]:
     names = v.split(",") if isinstance(v, str) else list(v)
     out: list[str] = []
     for n in (x.strip() for x in names):
-        out.extend(SUITES[n] if n in SUITES else [n])
+        out.extend(suites().get(n, (n,)))
     return tuple(out)
 
 
