@@ -419,6 +419,43 @@ def activation_ranks(
     ``block[layer]`` (decoder block whose output it is, −1 for the embedding output) and ``tol[layer]``;
     attrs carry every convention (see the module docstring).
     """
+    model, tokenizer, path = _model_and_tokenizer(policy_or_model, tokenizer, path)
+    prompts = list(prompts)
+    _check_options(tokens, backend, batch_size, prompts)
+    n_layers = n_decoder_layers(model)
+    selected = hidden_state_layers(layers, n_layers)
+    ids = _probe_ids(model, tokenizer, prompts)
+    device = next(model.parameters()).device  # before a lens backend boots over the model
+    act_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    sink = _LayerMoments(dict.fromkeys(selected), tokens)
+    path_name = path if path is not None else (getattr(model.config, "name_or_path", "") or type(model).__name__)
+    run = (hooks_runner(model, selected, sink.consume) if backend == "hooks"
+           else lens_runner(model, tokenizer, path_name, selected, sink.consume, give_model))
+    t0 = time.perf_counter()
+    _feed(run, sink, ids, batch_size, tokenizer, device, on_batch)
+    values, counts, tols = _layer_measures(sink.moments, centred, act_dtype, rankme_eps)
+    coords = {"layer": np.array(selected, dtype=np.int64), "metric": np.array(METRICS, dtype=object)}
+    data = {
+        "value": (("layer", "metric"), np.array(values, dtype=np.float64)),
+        "n_tokens": (("layer",), np.array(counts, dtype=np.int64)),
+        "block": (("layer",), np.array(selected, dtype=np.int64) - 1),
+        "tol": (("layer",), np.array(tols, dtype=np.float64)),
+    }
+    attrs = {
+        **_conventions(tokens, centred, backend, layers, n_layers, rankme_eps, act_dtype),
+        "n_prompts": len(prompts),
+        "batch_size": batch_size,
+        "padding": "right",
+        "model": _describe(model, path, checkpoint),
+        "seconds": time.perf_counter() - t0,
+        **(provenance or {}),
+    }
+    return Result("rank-activations", coords, data, attrs)
+
+
+def _model_and_tokenizer(policy_or_model, tokenizer, path):
+    """The model, its tokenizer and its folder: an ``agent.Policy``'s own, or an HF causal LM's with the
+    ``tokenizer`` and ``path`` given."""
     import torch
 
     is_model = isinstance(policy_or_model, torch.nn.Module)  # an HF CausalLM also has a .model attribute
@@ -429,59 +466,77 @@ def activation_ranks(
         path = getattr(policy_or_model, "path", None)
     if tokenizer is None:
         raise GraftkitError("activation_ranks needs a tokenizer", "pass a Policy, or the model and its tokenizer")
+    return model, tokenizer, path
+
+
+def _check_options(tokens: str, backend: str, batch_size: int, prompts: Sequence[str]) -> None:
     if tokens not in TOKENS:
         raise GraftkitError(f"--tokens {tokens!r} is not an option", f"use one of {', '.join(TOKENS)}")
     if backend not in BACKENDS:
         raise GraftkitError(f"--backend {backend!r} is not an option", f"use one of {', '.join(BACKENDS)}")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise GraftkitError(f"batch_size={batch_size!r} must be a positive integer", "use e.g. 8")
-    prompts = list(prompts)
     if not prompts:
         raise GraftkitError("no probe prompts", "pass --probes N (from the tasks) or --probe-file PATH")
-    n_layers = n_decoder_layers(model)
-    selected = hidden_state_layers(layers, n_layers)
+
+
+def _probe_ids(model, tokenizer, prompts: Sequence[str]) -> list[list[int]]:
+    """The token ids of every probe prompt (:func:`encode_prompt`); a prompt longer than the model's context
+    is refused, naming the longest."""
     ids = [encode_prompt(tokenizer, p) for p in prompts]
     ctx = getattr(_text_config(model), "max_position_embeddings", None)
     longest = max(range(len(ids)), key=lambda i: len(ids[i]))
     if isinstance(ctx, int) and len(ids[longest]) > ctx:
         raise GraftkitError(f"probe prompt {longest} has {len(ids[longest])} tokens, more than the model's "
                             f"{ctx} positions", "pass shorter prompts (--probe-file) or a model with a longer context")
+    return ids
+
+
+@dataclass
+class _LayerMoments:
+    """The moments of each selected layer so far, which a backend's ``consume(L, hidden)`` adds to: the
+    token rows ``tokens`` selects under the current batch's ``mask``."""
+
+    moments: dict[int, Moments | None]
+    tokens: str
+    mask: Any = None
+
+    def consume(self, L: int, hidden) -> None:
+        self.moments[L] = accumulate(self.moments[L], select_tokens(hidden.detach(), self.mask, self.tokens))
+
+
+def _feed(run, sink: _LayerMoments, ids: list[list[int]], batch_size: int, tokenizer, device,
+          on_batch: Callable[[int], None]) -> None:
+    """Run every right-padded batch of ``ids`` through ``run(ids, mask)`` without gradients, ``sink`` holding
+    the batch's mask while the backend hands it the hidden states."""
+    import torch
+
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    device = next(model.parameters()).device
-    act_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-
-    acc: dict[int, Moments | None] = dict.fromkeys(selected)
-    cur: dict[str, Any] = {}
-
-    def consume(L: int, hidden) -> None:
-        acc[L] = accumulate(acc[L], select_tokens(hidden.detach(), cur["mask"], tokens))
-
-    path_name = path if path is not None else (getattr(model.config, "name_or_path", "") or type(model).__name__)
-    run = (hooks_runner(model, selected, consume) if backend == "hooks"
-           else lens_runner(model, tokenizer, path_name, selected, consume, give_model))
-    t0 = time.perf_counter()
     with torch.no_grad():
         for x, mask, n in batches(ids, batch_size, pad):
-            cur["mask"] = mask.to(device)
-            run(x.to(device), cur["mask"])
+            sink.mask = mask.to(device)
+            run(x.to(device), sink.mask)
             on_batch(n)
+
+
+def _layer_measures(moments: dict[int, Moments | None], centred: bool, act_dtype: str, rankme_eps: float):
+    """Per selected layer (in order): the ``METRICS`` of its activation spectrum, its token count and its
+    numerical-rank tolerance."""
     values, counts, tols = [], [], []
-    for L in selected:
-        m = acc[L]
+    for L, m in moments.items():
         if m is None or m.count == 0:
             raise GraftkitError(f"no token vectors at layer {L}: every probe prompt has a single token",
                                 "pass longer prompts (position 0 is dropped)")
         sp = activation_spectrum(m, centred, act_dtype)
         meas = spectrum_measures(sp, rankme_eps)
         values.append([meas[k] for k in METRICS]), counts.append(m.count), tols.append(sp.default_tol())
-    coords = {"layer": np.array(selected, dtype=np.int64), "metric": np.array(METRICS, dtype=object)}
-    data = {
-        "value": (("layer", "metric"), np.array(values, dtype=np.float64)),
-        "n_tokens": (("layer",), np.array(counts, dtype=np.int64)),
-        "block": (("layer",), np.array(selected, dtype=np.int64) - 1),
-        "tol": (("layer",), np.array(tols, dtype=np.float64)),
-    }
-    attrs = {
+    return values, counts, tols
+
+
+def _conventions(tokens: str, centred: bool, backend: str, layers: str, n_layers: int, rankme_eps: float,
+                 act_dtype: str) -> dict[str, Any]:
+    """Every convention of an activation-rank result, stored beside its values (see the module docstring)."""
+    return {
         "what": "activations",
         "conventions": {**CONVENTIONS, "sigma_1": "largest singular value of the stacked activation matrix",
                         "frobenius_sq": "sum(sigma^2) = n*trace(C or M)", **COVARIANCE_CONVENTION},
@@ -502,11 +557,4 @@ def activation_ranks(
         "band_rule": band_rule(n_layers),
         "numerical_rank_tol_rule": TOL_RULE,
         "rankme_eps": rankme_eps,
-        "n_prompts": len(prompts),
-        "batch_size": batch_size,
-        "padding": "right",
-        "model": _describe(model, path, checkpoint),
-        "seconds": time.perf_counter() - t0,
-        **(provenance or {}),
     }
-    return Result("rank-activations", coords, data, attrs)

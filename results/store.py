@@ -48,6 +48,7 @@ from .._version import __version__
 from ..core.config import CommandConfig, opt
 from ..core.errors import GraftkitError
 from ..core.files import check_file_dest, find_stale, remove, write_atomic
+from .layout import SUFFIX, current_run, result_files, with_tag
 
 _STR = h5py.string_dtype("utf-8")
 
@@ -223,8 +224,8 @@ def free_result_path(path: str | os.PathLike, result: Result) -> Path:
     mine, theirs = subject(result.attrs), stored_subject(path)
     if theirs is not None and mine == theirs:
         return path
-    tag = hashlib.sha256("\n".join(mine).encode()).hexdigest()[:8] if mine else "unkeyed"
-    return path.with_name(f"{path.stem}-{tag}{path.suffix}")
+    key = hashlib.sha256("\n".join(mine).encode()).hexdigest()[:8] if mine else "unkeyed"
+    return with_tag(path, key)
 
 
 def result_image(result: Result) -> bytes:
@@ -261,7 +262,7 @@ def write_result(path: str | os.PathLike, result: Result, flag: str | None = Non
     space, then written to a temporary sibling, fsynced, renamed and the folder fsynced
     (:func:`graftkit.core.files.write_atomic`, which also removes stale temporaries of dead processes there).
     ``flag``: the option that named ``path``, for errors."""
-    check_file_dest(path, flag, f"{result.kind}.h5")
+    check_file_dest(path, flag, result.kind + SUFFIX)
     path = free_result_path(path, result)
     return write_atomic(path, result_image(result), flag=flag, what=f"the {result.kind} result")
 
@@ -384,9 +385,7 @@ def scan_results(run_dir: str | os.PathLike) -> tuple[list[tuple[dict[str, str],
     first; and every file that could not be read (:class:`DamagedResult`, path and reason), by path.
     Temporaries and partial results (hidden names) are not results."""
     found, damaged = [], []
-    for p in sorted(Path(run_dir).rglob("*.h5")):
-        if any(part.startswith(".") for part in p.relative_to(run_dir).parts):
-            continue
+    for p in result_files(run_dir):
         try:
             res = read_result(p)
             with h5py.File(p, "r") as f:
@@ -399,49 +398,6 @@ def scan_results(run_dir: str | os.PathLike) -> tuple[list[tuple[dict[str, str],
             continue
         found.append(({"path": str(p), "kind": res.kind, "created": created}, res))
     return sorted(found, key=lambda x: x[0]["created"]), damaged
-
-
-# -------------------------------------------------------------------------------- the run folder
-
-
-def runs_root() -> Path:
-    """Where run folders live: ``$GRAFTKIT_RUNS``, else ``runs/`` of the current directory."""
-    return Path(os.environ.get("GRAFTKIT_RUNS", "runs"))
-
-
-def current_run(run: str | os.PathLike | None = None) -> Path:
-    """The run folder a command writes to and reads from: ``run`` (its ``--run``) when given, else the run
-    named in ``runs/.current`` (``graftkit demo`` writes it), else ``runs/`` itself."""
-    if run is not None:
-        return Path(run)
-    marker = runs_root() / ".current"
-    if marker.is_file():
-        return Path(marker.read_text().strip())
-    return runs_root()
-
-
-#: Folder names that say nothing about which run they belong to: a trainer's step folders
-#: (``checkpoint-500``, TRL and transformers' Trainer; ``global_step500``, DeepSpeed) and final ones.
-_GENERIC_NAME = re.compile(r"(checkpoint|ckpt|step|global_step|epoch)[-_]?\d+|final|last|best|model|merged|"
-                           r"adapter|output|outputs|hf|huggingface", re.IGNORECASE)
-
-
-def result_labels(paths) -> list[str]:
-    """One distinct label per checkpoint path, used to name its results and to label it in tables and
-    figures: its folder or file name, prefixed by its parent's where the name says nothing of the run
-    (``grpo-lora-checkpoint-6``, not ``checkpoint-6``; see ``_GENERIC_NAME``) or two paths share it."""
-    labels: list[str] = []
-    for p in paths:
-        p = Path(p)
-        lab = p.name.removesuffix(".safetensors") or str(p)
-        if _GENERIC_NAME.fullmatch(lab) and p.resolve().parent.name:
-            lab = f"{p.resolve().parent.name}-{lab}"
-        if lab in labels:
-            lab = f"{Path(p).parent.name}-{lab}"
-        while lab in labels:
-            lab += "'"
-        labels.append(lab)
-    return labels
 
 
 # ------------------------------------------------------------------------------------- graftkit clean

@@ -15,11 +15,11 @@ from graftkit.graft.experiments import (
     SweepResult,
     dissociation_result,
     expand_sweep,
-    partial_path,
     resume_outcomes,
     subset_outcomes,
     sweep_result,
 )
+from graftkit.results.layout import partial_path
 from graftkit.results.store import read_result, write_result
 from test_graft_experiments import TASKS as E2E_TASKS, policies  # noqa: F401 (the fixture)
 

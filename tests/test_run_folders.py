@@ -15,7 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from planted import planted_pair  # noqa: E402
 
 from graftkit.cli import app  # noqa: E402
-from graftkit.results.store import Result, current_run, read_result, result_labels, subject, write_result  # noqa: E402
+from graftkit.results.layout import current_run, result_labels  # noqa: E402
+from graftkit.results.store import Result, read_result, subject, write_result  # noqa: E402
 
 
 def _result(sha: str | None, value: float = 1.0) -> Result:
@@ -85,6 +86,7 @@ def _cli(tmp_path, monkeypatch, *args):
     return res
 
 
+@pytest.mark.slow
 def test_two_trainers_checkpoint_6_never_share_a_result(tmp_path, monkeypatch, trainers):
     a, b = trainers
     ep = ("--tasks", "click-tab", "--seeds", "1", "--episodes", "1")
@@ -102,6 +104,7 @@ def test_two_trainers_checkpoint_6_never_share_a_result(tmp_path, monkeypatch, t
     assert len(kept) == 2 and read_result(tmp_path / "same.h5").attrs["model"]["path"] == str(a.resolve())
 
 
+@pytest.mark.slow
 def test_run_option_puts_every_result_in_that_run(tmp_path, monkeypatch, trainers):
     a, _ = trainers
     run = tmp_path / "study-7"
@@ -133,14 +136,15 @@ def trl(tmp_path_factory):
 
 
 def test_a_trainer_output_dir_is_recognised_and_its_checkpoints_listed(trl):
-    from graftkit.weights.runs import resolve_models, trainer_log, trainer_run
+    from graftkit.weights.resolve import checkpoint_of, checkpoints_of
+    from graftkit.weights.runs import trainer_log, trainer_run
 
     run = trainer_run(trl["out"])
     assert run.steps == (2, 4, 6) and run.last == trl["out"] / "checkpoint-6"
     assert run.state == trl["out"] / "checkpoint-6" / "trainer_state.json"
-    assert resolve_models(trl["out"]) == [trl["out"] / "checkpoint-6"]
-    assert resolve_models(trl["out"], all_checkpoints=True) == [trl["out"] / f"checkpoint-{s}" for s in (2, 4, 6)]
-    assert resolve_models(trl["out"] / "checkpoint-4") == [trl["out"] / "checkpoint-4"]  # a checkpoint is itself
+    assert checkpoints_of(trl["out"]) == [trl["out"] / "checkpoint-6"] and checkpoint_of(trl["out"]) == run.last
+    assert checkpoints_of(trl["out"], all_checkpoints=True) == [trl["out"] / f"checkpoint-{s}" for s in (2, 4, 6)]
+    assert checkpoint_of(trl["out"] / "checkpoint-4") == trl["out"] / "checkpoint-4"  # a checkpoint is itself
     assert trainer_run(trl["out"] / "checkpoint-4") is None and trainer_run(trl["sft"]) is None
     log = trainer_log(run.state)
     assert [r["step"] for r in log][:3] == [1, 2, 3] and log[0]["reward"] == pytest.approx(0.3)
@@ -148,10 +152,10 @@ def test_a_trainer_output_dir_is_recognised_and_its_checkpoints_listed(trl):
 
 def test_all_checkpoints_of_a_folder_that_is_no_run_is_one_clear_error(trl):
     from graftkit.core.errors import GraftkitError
-    from graftkit.weights.runs import resolve_models
+    from graftkit.weights.resolve import checkpoints_of
 
     with pytest.raises(GraftkitError, match="not a trainer output_dir"):
-        resolve_models(trl["sft"], all_checkpoints=True)
+        checkpoints_of(trl["sft"], all_checkpoints=True)
 
 
 def test_trainer_state_becomes_training_curves(trl, tmp_path):
@@ -230,6 +234,7 @@ def others(tmp_path_factory, trl):
     return {"sft-run": sft_trainer_run(root / "sft-out", trl["sft"]), "lora-run": trl_lora_run(root / "lora-out", trl["sft"])}
 
 
+@pytest.mark.slow
 def test_every_command_on_a_lora_and_an_sft_trainer_run_and_nothing_is_overwritten(tmp_path, monkeypatch, trl, others):
     import json
 

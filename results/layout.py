@@ -1,0 +1,356 @@
+"""The layout of a run folder: where every policy, result file and page of a run goes, in one table.
+
+Every command that writes into a run and every reader of one finds its path here, so a producer and its
+readers cannot disagree about a name. A run folder (:class:`RunLayout`)::
+
+    RUN/
+      results/                     every result file of the run (``RESULTS``), named by ``NAMES``
+      report.html                  ``graftkit report`` and the demo's last stage (``REPORT``)
+      study.json                   the demo's StudyConfig (``STUDY``)
+      base/ sft/ sft-adapter/ sft-b/   the study's imported model, SFT policy, its LoRA adapter, second init
+      <rl run>/                    a GRPO run's policy; ``<rl run>.checkpoints/`` its resumable checkpoints
+      grafts/<tag>/                ``graftkit graft`` exports (``GRAFTS``)
+    runs/.current                  the run a command uses without ``--run`` (``CURRENT``; :func:`current_run`)
+
+Result files. ``NAMES`` maps each kind of result name to its template; :func:`result_path` (and the
+function per kind below it) fills a template, :func:`parse_result_name` reads a name back into the same
+kind and fields, and :func:`find_results` lists a results folder's files of one kind. A field's value
+matches ``FIELDS[field]`` (labels: any text; ``SPELLED`` fields are written as a fixed suffix). Where a
+result about other checkpoints already holds a name, ``write_result`` writes beside it under
+``<name>-<key>.h5`` (:func:`with_tag`, the first 8 hex digits of a digest of the checkpoints, or
+``unkeyed``), which parses back with its ``key``. A result being written piece by piece sits at
+``.partial-<name>`` (:func:`partial_path`); no hidden name is a result (:func:`result_files`).
+
+Labels (:func:`result_labels`): a checkpoint's folder or file name, prefixed by its parent's where the name
+says nothing of the run (``grpo-lora-checkpoint-6``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+# ---------------------------------------------------------------------------------- the run's folders
+
+#: Folder of every result file of a run.
+RESULTS = "results"
+#: The run's HTML report.
+REPORT = "report.html"
+#: The demo's configuration, as it ran.
+STUDY = "study.json"
+#: The study's policies: the imported pretrained model, the SFT policy, its LoRA adapter (merged into the
+#: SFT policy), and the second initialisation.
+BASE, SFT, SFT_ADAPTER, SFT_B = "base", "sft", "sft-adapter", "sft-b"
+#: Folder of ``graftkit graft`` exports.
+GRAFTS = "grafts"
+#: Suffix of the folder beside an RL run's output that holds its resumable checkpoints.
+CHECKPOINTS = ".checkpoints"
+#: The file in the runs root naming the current run.
+CURRENT = ".current"
+#: The suffix of every result file.
+SUFFIX = ".h5"
+#: Prefix of a result being written piece by piece (hidden: never read as a result).
+PARTIAL = ".partial-"
+
+
+def runs_root() -> Path:
+    """Where run folders live: ``$GRAFTKIT_RUNS``, else ``runs/`` of the current directory."""
+    return Path(os.environ.get("GRAFTKIT_RUNS", "runs"))
+
+
+def current_run(run: str | os.PathLike | None = None) -> Path:
+    """The run folder a command writes to and reads from: ``run`` (its ``--run``) when given, else the run
+    named in ``runs/.current`` (``graftkit demo`` writes it), else ``runs/`` itself."""
+    if run is not None:
+        return Path(run)
+    marker = runs_root() / CURRENT
+    if marker.is_file():
+        return Path(marker.read_text().strip())
+    return runs_root()
+
+
+def mark_current_run(run: str | os.PathLike) -> None:
+    """Name ``run`` in ``runs/.current``: the run of every later command without ``--run``."""
+    runs_root().mkdir(parents=True, exist_ok=True)
+    (runs_root() / CURRENT).write_text(str(Path(run).resolve()) + "\n")
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """The folders and fixed files of the run folder ``root``."""
+
+    root: Path
+
+    @property
+    def results(self) -> Path:
+        return self.root / RESULTS
+
+    @property
+    def report(self) -> Path:
+        return self.root / REPORT
+
+    @property
+    def study(self) -> Path:
+        return self.root / STUDY
+
+    @property
+    def base(self) -> Path:
+        return self.root / BASE
+
+    @property
+    def sft(self) -> Path:
+        return self.root / SFT
+
+    @property
+    def sft_adapter(self) -> Path:
+        return self.root / SFT_ADAPTER
+
+    @property
+    def sft_b(self) -> Path:
+        return self.root / SFT_B
+
+    @property
+    def grafts(self) -> Path:
+        return self.root / GRAFTS
+
+    def rl(self, name: str) -> Path:
+        """The policy folder of the RL run ``name``."""
+        return self.root / name
+
+
+def run_layout(run: str | os.PathLike | None = None) -> RunLayout:
+    """The layout of ``run`` (its ``--run``), else of the current run (:func:`current_run`)."""
+    return RunLayout(current_run(run))
+
+
+def rl_checkpoints(out: str | os.PathLike) -> Path:
+    """The folder of an RL run's resumable checkpoints: ``<out>.checkpoints``, beside its output folder (so
+    the output folder holds a finished policy only)."""
+    return Path(str(Path(out)) + CHECKPOINTS)
+
+
+# ------------------------------------------------------------------------------------- result names
+
+#: Each kind of result name → its template (without ``SUFFIX``). In parse order: a fixed name comes before a
+#: template that would also match it, a longer template before a shorter one of the same prefix.
+NAMES: dict[str, str] = {
+    "findings": "findings",                                 # the study's four findings
+    "study-delta": "delta",                                 # the study's delta anatomy of every RL run
+    "delta-trajectory": "delta-{label}-trajectory",         # delta --all-checkpoints of one trainer run
+    "delta": "delta-{labels}",                              # delta of RL runs, labels joined by "+"
+    "eval": "eval-{label}-{decoding}{obs}",
+    "headroom": "headroom-{label}{obs}",
+    "graft-dissociation": "graft-dissociation-{a}-vs-{b}",
+    "graft-sweep": "graft-{sweep}-{label}",
+    # the label carries the layer selection's tag (layer_tag), which a name cannot tell apart from it: readers
+    # key rank results by the model they record
+    "rank": "rank-{what}-{label}",
+    "coupling": "coupling-{what}-{metric}",
+    "train": "train-{kind}-{label}",                        # training curves: kind sft, grpo or trainer
+}
+
+#: The pattern of each field's value in a name.
+FIELDS: dict[str, str] = {"label": ".+?", "labels": ".+?", "a": ".+?", "b": ".+?", "sweep": "[a-z]+",
+                          "what": "[a-z]+", "metric": "[a-z0-9_]+", "kind": "[a-z]+",
+                          "decoding": "greedy|sampled"}
+
+#: Fields written as a fixed spelling of their value.
+SPELLED: dict[str, dict[str, str]] = {"obs": {"text": "", "som": "-som"}}
+
+#: The key ``write_result`` adds to a name held by a result about other checkpoints.
+KEY = "[0-9a-f]{8}|unkeyed"
+
+_FIELD = re.compile(r"\{(\w+)\}")
+
+
+def _pattern(template: str) -> re.Pattern:
+    """The regex that reads a name of ``template`` back: each field by its ``FIELDS`` pattern (its spellings for
+    a ``SPELLED`` one), then an optional key and ``SUFFIX``."""
+    parts, at = [], 0
+    for m in _FIELD.finditer(template):
+        name = m[1]
+        value = ("|".join(re.escape(s) for s in SPELLED[name].values()) if name in SPELLED else FIELDS[name])
+        parts += [re.escape(template[at:m.start()]), f"(?P<{name}>{value})"]
+        at = m.end()
+    parts.append(re.escape(template[at:]))
+    return re.compile("".join(parts) + f"(?:-(?P<key>{KEY}))?" + re.escape(SUFFIX))
+
+
+_PATTERNS = {kind: _pattern(t) for kind, t in NAMES.items()}
+
+
+@dataclass(frozen=True)
+class ResultName:
+    """A result file name taken apart: its kind of name (a key of ``NAMES``), the fields that fill its
+    template, and the key ``write_result`` added (None where it added none)."""
+
+    kind: str
+    fields: Mapping[str, str] = field(default_factory=dict)
+    key: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The file name back (key included)."""
+        path = result_path(Path(), self.kind, **self.fields)
+        return (with_tag(path, self.key) if self.key else path).name
+
+
+def result_path(results: str | os.PathLike, kind: str, /, **fields: str) -> Path:
+    """The path of the result named by template ``NAMES[kind]`` filled with ``fields``, in ``results``."""
+    values = {k: SPELLED[k][v] if k in SPELLED else str(v) for k, v in fields.items()}
+    wanted = set(_FIELD.findall(NAMES[kind]))
+    if set(values) != wanted:
+        raise TypeError(f"result name {kind!r} takes fields {sorted(wanted)}, got {sorted(values)}")
+    return Path(results) / (NAMES[kind].format(**values) + SUFFIX)
+
+
+def parse_result_name(name: str) -> ResultName | None:
+    """The kind and fields of the result file ``name`` (a file name, no folder); None for a name no
+    template makes (a user's ``--save`` file, a hidden partial result)."""
+    for kind, pattern in _PATTERNS.items():
+        m = pattern.fullmatch(name)
+        if m:
+            fields = {k: v for k, v in m.groupdict().items() if k != "key"}
+            for k, spelling in SPELLED.items():
+                if k in fields:
+                    fields[k] = {s: v for v, s in spelling.items()}[fields[k]]
+            return ResultName(kind, fields, m["key"])
+    return None
+
+
+def glob_pattern(kind: str, /, **fields: str) -> str:
+    """The shell pattern of the result names of ``kind`` with ``fields`` (the others any), as the errors
+    that name missing results show it: ``glob_pattern("rank", what="weights")`` = ``rank-weights-*.h5``."""
+    values = {k: SPELLED[k][v] if k in SPELLED else str(v) for k, v in fields.items()}
+    return re.sub(r"\*+", "*", _FIELD.sub(lambda m: values.get(m[1], "*"), NAMES[kind])) + SUFFIX
+
+
+def find_results(results: str | os.PathLike, kind: str, /, **fields: str) -> list[tuple[ResultName, Path]]:
+    """Every result file directly in the folder ``results`` whose name is of ``kind`` with these ``fields``
+    (the others any, keyed names included), by path."""
+    folder = Path(results)
+    if not folder.is_dir():
+        return []
+    found = []
+    for p in sorted(folder.iterdir()):
+        parsed = parse_result_name(p.name) if p.is_file() else None
+        if parsed and parsed.kind == kind and all(parsed.fields.get(k) == str(v) for k, v in fields.items()):
+            found.append((parsed, p))
+    return found
+
+
+def result_files(run_dir: str | os.PathLike) -> list[Path]:
+    """Every result file under ``run_dir`` (any depth), by path; none below a hidden name (temporaries and
+    partial results)."""
+    run_dir = Path(run_dir)
+    return [p for p in sorted(run_dir.rglob("*" + SUFFIX))
+            if not any(part.startswith(".") for part in p.relative_to(run_dir).parts)]
+
+
+def with_tag(path: str | os.PathLike, tag: str) -> Path:
+    """``path`` with ``-<tag>`` before its suffix: another model's result beside the one at ``path``
+    (``eval-checkpoint-6-greedy-1a2b3c4d.h5``), the second run's sweep beside a ``--save`` file."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}-{tag}{path.suffix}")
+
+
+def partial_path(dest: str | os.PathLike) -> Path:
+    """Where a sweep writes its partial result while it runs: ``.partial-<name>`` beside ``dest`` (the result
+    itself is written once, complete, so a finished result is never mistaken for a partial one)."""
+    dest = Path(dest)
+    return dest.with_name(PARTIAL + dest.name)
+
+
+# ------------------------------------------------------------------------------ one function per kind
+
+
+def eval_path(results: str | os.PathLike, label: str, decoding: str = "greedy", obs: str = "text") -> Path:
+    """``graftkit eval`` of the checkpoint ``label``: ``decoding`` greedy or sampled, ``obs`` text or som."""
+    return result_path(results, "eval", label=label, decoding=decoding, obs=obs)
+
+
+def headroom_path(results: str | os.PathLike, label: str, obs: str = "text") -> Path:
+    """``graftkit headroom`` of the checkpoint ``label``."""
+    return result_path(results, "headroom", label=label, obs=obs)
+
+
+def sweep_path(results: str | os.PathLike, sweep: str, label: str) -> Path:
+    """``graftkit graft --sweep SWEEP`` (or ``--eval``: sweep ``eval``) of the RL checkpoint ``label``."""
+    return result_path(results, "graft-sweep", sweep=sweep, label=label)
+
+
+def dissociation_path(results: str | os.PathLike, a: str, b: str) -> Path:
+    """The double dissociation of RL runs ``a`` and ``b`` (``graftkit graft --vs``)."""
+    return result_path(results, "graft-dissociation", a=a, b=b)
+
+
+def layer_tag(layers: str) -> str:
+    """The name suffix of a layer selection: '' for all layers, else ``-<spec>`` with commas as ``+``."""
+    spec = layers.strip().lower()
+    return "" if spec in ("", "all") else "-" + spec.replace(",", "+")
+
+
+def rank_path(results: str | os.PathLike, what: str, label: str, layers: str = "all") -> Path:
+    """``graftkit rank --what WHAT`` (weights, delta, activations) of the checkpoint ``label`` over ``layers``."""
+    return result_path(results, "rank", what=what, label=label + layer_tag(layers))
+
+
+def delta_path(results: str | os.PathLike, labels: Sequence[str]) -> Path:
+    """``graftkit delta`` of the RL checkpoints ``labels`` against their base."""
+    return result_path(results, "delta", labels="+".join(labels))
+
+
+def trajectory_path(results: str | os.PathLike, label: str) -> Path:
+    """``graftkit delta --all-checkpoints`` of the trainer run ``label``."""
+    return result_path(results, "delta-trajectory", label=label)
+
+
+def coupling_path(results: str | os.PathLike, what: str, metric: str) -> Path:
+    """``graftkit couple --what WHAT --metric METRIC`` of the run."""
+    return result_path(results, "coupling", what=what, metric=metric)
+
+
+def training_path(results: str | os.PathLike, kind: str, label: str) -> Path:
+    """The training curves of the run ``label``: ``kind`` sft or grpo (its ``train_log.jsonl``), or trainer
+    (a Trainer's ``trainer_state.json``)."""
+    return result_path(results, "train", kind=kind, label=label)
+
+
+def findings_path(results: str | os.PathLike) -> Path:
+    """The study's four findings."""
+    return result_path(results, "findings")
+
+
+def study_delta_path(results: str | os.PathLike) -> Path:
+    """The study's delta anatomy of every RL run against its SFT policy."""
+    return result_path(results, "study-delta")
+
+
+# ----------------------------------------------------------------------------------------- labels
+
+
+#: Folder names that say nothing about which run they belong to: a trainer's step folders
+#: (``checkpoint-500``, TRL and transformers' Trainer; ``global_step500``, DeepSpeed) and final ones.
+_GENERIC_NAME = re.compile(r"(checkpoint|ckpt|step|global_step|epoch)[-_]?\d+|final|last|best|model|merged|"
+                           r"adapter|output|outputs|hf|huggingface", re.IGNORECASE)
+
+
+def result_labels(paths: Iterable[str | os.PathLike]) -> list[str]:
+    """One distinct label per checkpoint path, used to name its results and to label it in tables and
+    figures: its folder or file name, prefixed by its parent's where the name says nothing of the run
+    (``grpo-lora-checkpoint-6``, not ``checkpoint-6``; see ``_GENERIC_NAME``) or two paths share it."""
+    labels: list[str] = []
+    for p in paths:
+        p = Path(p)
+        lab = p.name.removesuffix(".safetensors") or str(p)
+        if _GENERIC_NAME.fullmatch(lab) and p.resolve().parent.name:
+            lab = f"{p.resolve().parent.name}-{lab}"
+        if lab in labels:
+            lab = f"{Path(p).parent.name}-{lab}"
+        while lab in labels:
+            lab += "'"
+        labels.append(lab)
+    return labels

@@ -1,0 +1,367 @@
+"""The run's layout (:mod:`graftkit.results.layout`): every result name parses back to what made it, the commands
+write exactly the paths the layout gives, the readers find what the producers wrote, and no module but the
+layout builds a result file name."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from graftkit.results import layout as L  # noqa: E402
+from graftkit.results.layout import (  # noqa: E402
+    NAMES,
+    RunLayout,
+    coupling_path,
+    delta_path,
+    dissociation_path,
+    eval_path,
+    find_results,
+    findings_path,
+    glob_pattern,
+    headroom_path,
+    parse_result_name,
+    rank_path,
+    result_files,
+    result_path,
+    rl_checkpoints,
+    study_delta_path,
+    sweep_path,
+    training_path,
+    trajectory_path,
+    with_tag,
+)
+from graftkit.results.store import Result, write_result  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# ---------------------------------------------------------------------------------------- the table
+
+#: Labels as result_labels makes them: plain, with hyphens and digits, a trainer's step folder, a primed one.
+LABELS = ("sft", "degrade-s0", "grpo-lora-checkpoint-6", "init-b-degrade", "kl0.04", "a'", "x-greedy")
+
+#: Fields of every kind of name, one example each (over LABELS where a field is a label).
+EXAMPLES = {
+    "findings": [{}],
+    "study-delta": [{}],
+    "delta-trajectory": [{"label": lab} for lab in LABELS],
+    "delta": [{"labels": "+".join(LABELS[:k])} for k in (1, 2, 3)],
+    "eval": [{"label": lab, "decoding": d, "obs": o} for lab in LABELS for d in ("greedy", "sampled")
+             for o in ("text", "som")],
+    "headroom": [{"label": lab, "obs": o} for lab in LABELS for o in ("text", "som")],
+    "graft-dissociation": [{"a": a, "b": b} for a in LABELS[:3] for b in LABELS[1:4]],
+    "graft-sweep": [{"sweep": s, "label": lab} for s in ("single", "loo", "factorial", "layers", "alpha", "eval")
+                    for lab in LABELS],
+    "rank": [{"what": w, "label": lab} for w in ("weights", "delta", "activations") for lab in LABELS],
+    "coupling": [{"what": w, "metric": m} for w in ("weights", "activations") for m in ("erank", "stable_rank")],
+    "train": [{"kind": k, "label": lab} for k in ("sft", "grpo", "trainer") for lab in LABELS],
+}
+
+
+def test_every_kind_of_name_has_examples():
+    assert set(EXAMPLES) == set(NAMES)
+
+
+@pytest.mark.parametrize("kind", list(NAMES))
+def test_a_name_parses_back_to_its_kind_and_fields(kind, tmp_path):
+    for fields in EXAMPLES[kind]:
+        path = result_path(tmp_path, kind, **fields)
+        assert path.parent == tmp_path and path.suffix == ".h5"
+        parsed = parse_result_name(path.name)
+        assert parsed is not None and (parsed.kind, dict(parsed.fields), parsed.key) == (kind, fields, None), path.name
+        assert parsed.name == path.name
+        # beside another model's result: the same kind and fields, and the key
+        for key in ("1a2b3c4d", "unkeyed"):
+            keyed = parse_result_name(with_tag(path, key).name)
+            assert (keyed.kind, dict(keyed.fields), keyed.key) == (kind, fields, key)
+            assert keyed.name == with_tag(path, key).name
+
+
+def test_the_names_are_the_ones_runs_hold(tmp_path):
+    """The names every earlier run wrote (a renamed result would make the study redo a finished stage)."""
+    r = tmp_path
+    assert eval_path(r, "sft") == r / "eval-sft-greedy.h5"
+    assert eval_path(r, "rl", "sampled", "som") == r / "eval-rl-sampled-som.h5"
+    assert headroom_path(r, "sft") == r / "headroom-sft.h5" and headroom_path(r, "x", "som") == r / "headroom-x-som.h5"
+    assert sweep_path(r, "factorial", "degrade-s0") == r / "graft-factorial-degrade-s0.h5"
+    assert dissociation_path(r, "degrade-s0", "collapse-s0") == r / "graft-dissociation-degrade-s0-vs-collapse-s0.h5"
+    assert rank_path(r, "weights", "sft") == r / "rank-weights-sft.h5"
+    assert rank_path(r, "activations", "sft", "late") == r / "rank-activations-sft-late.h5"
+    assert rank_path(r, "delta", "rl", "0,2") == r / "rank-delta-rl-0+2.h5"
+    assert delta_path(r, ["a", "b"]) == r / "delta-a+b.h5" and trajectory_path(r, "out") == r / "delta-out-trajectory.h5"
+    assert coupling_path(r, "activations", "erank") == r / "coupling-activations-erank.h5"
+    assert training_path(r, "grpo", "null-s0") == r / "train-grpo-null-s0.h5"
+    assert findings_path(r) == r / "findings.h5" and study_delta_path(r) == r / "delta.h5"
+    run = RunLayout(tmp_path)
+    assert (run.results, run.report, run.study) == (r / "results", r / "report.html", r / "study.json")
+    assert (run.base, run.sft, run.sft_adapter, run.sft_b, run.grafts, run.rl("kl0.04")) == \
+        (r / "base", r / "sft", r / "sft-adapter", r / "sft-b", r / "grafts", r / "kl0.04")
+    assert rl_checkpoints(r / "null-s0") == r / "null-s0.checkpoints"
+    assert rl_checkpoints(f"{r}/null-s0/") == r / "null-s0.checkpoints"
+
+
+def test_a_rank_name_carries_its_layer_tag_in_the_label():
+    parsed = parse_result_name(rank_path(Path(), "weights", "sft", "late").name)
+    assert (parsed.kind, parsed.fields["what"], parsed.fields["label"]) == ("rank", "weights", "sft-late")
+
+
+def test_names_no_template_makes_are_not_results():
+    for name in ("same.h5", ".partial-graft-single-rl.h5", "eval-sft-greedy.json", "eval-sft.h5", "rank-sft.h5",
+                 "coupling-weights.h5", "notes.txt"):
+        assert parse_result_name(name) is None, name
+
+
+def test_glob_patterns_name_what_the_readers_look_for():
+    assert glob_pattern("rank", what="weights") == "rank-weights-*.h5"
+    assert glob_pattern("eval", decoding="greedy", obs="text") == "eval-*-greedy.h5"
+    assert glob_pattern("eval", label="NAME") == "eval-NAME-*.h5"
+
+
+def _touch(folder: Path, *names: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for n in names:
+        (folder / n).write_bytes(b"")
+
+
+def test_find_results_and_result_files(tmp_path):
+    results = tmp_path / "results"
+    _touch(results, "eval-a-greedy.h5", "eval-a-sampled.h5", "eval-b-greedy-som.h5", "eval-c-greedy-1a2b3c4d.h5",
+           "rank-weights-a.h5", "rank-weights-a-late.h5", "rank-delta-a.h5", ".partial-eval-x-greedy.h5", "x.txt")
+    _touch(results / ".tmp", "eval-d-greedy.h5")
+    _touch(tmp_path / "elsewhere", "mine.h5")
+    greedy = find_results(results, "eval", decoding="greedy", obs="text")
+    assert [(n.fields["label"], n.key, p.name) for n, p in greedy] == \
+        [("a", None, "eval-a-greedy.h5"), ("c", "1a2b3c4d", "eval-c-greedy-1a2b3c4d.h5")]
+    assert [p.name for _, p in find_results(results, "rank", what="weights")] == \
+        ["rank-weights-a-late.h5", "rank-weights-a.h5"]
+    assert find_results(tmp_path / "missing", "eval") == []
+    assert [p.relative_to(tmp_path).as_posix() for p in result_files(tmp_path)] == [
+        "elsewhere/mine.h5", "results/eval-a-greedy.h5", "results/eval-a-sampled.h5", "results/eval-b-greedy-som.h5",
+        "results/eval-c-greedy-1a2b3c4d.h5", "results/rank-delta-a.h5", "results/rank-weights-a-late.h5",
+        "results/rank-weights-a.h5"]
+
+
+def test_the_current_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAFTKIT_RUNS", str(tmp_path / "runs"))
+    assert L.current_run() == tmp_path / "runs" and L.run_layout().results == tmp_path / "runs" / "results"
+    L.mark_current_run(tmp_path / "study")
+    assert L.current_run() == (tmp_path / "study").resolve()
+    assert L.run_layout(tmp_path / "mine").report == tmp_path / "mine" / "report.html"
+
+
+# ------------------------------------------------------------------------------ producers and readers
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A tiny SFT model and two RL children of it (planted deltas: one in attention and MLP, one in attention)."""
+    import torch
+    from planted import planted_pair, tiny_model, tiny_tokenizer
+
+    from graftkit.weights import describe, open_checkpoint, save_model
+
+    root = tmp_path_factory.mktemp("layout-models")
+    sft, rl = planted_pair(root)
+    model, d = tiny_model(0), describe(open_checkpoint(sft))
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if ".self_attn." in n and p.dim() == 2:
+                p.add_(0.002 * torch.randn(p.shape, generator=g))
+    rl2 = save_model(root / "rl2", model, tiny_tokenizer(), inputs=[sft], provenance={
+        "producer": "test (planted)", "base_model": {"path": d["path"], "fingerprint": d["fingerprint"]}})
+    return {"sft": sft, "rl": rl, "rl2": rl2}
+
+
+EPISODES = dict(tasks="click-button", seeds=1, episodes=1, max_new_tokens=4)
+
+
+def test_the_commands_write_exactly_the_paths_the_layout_gives(models, tmp_path):
+    from graftkit.evaluation.commands import EvalConfig, HeadroomConfig, run_eval, run_headroom
+    from graftkit.graft.anatomy import DeltaConfig, run_delta
+    from graftkit.graft.commands import GraftConfig, run_graft_experiments
+    from graftkit.rank.commands import RankConfig, run_rank
+    from graftkit.train.commands import write_curves
+
+    run = tmp_path / "run"
+    results = RunLayout(run).results
+    sft, rl, rl2 = models["sft"], models["rl"], models["rl2"]
+    written = {}
+    ev = run_eval(EvalConfig(model=(rl, rl2), run=run, **EPISODES))
+    written |= {"eval-rl": ev.files["model"], "eval-rl2": ev.files["model-2"]}
+    written["eval-rl-sampled"] = run_eval(EvalConfig(model=(rl,), sample=True, run=run, **EPISODES)).files["model"]
+    written["headroom"] = run_headroom(HeadroomConfig(model=sft, k=2, run=run, **EPISODES)).file
+    for what, layers in (("weights", "all"), ("weights", "late"), ("delta", "all")):
+        out = run_rank(RankConfig(model=(rl,), what=what, layers=layers, run=run))
+        written[f"rank-{what}-{layers}"] = out["models"]["rl"]["result_file"]
+    out = run_rank(RankConfig(model=(sft,), what="activations", probes=2, tasks="click-button", run=run))
+    written["rank-activations"] = out["models"]["sft"]["result_file"]
+    written["delta"] = run_delta(DeltaConfig(rl=(rl, rl2), base=sft, run=run)).path
+    g = run_graft_experiments(GraftConfig(rl=rl, vs=rl2, base=sft, sweep="single", groups="attn", run=run, **EPISODES))
+    written |= {f"graft-{k}": v for k, v in g.files.items()}
+    trained = tmp_path / "grpo-x"
+    trained.mkdir()
+    (trained / "train_log.jsonl").write_text(json.dumps({"step": 1, "loss": 0.5}) + "\n")
+    (trained / "graftkit.json").write_text("{}")
+    written["train"] = write_curves(trained, "grpo", results).path
+
+    want = {"eval-rl": eval_path(results, "rl"), "eval-rl2": eval_path(results, "rl2"),
+            "eval-rl-sampled": eval_path(results, "rl", "sampled"), "headroom": headroom_path(results, "sft"),
+            "rank-weights-all": rank_path(results, "weights", "rl"),
+            "rank-weights-late": rank_path(results, "weights", "rl", "late"),
+            "rank-delta-all": rank_path(results, "delta", "rl"),
+            "rank-activations": rank_path(results, "activations", "sft"), "delta": delta_path(results, ["rl", "rl2"]),
+            "graft-A": sweep_path(results, "single", "rl"), "graft-B": sweep_path(results, "single", "rl2"),
+            "graft-dissociation": dissociation_path(results, "rl", "rl2"),
+            "train": training_path(results, "grpo", "grpo-x")}
+    assert {k: Path(v) for k, v in written.items()} == want
+    assert sorted(result_files(run)) == sorted(want.values())  # nothing else, no partial result left
+
+
+def test_a_trainer_run_writes_its_trajectory_and_curves_where_the_layout_says(models, tmp_path):
+    from trl_shapes import trl_run
+
+    from graftkit.graft.anatomy import DeltaConfig, run_delta
+
+    out = trl_run(tmp_path / "grpo-out", models["sft"], steps=(2, 4))
+    run = tmp_path / "run"
+    d = run_delta(DeltaConfig(rl=(out,), base=models["sft"], all_checkpoints=True, run=run))
+    results = RunLayout(run).results
+    assert d.path == trajectory_path(results, "grpo-out")
+    assert sorted(result_files(run)) == sorted([d.path, training_path(results, "trainer", "grpo-out")])
+
+
+def _checkpoint(folder: Path, base: Path | None = None) -> dict:
+    folder.mkdir(parents=True)
+    prov = {"producer": "test"} | ({"base_model": {"path": str(base.resolve())}} if base else {})
+    (folder / "graftkit.json").write_text(json.dumps(prov))
+    return {"path": str(folder.resolve()), "kind": "hf-folder", "sha256": folder.name.encode().hex().ljust(64, "0")}
+
+
+def test_couple_reads_what_eval_and_rank_wrote_and_writes_where_the_layout_says(tmp_path):
+    """Four checkpoints' eval and rank results at their layout paths, one of them keyed (another model's
+    result held its name): couple finds all four by the models they record."""
+    from graftkit.rank.commands import CoupleConfig, run_couple
+    from graftkit.weights import band_rule
+
+    run = tmp_path / "run"
+    results = RunLayout(run).results
+    rng = np.random.default_rng(3)
+    n_layers, rates = 6, {"sft": 0.5, "lr0": 0.9, "lr1": 0.2, "other": 0.7}
+    coords = {"task": np.array(["click-button"], dtype=object), "seed": np.arange(20), "episode": np.arange(5),
+              "sample": np.arange(1)}
+    for name, rate in rates.items():
+        # "other" is another model whose folder is also named lr1: its results go beside lr1's, keyed
+        label = "lr1" if name == "other" else name
+        desc = _checkpoint(run / "ckpts" / name, None if name == "sft" else run / "ckpts" / "sft")
+        success = (rng.random((1, 20, 5, 1)) < rate).astype(np.int8)
+        write_result(eval_path(results, label), Result("eval", coords, {
+            "success": (("task", "seed", "episode", "sample"), success)}, {"model": desc, "decode": {"greedy": True}}))
+        v = np.zeros((n_layers, 1, 1))
+        v[:, 0, 0] = 10 + 10 * success.mean() + rng.normal(0, 0.1, n_layers)
+        write_result(rank_path(results, "weights", label), Result("rank-weights", {
+            "layer": np.arange(n_layers), "group": np.array(["all"], dtype=object),
+            "metric": np.array(["erank"], dtype=object)}, {"value_layer": (("layer", "group", "metric"), v)},
+            {"model": desc, "band_rule": band_rule(n_layers), "layers": "all"}))
+    assert len(find_results(results, "eval", decoding="greedy", obs="text")) == 4  # one of them keyed
+    p = run_couple(CoupleConfig(run=run, what="weights", n_boot=200))
+    assert Path(p["result_file"]) == coupling_path(results, "weights", "erank")
+    assert len(p["checkpoints"]) == 4
+    assert {Path(c["eval_file"]).name for c in p["checkpoints"]} == \
+        {"eval-sft-greedy.h5", "eval-lr0-greedy.h5", "eval-lr1-greedy.h5"} | {
+            with_tag(eval_path(results, "lr1"), n.key).name for n, _ in find_results(results, "eval") if n.key}
+
+
+def test_the_study_reads_and_skips_by_the_layout(tmp_path):
+    from graftkit.study.findings import RLRun
+    from graftkit.study.pipeline import Study, StudyConfig
+
+    st = Study(StudyConfig(out=str(tmp_path)))
+    run = RLRun("degrade-s0", "mastered", "degrade", 2e-3, 0)
+    layout = RunLayout(tmp_path.resolve())
+    assert (st.results, st.sft, st.sft_b, st.rl(run)) == (layout.results, layout.sft, layout.sft_b, layout.rl(run.name))
+    assert st.sweep(run) == sweep_path(layout.results, "factorial", "degrade-s0")
+    assert st.coupling == coupling_path(layout.results, "activations", "erank")
+
+
+# --------------------------------------------------------------------- no result name built elsewhere
+
+#: The text of a result name before its first field (``eval-``), and a partial result's prefix.
+HEADS = {t.split("{")[0] for t in NAMES.values() if "{" in t} | {L.PARTIAL}
+#: A string that is a whole result file name or a pattern of them.
+RESULT_FILE = re.compile(r"[\w*+.'-]+\.h5")
+#: Names of the run folder that only the layout spells.
+FOLDER_NAMES = {L.RESULTS, L.REPORT, L.STUDY, L.CHECKPOINTS, L.CURRENT, L.SFT_ADAPTER, L.GRAFTS}
+#: Strings that look like result names and are none, each with why.
+ALLOWED = {
+    ("results/store.py", 'f"graftkit-result-{os.getpid()}-{id(result)}.h5"'): "an in-memory HDF5 image's name",
+    ("train/commands.py", 'f"train-{kind}"'): "a result kind, not a file name",
+}
+
+
+def _package_modules() -> list[Path]:
+    skip = {"tests", "benchmarks", "build", "runs", "assets"}
+    out = []
+    for top in ROOT.iterdir():
+        if top.name in skip or top.name.startswith("."):
+            continue
+        out += list(top.rglob("*.py")) if top.is_dir() else [top] if top.suffix == ".py" else []
+    return [p for p in out if p != ROOT / "results" / "layout.py"]
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    return {id(n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)}
+
+
+def _result_names(path: Path) -> list[str]:
+    """Every f-string, string or path step in ``path`` that builds a result file name or a run folder's, in
+    source order: an f-string with ``.h5`` in its text or that starts as a result name does (``eval-{...``); a string that is a whole result
+    file name or a pattern of them; a run folder's name joined onto a path (``/``) or a string (``+``)."""
+    text = path.read_text()
+    tree = ast.parse(text, str(path))
+    docs, found = _docstrings(tree), []
+    in_fstring = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+    joined = {id(n.right) for n in ast.walk(tree) if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Div, ast.Add))}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            literal = [v.value for v in node.values if isinstance(v, ast.Constant)]
+            first = node.values[0] if node.values else None
+            head = first.value if isinstance(first, ast.Constant) and len(node.values) > 1 else None
+            if ".h5" in "".join(literal) or head in HEADS:
+                found.append(node)
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
+              and id(node) not in in_fstring):
+            if RESULT_FILE.fullmatch(node.value) or (node.value in FOLDER_NAMES and id(node) in joined):
+                found.append(node)
+    found.sort(key=lambda n: (n.lineno, n.col_offset))
+    return [ast.get_source_segment(text, n) for n in found]
+
+
+def test_no_module_but_the_layout_builds_a_result_name():
+    rel = lambda p: p.relative_to(ROOT).as_posix()  # noqa: E731
+    found = [(rel(p), s) for p in _package_modules() for s in _result_names(p)]
+    assert [f for f in found if f not in ALLOWED] == [], "build these names with graftkit.results.layout"
+    assert set(ALLOWED) <= set(found), "an allowance no longer needed: remove it from ALLOWED"
+
+
+def test_the_scan_sees_names_built_elsewhere(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text('"""docstring: RUN/results/eval-*.h5"""\n'
+                     'a = run / "results" / f"eval-{label}-greedy.h5"\n'
+                     'b = sorted(results.glob("rank-*.h5"))\n'
+                     'c = f"graft-{kind}-{label}" + ".h5"\n'
+                     'd = root / "report.html"\n'
+                     'e = f"{results}/x.h5"\n'
+                     'f = "a sentence that names no file (.h5)"\n'
+                     'g = f"headroom-s{seed}"  # a run, not a result\n'
+                     'h = f"rank-{what}-" + label\n')
+    assert _result_names(probe) == ['"results"', 'f"eval-{label}-greedy.h5"', '"rank-*.h5"', 'f"graft-{kind}-{label}"',
+                                    '"report.html"', 'f"{results}/x.h5"', 'f"rank-{what}-"']
