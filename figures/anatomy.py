@@ -14,14 +14,15 @@ from typing import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from ..graft.anatomy import DeltaResult
+from ..graft.anatomy import LABELS, DeltaResult
 from ..results.store import Result
 from ._common import base_layout, colour, esc, esc_all, integer_axis
 
-#: Heatmap metrics: (colour-bar title, factor, hover format, title) of the layer × group cells.
+#: Heatmap metrics: (hover format, title) of the layer × group cells; the colour bar and the factor to the
+#: plotted value are the metric's :data:`~graftkit.graft.anatomy.LABELS` entry.
 HEATMAPS = {
-    "share": ("share of squared movement (%)", 100.0, ".4f", "Share of squared weight movement"),
-    "rel_delta": ("‖Δ‖_F / ‖W‖_F", 1.0, ".4g", "Relative change ‖Δ‖_F / ‖W‖_F"),
+    "share": (".4f", "Share of squared weight movement"),
+    "rel_delta": (".4g", "Relative change ‖Δ‖_F / ‖W‖_F"),
 }
 
 
@@ -36,7 +37,8 @@ def layered_groups(res: Result) -> list[int]:
 
 def anatomy_heatmap(label: str, res: Result, run: int, metric: str = "share") -> go.Figure:
     """One run's layer × group heatmap of ``metric`` ("share" or "rel_delta")."""
-    bar, scale, spec, main = HEATMAPS[metric]
+    spec, main = HEATMAPS[metric]
+    bar, scale = LABELS[metric].axis, LABELS[metric].scale
     d = DeltaResult.from_result(res)
     cols = layered_groups(res)
     z = d.cells(metric, run)[:, cols] * scale  # [layer, group]
@@ -65,14 +67,14 @@ def group_shares(runs: Sequence[tuple[str, Result, int]]) -> go.Figure:
                     for m in ("rel_delta", "fro_delta"))
         extra = [[f"{float(rel[j]):.4g}", f"{float(fro[j]):.4g}"] for j in range(len(groups))]
         fig.add_trace(go.Bar(
-            x=esc_all(groups), y=100 * share, name=esc(label), marker_color=colour(i), customdata=extra,
+            x=esc_all(groups), y=LABELS["share"].scale * share, name=esc(label), marker_color=colour(i), customdata=extra,
             hovertemplate="%{fullData.name} · %{x}<br>share %{y:.4f}%<br>‖Δ‖_F/‖W‖_F %{customdata[0]}"
                           "<br>‖Δ‖_F %{customdata[1]}<extra></extra>",
         ))
     fig.update_layout(barmode="group")
     return base_layout(fig, "Where the weights moved: share per parameter group",
                        "share of the run's total squared movement Σ‖Δ‖²_F; each run's bars sum to 100%",
-                       "parameter group", "share of squared movement (%)", legend_title="RL run")
+                       "parameter group", LABELS["share"].axis, legend_title="RL run")
 
 
 def top_tensors(label: str, res: Result, run: int, n: int = 15) -> go.Figure | None:
@@ -88,14 +90,14 @@ def top_tensors(label: str, res: Result, run: int, n: int = 15) -> go.Figure | N
     rel = d.tensor("rel_delta", run).astype(np.float64) if d.has("rel_delta") else np.full(len(names), np.nan)
     group = d.tensor_group if d.has("tensor_group") else [""] * len(names)
     fig = go.Figure(go.Bar(
-        y=esc_all(names[i] for i in order), x=100 * share[order], orientation="h", marker_color=colour(0),
+        y=esc_all(names[i] for i in order), x=LABELS["share"].scale * share[order], orientation="h", marker_color=colour(0),
         customdata=[[esc(group[i]), f"{rel[i]:.4g}"] for i in order], name=esc(label),
         hovertemplate="%{y}<br>group %{customdata[0]}<br>share %{x:.4f}%<br>‖Δ‖_F/‖W‖_F %{customdata[1]}"
                       "<extra></extra>",
     ))
     fig.update_yaxes(autorange="reversed", type="category")
     return base_layout(fig, f"Largest movers — {esc(label)}", f"the {len(order)} tensors with the largest share of "
-                       "the run's squared movement", "share of squared movement (%)", "tensor",
+                       "the run's squared movement", LABELS["share"].axis, "tensor",
                        height=max(300, 110 + 24 * len(order)))
 
 
@@ -122,7 +124,7 @@ def movement_over_steps(label: str, res: Result) -> go.Figure | None:
                                  hovertemplate="%{fullData.name}<br>step %{x}<br>‖Δ‖_F/‖W‖_F %{y:.4g}<extra></extra>"))
     fig.update_xaxes(tickformat="d")
     return base_layout(fig, f"Where the weights moved, when — {esc(label)}", "relative change of each parameter "
-                       "group from the base, at each saved checkpoint", "optimiser step", "‖Δ‖_F / ‖W‖_F",
+                       "group from the base, at each saved checkpoint", "optimiser step", LABELS["rel_delta"].axis,
                        legend_title="parameter group")
 
 
@@ -138,7 +140,7 @@ def layer_movement_over_steps(label: str, res: Result) -> go.Figure | None:
                   for r in range(len(d.runs))]).T  # [layer, step]
     layers = [int(x) for x in d.layers]
     fig = go.Figure(go.Heatmap(z=z, x=[str(s) for s in steps], y=layers, colorscale="Viridis",
-                               colorbar={"title": "‖Δ‖_F"},
+                               colorbar={"title": LABELS["fro_delta"].axis},
                                hovertemplate="layer %{y}<br>step %{x}<br>‖Δ‖_F %{z:.4g}<extra></extra>"))
     fig.update_yaxes(autorange="reversed")
     integer_axis(fig, layers, "y")
