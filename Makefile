@@ -1,4 +1,4 @@
-# `make demo` and `make test` each set up .venv (and the Debian packages they need), then run.
+# `make demo`, `make check` and `make test` each set up .venv (and `make test` the Debian packages it needs), then run.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
@@ -19,7 +19,7 @@ export SE_OFFLINE := true
 export MINIWOB_CHROME_BINARY ?= /usr/bin/chromium
 export MINIWOB_CHROMEDRIVER ?= /usr/bin/chromedriver
 
-.PHONY: setup browser demo test bench gpu-wheels clean
+.PHONY: setup browser demo lint check test bench gpu-wheels clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,8 +40,17 @@ setup: $(VENV)/.installed
 demo: setup
 	$(VENV)/bin/graftkit demo $(if $(POLICY),--policy $(POLICY)) $(if $(DOMAIN),--domain $(DOMAIN)) $(if $(QUICK),--quick)
 
+# The fast lane (under 3 minutes on 2 cores): lint, then the unit tests, leaving out the end-to-end runs and long
+# simulations marked `slow`. `make test` runs everything (what CI runs). One torch thread per worker: two workers
+# with two threads each on two cores spend most of their time in OpenMP's barriers (tiny models, many small ops).
+lint: setup
+	$(VENV)/bin/ruff check .
+
+check: lint
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow" -n 2 tests
+
 test: setup browser
-	$(PY) -m pytest -q -n 2 tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 tests
 
 bench: setup
 	$(PY) benchmarks/run.py

@@ -24,7 +24,7 @@ line and the study (:func:`run_study`) call:
 | graft | :class:`GraftConfig` | :func:`run_graft` | :class:`SweepResult`, :class:`DissociationResult` |
 | eval, headroom | :class:`EvalConfig`, :class:`HeadroomConfig` | :func:`run_eval`, :func:`run_headroom` | :class:`EvalResult`, :class:`HeadroomResult` |
 | rank, couple | :class:`RankConfig`, :class:`CoupleConfig` | :func:`run_rank`, :func:`run_couple` | :class:`RankResult`, :class:`CouplingResult` |
-| train sft, train grpo, sweep | :class:`TrainSFTConfig`, :class:`GRPOConfig`, :class:`SweepConfig` | :func:`run_train_sft`, :func:`run_train_grpo`, :func:`run_sweep_grid` | :class:`TrainingCurves` |
+| train sft, train grpo, sweep | :class:`SFTConfig`, :class:`GRPOConfig`, :class:`SweepConfig` | :func:`run_train_sft`, :func:`run_train_grpo`, :func:`run_sweep_grid` | :class:`TrainingCurves` |
 | report, results | :class:`ReportConfig`, :class:`ResultsConfig` | :func:`run_report`, :func:`run_results` | |
 | demo | :class:`StudyConfig` | :func:`run_study` | the findings (:mod:`graftkit.study.findings`) |
 
@@ -32,16 +32,17 @@ Underneath: ``weights`` (checkpoints, PEFT LoRA, the tensor taxonomy), ``graft``
 splice, export and in-place grafts, sweeps and attribution), ``rank`` (spectral measures, weight /
 delta / activation ranks, coupling), ``agent`` and ``webenv`` (the policy and the web tasks), ``train``
 (SFT, GRPO and its variants), ``stats`` (paired statistics), ``store`` (labelled HDF5 results) and
-``figures`` (the HTML report and CSV export). Importing graftkit loads no torch; running a model does.
+``figures`` (the HTML report and CSV export). Importing graftkit loads neither torch nor plotly; running a
+model or drawing a figure does.
 """
 
 from ._version import __version__
+from .study import design as _design  # noqa: F401 - first: it registers the suites every --tasks reads (core.suites)
 from . import api as _api
 from .api import couple, delta, eval, grafted, headroom, load_policy, report, train_grpo, train_sft  # noqa: A004
 from .core.config import CommandConfig, OnProgress
 from .core.errors import GraftkitError
 from .evaluation.commands import EvalConfig, EvalResult, HeadroomConfig, HeadroomResult, run_eval, run_headroom
-from .figures import build_report, export_csv, write_report
 from .figures.commands import ReportConfig, ResultsConfig, run_report, run_results
 from .graft import (
     DeltaConfig,
@@ -60,10 +61,11 @@ from .graft.commands import GraftConfig, run_graft
 from .rank.commands import CoupleConfig, RankConfig, run_couple, run_rank
 from .rank.coupling import CouplingResult
 from .rank.results import RankResult
-from .results.store import Result, current_run, list_results, open_result, open_run, read_result, write_result
+from .results.layout import current_run
+from .results.store import Result, list_results, open_result, open_run, read_result, write_result
 from .study.pipeline import StudyConfig, run_study
-from .train.configs import GRPOConfig, SweepConfig
-from .train.commands import TrainingCurves, TrainSFTConfig, run_sweep_grid, run_train_grpo, run_train_sft
+from .train.configs import GRPOConfig, SFTConfig, SweepConfig
+from .train.commands import TrainingCurves, run_sweep_grid, run_train_grpo, run_train_sft
 from .weights import (
     Checkpoint,
     Taxonomy,
@@ -83,6 +85,14 @@ from . import figures, graft, rank  # noqa: E402 - graft and rank are made calla
 _api.callable_module(graft, _api.graft)
 _api.callable_module(rank, _api.rank)
 
+
+def __getattr__(name: str):
+    # The report builders live with the figures, which import plotly: loaded on first use (figures/__init__.py).
+    if name in ("build_report", "write_report", "export_csv"):
+        return getattr(figures, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "__version__", "CommandConfig", "OnProgress", "GraftkitError",
     # one function per command (graft and rank are their packages, callable): gk.delta(...), gk.graft(...)
@@ -92,7 +102,7 @@ __all__ = [
     "InspectConfig", "run_inspect", "DeltaConfig", "run_delta", "DeltaResult", "GraftConfig", "run_graft",
     "SweepResult", "DissociationResult", "EvalConfig", "run_eval", "EvalResult", "HeadroomConfig", "run_headroom",
     "HeadroomResult", "RankConfig", "run_rank", "RankResult", "CoupleConfig", "run_couple", "CouplingResult",
-    "TrainSFTConfig", "run_train_sft", "GRPOConfig", "run_train_grpo", "SweepConfig", "run_sweep_grid",
+    "SFTConfig", "run_train_sft", "GRPOConfig", "run_train_grpo", "SweepConfig", "run_sweep_grid",
     "TrainingCurves", "ReportConfig", "run_report", "ResultsConfig", "run_results", "StudyConfig", "run_study",
     # the library underneath
     "GraftPlan", "GraftSpec", "delta_anatomy", "export_graft", "plan_graft", "splice", "Result", "current_run",

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from .core.config import OnProgress, no_progress
-from .core.errors import GraftkitError
 
 PathLike = str | os.PathLike
 
@@ -113,9 +112,10 @@ def couple(run: PathLike | None = None, **options) -> dict:
 def train_sft(out: PathLike, *, force: bool = False, progress: bool = False, **options):
     """``graftkit train sft``: SFT on oracle demonstrations; returns the policy folder and its
     :class:`~graftkit.train.commands.TrainingCurves` (``.policy``, ``.curves``)."""
-    from .train.commands import TrainSFTConfig, run_train_sft
+    from .train.commands import run_train_sft
+    from .train.configs import SFTConfig
 
-    return run_train_sft(TrainSFTConfig(out=out, **options), _bars(progress), force=force)
+    return run_train_sft(SFTConfig(out=out, **options), _bars(progress), force=force)
 
 
 def train_grpo(init: PathLike, out: PathLike, *, resume: bool = False, force: bool = False, progress: bool = False,
@@ -150,11 +150,11 @@ def grafted(model, *, base: PathLike, rl: PathLike, groups: str | Sequence[str],
     θ_base + α·M⊙(θ_rl − θ_base) for the selected groups and layers; after it, exactly the base again, also
     when the block raises. Yields the in-place session (:class:`~graftkit.graft.InPlaceGraft`)."""
     from .graft import GraftSpec, grafted as in_place, plan_graft
+    from .core.files import require
     from .weights import open_checkpoint, open_rl
 
-    for path, flag in ((base, "base"), (rl, "rl")):
-        if not Path(path).exists():
-            raise GraftkitError(f"{path}: no such file or folder", f"check {flag}=")
+    require(base, "base=", "the base model: an HF folder or a .safetensors file")
+    require(rl, "rl=", "an HF folder, a .safetensors file or a LoRA adapter")
     b = open_checkpoint(base, allow_pickle=allow_pickle)
     r = open_rl(rl, b, allow_pickle=allow_pickle)
     plan = plan_graft(b.taxonomy(), GraftSpec.parse(_groups(groups), layers, alpha, reverse))

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 from dataclasses import fields
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 import typer
@@ -26,13 +26,15 @@ from ._version import __version__
 from .core.config import cli_parameters
 from .core.errors import GraftkitError
 from .core.files import fmt_size, os_error
-from .core.progress import Bars, err, fmt_bytes, step_printer
-from .results.store import CleanConfig, run_clean, runs_root
-from .weights.commands import InspectConfig, must_exist, run_inspect
+from .core.progress import Bars, err, step_printer
+from .results.layout import mark_current_run
+from .results.store import CleanConfig, run_clean
+from .weights.commands import InspectConfig, run_inspect
 from .weights.gguf import ImportConfig, run_import
-from .graft.anatomy import METRICS as DELTA_METRICS, DeltaConfig, DeltaResult, run_delta
-from .train.commands import TrainSFTConfig, run_sweep_grid, run_train_grpo, run_train_sft
-from .train.configs import GRPOConfig, SweepConfig
+from .core.files import require
+from .graft.anatomy import LABELS as DELTA_LABELS, DeltaConfig, DeltaResult, run_delta
+from .train.commands import run_sweep_grid, run_train_grpo, run_train_sft
+from .train.configs import GRPOConfig, SFTConfig, SweepConfig
 from .study.pipeline import StudyConfig, run_study
 from .figures.commands import ReportConfig, ResultsConfig, run_report, run_results
 from .graft.commands import GraftConfig, GraftExperiments, run_graft
@@ -110,6 +112,15 @@ def _table(title: str, columns, left=(), fold=(), **kw) -> Table:
     return t
 
 
+def _rows_table(title: str, columns: dict[str, Callable], rows: Iterable, left=(), fold=(), **kw) -> Table:
+    """A table of ``rows`` whose columns are ``header → cell(row)``: each header is written beside the one
+    function that fills its column, so no reordering can put one column's values under another's header."""
+    t = _table(title, tuple(columns), left, fold, **kw)
+    for row in rows:
+        t.add_row(*(cell(row) for cell in columns.values()))
+    return t
+
+
 def _notes(notes) -> None:
     for note in notes:
         out.print(f"note: {escape(note)}", soft_wrap=True)
@@ -125,12 +136,12 @@ def inspect(cfg: InspectConfig, as_json: bool):
     if as_json:
         return _print_json(info)
     n_dec = info["layers"].get("decoder", 0)
-    t = _table(f"{escape(info['path'])} — {info['family']} table (matched by {info['matched_by']}), {n_dec} decoder layers, "
-               f"{'tied' if info['tied_embeddings'] else 'untied'} embeddings", ("group", "tensors", "params", "bytes"),
-               left=("group",))
-    for g, r in info["groups"].items():
-        t.add_row(g, str(r["tensors"]), f"{r['params']:,}", fmt_bytes(r["bytes"]))
-    out.print(t)
+    out.print(_rows_table(
+        f"{escape(info['path'])} — {info['family']} table (matched by {info['matched_by']}), {n_dec} decoder layers, "
+        f"{'tied' if info['tied_embeddings'] else 'untied'} embeddings",
+        {"group": lambda g: g, "tensors": lambda g: str(info["groups"][g]["tensors"]),
+         "params": lambda g: f"{info['groups'][g]['params']:,}", "bytes": lambda g: fmt_size(info["groups"][g]["bytes"])},
+        info["groups"], left=("group",)))
     if info["band_rule"]:
         out.print(info["band_rule"])
     _notes(info["notes"])
@@ -153,20 +164,16 @@ def import_gguf(cfg: ImportConfig, as_json: bool):
 # --------------------------------------------------------------------------------------------- delta
 
 
-def _top_table(title: str, labels, cols: dict[str, np.ndarray], order: np.ndarray, limit: int) -> Table:
-    t = _table(title, ("name", *cols), fold=("name",))
-    for i in order[:limit]:
-        cells = []
-        for c, v in cols.items():
-            x = v[i]
-            if c.startswith("frac") or c == "share":
-                cells.append(f"{100 * x:.2f}%")
-            elif c == "nonfinite":
-                cells.append(f"{int(x)}" if x else "")
-            else:
-                cells.append(f"{x:.4g}")
-        t.add_row(escape(str(labels[i])), *cells)
-    return t
+def _top_table(title: str, labels, values: Callable[[str], np.ndarray], order: np.ndarray, limit: int) -> Table:
+    """Rows ``order[:limit]`` of ``labels`` with every delta metric, ``values(metric) [row]``; each column is
+    named and formatted by the metric's :data:`~graftkit.graft.anatomy.LABELS` entry."""
+    def column(metric: str) -> Callable[[int], str]:
+        v, shown = values(metric), DELTA_LABELS[metric]
+        return lambda i: shown.cell(v[i])
+
+    return _rows_table(title, {"name": lambda i: escape(str(labels[i])),
+                               **{shown.header: column(m) for m, shown in DELTA_LABELS.items()}},
+                       order[:limit], fold=("name",))
 
 
 @command(app, DeltaConfig, "delta", extra=(flag("top", "--top", "Rows of the largest-movers table.", 15, int),))
@@ -182,16 +189,16 @@ def delta(cfg: DeltaConfig, as_json: bool, top: int):
 
 
 def _delta_tables(d: DeltaResult, top: int, seconds: float) -> None:
-    heads = dict(zip(("share", "‖Δ‖_F", "‖Δ‖/‖W‖", "max|Δ|", "frac_same", "frac_tol", "nonfinite"), DELTA_METRICS))
+    def total(metric: str, run: int) -> str:
+        return DELTA_LABELS[metric].cell(d.total(metric, run))
+
     for i, lab in enumerate(d.runs):
-        out.print(_top_table(f"{escape(lab)} vs {escape(d.base_path)}: groups", d.groups,
-                             {k: d.group(m, i) for k, m in heads.items()},
+        out.print(_top_table(f"{escape(lab)} vs {escape(d.base_path)}: groups", d.groups, lambda m: d.group(m, i),
                              np.argsort(-d.group("share", i), kind="stable"), len(d.groups)))
         out.print(_top_table(f"largest movers (top {min(top, len(d.tensors))} of {len(d.tensors)} tensors)",
-                             d.tensors, {k: d.tensor(m, i) for k, m in heads.items()},
-                             np.argsort(-d.tensor("share", i), kind="stable"), top))
-        out.print(f"total ‖Δ‖_F {d.total('fro_delta', i):.4g}, ‖Δ‖/‖W‖ {d.total('rel_delta', i):.4g}, "
-                  f"{100 * d.total('frac_unchanged', i):.2f}% of entries bitwise unchanged (tol {d.tol:g})")
+                             d.tensors, lambda m: d.tensor(m, i), np.argsort(-d.tensor("share", i), kind="stable"), top))
+        out.print("total " + ", ".join(f"{DELTA_LABELS[m].header} {total(m, i)}" for m in ("fro_delta", "rel_delta"))
+                  + f", {total('frac_unchanged', i)} of entries bitwise unchanged (tol {d.tol:g})")
     if len(d.runs) > 1:
         t = _table("cosine between runs' deltas (all tensors)", ("run", *map(escape, d.runs)), left=("run",))
         for i, lab in enumerate(d.runs):
@@ -217,26 +224,24 @@ def graft(cfg: GraftConfig, as_json: bool):
     if isinstance(got, GraftExperiments):
         return _graft_experiment_tables(got)
     if "experiments" in got:  # the plan of a sweep
-        t = _table(f"dry run: {got['sweep']} sweep over {escape(','.join(got['groups']) or 'nothing')} — "
-                   f"{got['count']} configurations" + (" per run" if cfg.vs else ""),
-                   ("config", "groups", "layers", "α", "role"), left=("config", "groups", "layers", "role"))
-        for e in got["experiments"]:
-            t.add_row(escape(e["label"]), escape(",".join(e["groups"]) or "—"), escape(e["layers"]),
-                      f"{e['alpha']:g}", e["role"])
-        out.print(t)
+        out.print(_rows_table(
+            f"dry run: {got['sweep']} sweep over {escape(','.join(got['groups']) or 'nothing')} — "
+            f"{got['count']} configurations" + (" per run" if cfg.vs else ""),
+            {"config": lambda e: escape(e["label"]), "groups": lambda e: escape(",".join(e["groups"]) or "—"),
+             "layers": lambda e: escape(e["layers"]), "α": lambda e: f"{e['alpha']:g}", "role": lambda e: e["role"]},
+            got["experiments"], left=("config", "groups", "layers", "role")))
         return _notes(got["notes"])
-    selected, total = fmt_bytes(got["selected_bytes"]), fmt_bytes(got["total_bytes"])
+    selected, total = fmt_size(got["selected_bytes"]), fmt_size(got["total_bytes"])
     if not got.get("dry_run"):
         _notes(got["notes"])
         n = sum(row["tensors"] for row in got["selected"])
         return out.print(f"grafted {n} tensors ({selected} of {total}) → {escape(got['out'])} in {got['seconds']:.1f} s")
-    t = _table(f"dry run: {'revert in RL' if cfg.reverse else 'graft into base'} "
-               f"{escape(','.join(got['spec']['groups']) or 'nothing')} (layers {escape(cfg.layers)}, α={cfg.alpha:g})",
-               ("group", "layer", "tensors", "bytes"), left=("group",))
-    for row in got["selected"]:
-        t.add_row(row["group"], "—" if row["layer"] is None else str(row["layer"]), str(row["tensors"]),
-                  fmt_bytes(row["bytes"]))
-    out.print(t)
+    out.print(_rows_table(
+        f"dry run: {'revert in RL' if cfg.reverse else 'graft into base'} "
+        f"{escape(','.join(got['spec']['groups']) or 'nothing')} (layers {escape(cfg.layers)}, α={cfg.alpha:g})",
+        {"group": lambda r: r["group"], "layer": lambda r: "—" if r["layer"] is None else str(r["layer"]),
+         "tensors": lambda r: str(r["tensors"]), "bytes": lambda r: fmt_size(r["bytes"])},
+        got["selected"], left=("group",)))
     out.print(f"{selected} of {total} selected")
     _notes(got["notes"])
 
@@ -247,12 +252,13 @@ def _graft_experiment_tables(got: GraftExperiments) -> None:
         _sweep_tables(run, labels[key], j["seeds"], j["episodes"])
     dis = j["dissociation"]
     if dis is not None:
-        t = _table(f"double dissociation ({dis['effect']} effects): A = {escape(labels['A'])}, "
-                   f"B = {escape(labels['B'])} — {'yes' if dis['double_dissociation'] else 'no'}",
-                   ("group", "effect A", "effect B", "A − B", "verdict"), left=("group", "verdict"))
-        for g, row in dis["groups"].items():
-            t.add_row(g, *(_pts(row[k]) for k in ("A", "B", "difference")), row["verdict"])
-        out.print(t)
+        rows = dis["groups"]
+        out.print(_rows_table(
+            f"double dissociation ({dis['effect']} effects): A = {escape(labels['A'])}, "
+            f"B = {escape(labels['B'])} — {'yes' if dis['double_dissociation'] else 'no'}",
+            {"group": lambda g: g, "effect A": lambda g: _pts(rows[g]["A"]), "effect B": lambda g: _pts(rows[g]["B"]),
+             "A − B": lambda g: _pts(rows[g]["difference"]), "verdict": lambda g: rows[g]["verdict"]},
+            rows, left=("group", "verdict")))
         out.print(f"rule: {escape(dis['rule'])}", soft_wrap=True)
     _notes(got.notes)
     for k, f in got.files.items():
@@ -269,22 +275,26 @@ def _pts(b) -> str:
 
 
 def _sweep_tables(run: dict, label: str, n_seeds: int, episodes: int) -> None:
-    t = _table(f"{escape(label)}: grafts evaluated on identical episodes ({n_seeds} seeds × {episodes} episodes per task)",
-               ("config", "success", "vs base \\[95%]", "verdict vs base", "vs RL \\[95%]", "verdict vs RL"),
-               left=("config", "verdict vs base", "verdict vs RL"))
-    for c in run["configs"]:
-        t.add_row(escape(c["config"]), f"{100 * c['success']:.1f}%", _pts(c["diff_vs_base"]), c["verdict_vs_base"],
-                  _pts(c["diff_vs_rl"]), c["verdict_vs_rl"])
-    out.print(t)
-    if any(run["attribution"].values()):
-        cols = [c for c in ("group_effect", "main_effect", "shapley") if any(c in r for r in run["attribution"].values())]
-        t = _table(f"attribution of the success change to groups ({escape(run['group_effect'])} effect) beside "
-                   "weight movement" if run["group_effect"] else "weight movement of the grafted groups",
-                   ("group", "movement share", *(c.replace("_", " ") for c in cols)), left=("group",))
-        for g, r in run["attribution"].items():
-            share = r.get("movement_share")
-            t.add_row(g, "—" if share is None else f"{100 * share:.1f}%", *(_pts(r.get(c)) for c in cols))
-        out.print(t)
+    out.print(_rows_table(
+        f"{escape(label)}: grafts evaluated on identical episodes ({n_seeds} seeds × {episodes} episodes per task)",
+        {"config": lambda c: escape(c["config"]), "success": lambda c: f"{100 * c['success']:.1f}%",
+         "vs base \\[95%]": lambda c: _pts(c["diff_vs_base"]), "verdict vs base": lambda c: c["verdict_vs_base"],
+         "vs RL \\[95%]": lambda c: _pts(c["diff_vs_rl"]), "verdict vs RL": lambda c: c["verdict_vs_rl"]},
+        run["configs"], left=("config", "verdict vs base", "verdict vs RL")))
+    attribution = run["attribution"]
+    if any(attribution.values()):
+        cols = [c for c in ("group_effect", "main_effect", "shapley") if any(c in r for r in attribution.values())]
+
+        def share(g: str) -> str:
+            s = attribution[g].get("movement_share")
+            return "—" if s is None else f"{100 * s:.1f}%"
+
+        out.print(_rows_table(
+            f"attribution of the success change to groups ({escape(run['group_effect'])} effect) beside "
+            "weight movement" if run["group_effect"] else "weight movement of the grafted groups",
+            {"group": lambda g: g, "movement share": share,
+             **{c.replace("_", " "): (lambda g, c=c: _pts(attribution[g].get(c))) for c in cols}},
+            attribution, left=("group",)))
     for row in run.get("interactions", []):
         out.print(f"interaction {'×'.join(row['groups'])}: {_pts(row['interaction'])}")
 
@@ -308,15 +318,17 @@ def eval_cmd(cfg: EvalConfig, as_json: bool):
         run = run_eval(cfg, bars)
     if as_json:
         return _print_json(run.as_json(cfg))
-    compared = (escape(Path(cfg.compare_to or "").name), "diff \\[bootstrap] \\[Bayes]", "McNemar p", "verdict")
+    columns = {"task": lambda r: escape(r["task"]), "items": lambda r: str(r.get("items", "?")),
+               "success (95% Wilson)": lambda r: _rate_text(r["model"])}
+    if cfg.compare_to:
+        columns |= {escape(Path(cfg.compare_to).name): lambda r: _rate_text(r["compare"]),
+                    "diff \\[bootstrap] \\[Bayes]": lambda r: _diff_text(r, "diff"),
+                    "McNemar p": lambda r: f"{r['mcnemar_p']:.3g}", "verdict": lambda r: r["verdict"]}
     for role in run.models:  # one block per model
-        t = _table(f"{escape(str(run.results[role].model_path))}: success over {cfg.seeds} seeds × {cfg.episodes} episodes "
-                   f"({'sampled' if cfg.sample else 'greedy'}, {cfg.backend}, obs {cfg.obs})",
-                   ("task", "items", "success (95% Wilson)", *(compared if cfg.compare_to else ())), left=("task", "verdict"))
-        for row in run.tables[role]:
-            t.add_row(escape(row["task"]), str(row.get("items", "?")), _rate_text(row["model"]), *(() if not cfg.compare_to else (
-                _rate_text(row["compare"]), _diff_text(row, "diff"), f"{row['mcnemar_p']:.3g}", row["verdict"])))
-        out.print(t)
+        out.print(_rows_table(
+            f"{escape(str(run.results[role].model_path))}: success over {cfg.seeds} seeds × {cfg.episodes} episodes "
+            f"({'sampled' if cfg.sample else 'greedy'}, {cfg.backend}, obs {cfg.obs})", columns, run.tables[role],
+            left=("task", "verdict")))
     _notes(run.notes)
     for role, path in run.files.items():
         out.print(f"saved {escape(str(path))} ({run.results[role].seconds:.1f} s)")
@@ -330,13 +342,13 @@ def headroom(cfg: HeadroomConfig, as_json: bool):
     k = cfg.k
     if as_json:
         return _print_json(run.as_json(cfg))
-    t = _table(f"headroom of {escape(str(cfg.model))}: {cfg.seeds} seeds × {cfg.episodes} episodes, k={k}, "
-               f"T={cfg.temperature:g}", ("task", "items", "greedy", "sampled", f"pass@{k}", "headroom \\[bootstrap] \\[Bayes]",
-                                          "verdict"), left=("task", "verdict"))
-    for r in run.rows:
-        t.add_row(escape(r["task"]), str(r.get("items", "?")), f"{100 * r['greedy']:.1f}%", f"{100 * r['sampled']:.1f}%",
-                  f"{100 * r[f'pass@{k}']:.1f}%", _diff_text(r, "headroom"), r["verdict"])
-    out.print(t)
+    out.print(_rows_table(
+        f"headroom of {escape(str(cfg.model))}: {cfg.seeds} seeds × {cfg.episodes} episodes, k={k}, "
+        f"T={cfg.temperature:g}",
+        {"task": lambda r: escape(r["task"]), "items": lambda r: str(r.get("items", "?")),
+         **{key: (lambda r, key=key: f"{100 * r[key]:.1f}%") for key in ("greedy", "sampled", f"pass@{k}")},
+         "headroom \\[bootstrap] \\[Bayes]": lambda r: _diff_text(r, "headroom"), "verdict": lambda r: r["verdict"]},
+        run.rows, left=("task", "verdict")))
     _notes(run.result.notes)
     out.print(f"saved {escape(str(run.file))}")
 
@@ -350,15 +362,15 @@ _RESUME = flag("resume", "--resume/--no-resume", "Continue from the newest check
 _SWEEP_COLUMNS = ("name", "status", "init", "lr", "beta", "seed", "epsilon", "epsilon_high", "loss", "steps")
 
 
-@command(train_app, TrainSFTConfig, "sft", extra=(_FORCE,))
-def train_sft(cfg: TrainSFTConfig, as_json: bool, force: bool):
+@command(train_app, SFTConfig, "sft", extra=(_FORCE,))
+def train_sft(cfg: SFTConfig, as_json: bool, force: bool):
     """Supervised fine-tuning on oracle demonstrations (loss on action tokens only)."""
     t0 = time.perf_counter()
     p, on_step = step_printer(cfg.steps, "sft", ("loss", "lr"))
     with p:
         run = run_train_sft(cfg, force=force, on_step=on_step)
     info = {"out": str(run.policy), "steps": cfg.steps, "final_loss": run.curves.last("loss"),
-            "seconds": time.perf_counter() - t0, "budgets": cfg.sft().budgets, "curves": str(run.curves.path)}
+            "seconds": time.perf_counter() - t0, "budgets": cfg.budgets, "curves": str(run.curves.path)}
     if as_json:
         return _print_json(info)
     out.print(f"SFT policy → {escape(str(run.policy))}: {cfg.steps} steps, final action loss "
@@ -410,27 +422,24 @@ def rank(cfg: RankConfig, as_json: bool):
         payload = run_rank(cfg, bars)
     if as_json:
         return _print_json(payload)
-    shown = payload["metrics"]
+    metrics = {k: (lambda r, k=k: f"{r[k]:.4g}") for k in payload["metrics"]}  # each column headed by its metric
     for lab, m in payload["models"].items():
         if cfg.what == "activations":
-            t = _table(f"{escape(lab)}: activation ranks per hidden state ({escape(cfg.backend)}, {escape(cfg.tokens)} "
-                       f"tokens, {'centred' if cfg.centred else 'uncentred'}; layers {escape(cfg.layers)})",
-                       ("layer", "block", "tokens", *shown), left=("layer",), caption="layer L = output of decoder "
-                       "block L-1 (0 = embedding output); fp64 covariance, position 0 dropped")
-            for r in m["layers"]:
-                t.add_row(str(r["layer"]), "emb" if r["block"] is None else str(r["block"]), str(r["n_tokens"]),
-                          *(f"{r[k]:.4g}" for k in shown))
-            out.print(t)
+            out.print(_rows_table(
+                f"{escape(lab)}: activation ranks per hidden state ({escape(cfg.backend)}, {escape(cfg.tokens)} "
+                f"tokens, {'centred' if cfg.centred else 'uncentred'}; layers {escape(cfg.layers)})",
+                {"layer": lambda r: str(r["layer"]), "block": lambda r: "emb" if r["block"] is None else str(r["block"]),
+                 "tokens": lambda r: str(r["n_tokens"]), **metrics}, m["layers"], left=("layer",),
+                caption="layer L = output of decoder block L-1 (0 = embedding output); fp64 covariance, "
+                "position 0 dropped"))
             _notes(m["notes"])
             out.print(f"saved {escape(m['result_file'])} ({m['n_prompts']} prompts)")
             continue
-        t = _table(f"{escape(lab)}: {cfg.what} ranks per layer (every measure a mean over one set of the layer's matrices, named in --json; layers "
-                   f"{escape(cfg.layers)})", ("layer", *shown), fold=("layer",))
-        for r in m["layers"]:
-            t.add_row(str(r["layer"]), *(f"{r[k]:.4g}" for k in shown))
-        for o in m["outside_decoder"]:
-            t.add_row(escape(o["tensor"]), *(f"{o[k]:.4g}" for k in shown))
-        out.print(t)
+        out.print(_rows_table(
+            f"{escape(lab)}: {cfg.what} ranks per layer (every measure a mean over one set of the layer's matrices, "
+            f"named in --json; layers {escape(cfg.layers)})",
+            {"layer": lambda r: str(r["layer"]) if "layer" in r else escape(r["tensor"]), **metrics},
+            m["layers"] + m["outside_decoder"], fold=("layer",)))
         _notes(m["notes"])
         out.print(f"saved {escape(m['result_file'])} ({m['matrices']} matrices, {m['skipped']} 1-D tensors skipped; "
                   f"spectra on {escape(payload['device'])})")
@@ -454,19 +463,16 @@ def couple(cfg: CoupleConfig, as_json: bool):
     def fmt(c: dict) -> str:
         return "—" if not np.isfinite(c["estimate"]) else f"{c['estimate']:+.2f} [{c['low']:+.2f}, {c['high']:+.2f}]"
 
-    t = _table(f"{escape(cfg.metric)} ({escape(cfg.what)}) vs greedy success across {len(p['checkpoints'])} "
-               f"checkpoints ({int(100 * cfg.level)}% bootstrap intervals)",
-               ("layer", "band", "Spearman ρ", "Pearson r", "runs") + (
-                   ("improved agree", "degraded agree", "both directions") if "note" not in bd else ()),
-               left=("layer", "band", "both directions"))
-    for r in p["per_layer"] + p["per_band"]:
-        name = str(r["layer"]) if "layer" in r else f"[bold]{r['band']}[/]"
-        cells = [name, r.get("band", "band mean") if "layer" in r else "band mean", fmt(r["spearman"]),
-                 fmt(r["pearson"]), str(r["n"])]
-        if "note" not in bd:
-            cells += [f"{r[d]['agree']}/{r[d]['total']}" for d in DIRECTIONS] + [r["verdict"]]
-        t.add_row(*cells)
-    out.print(t)
+    columns = {"layer": lambda r: str(r["layer"]) if "layer" in r else f"[bold]{r['band']}[/]",
+               "band": lambda r: r.get("band", "band mean") if "layer" in r else "band mean",
+               "Spearman ρ": lambda r: fmt(r["spearman"]), "Pearson r": lambda r: fmt(r["pearson"]),
+               "runs": lambda r: str(r["n"])}
+    if "note" not in bd:  # one column per direction, headed by its name
+        columns |= {f"{d} agree": (lambda r, d=d: f"{r[d]['agree']}/{r[d]['total']}") for d in DIRECTIONS}
+        columns["both directions"] = lambda r: r["verdict"]
+    out.print(_rows_table(f"{escape(cfg.metric)} ({escape(cfg.what)}) vs greedy success across {len(p['checkpoints'])} "
+                          f"checkpoints ({int(100 * cfg.level)}% bootstrap intervals)", columns,
+                          p["per_layer"] + p["per_band"], left=("layer", "band", "both directions")))
     _notes(f"{'layer ' + str(r['layer']) if 'layer' in r else r['band'] + ' band'}: {r['reason']}"
            for r in p["per_layer"] + p["per_band"] if r["reason"])
     out.print(escape(p["band_rule"]))
@@ -486,12 +492,11 @@ def demo(cfg: StudyConfig, as_json: bool):
     """The whole study in miniature: SFT → headroom → GRPO grid → evaluation → anatomy → grafts → rank →
     coupling → findings → report."""
     if cfg.sft is not None:
-        must_exist(cfg.sft, "--sft")
+        require(cfg.sft, "--sft", "the SFT policy folder")
     cfg = StudyConfig.preset(cfg.out, cfg.quick, cfg.policy, cfg.domain, sft=cfg.sft, train_sft=cfg.train_sft or None,
                              mastered_tasks=cfg.mastered_tasks, headroom_tasks=cfg.headroom_tasks, **cfg.placement)
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
-    runs_root().mkdir(parents=True, exist_ok=True)
-    (runs_root() / ".current").write_text(str(Path(cfg.out).resolve()) + "\n")
+    mark_current_run(cfg.out)
     t0 = time.perf_counter()
 
     def on_stage(name: str, status: str, detail: str) -> None:
@@ -503,10 +508,10 @@ def demo(cfg: StudyConfig, as_json: bool):
         info = run_study(cfg, bars, on_stage)
     if as_json:
         return _print_json(info)
-    t = _table(f"the study's four findings, as this run found them ({escape(cfg.out)})",
-               ("#", "claim", "this run", "verdict"), fold=("#", "claim", "this run", "verdict"), show_lines=True)
-    for f in info["findings"]:
-        t.add_row(str(f["number"]), escape(f["claim"]), escape(f["statement"]), escape(f["verdict"]))
+    t = _rows_table(f"the study's four findings, as this run found them ({escape(cfg.out)})",
+                    {"#": lambda f: str(f["number"]), "claim": lambda f: escape(f["claim"]),
+                     "this run": lambda f: escape(f["statement"]), "verdict": lambda f: escape(f["verdict"])},
+                    info["findings"], fold=("#", "claim", "this run", "verdict"), show_lines=True)
     out.print(t, escape(info["items_line"]), soft_wrap=True)
     rl = next((v for k, v in info["models"].items() if k.startswith("degrade")), None)
     out.print(f"report: {escape(info['report'])}  ({info['seconds'] / 60:.1f} min)")
@@ -525,7 +530,7 @@ def report(cfg: ReportConfig, as_json: bool, open_it: bool):
         webbrowser.open(Path(info["path"]).resolve().as_uri())
     if as_json:
         return _print_json(info)
-    out.print(f"[bold]report[/] {escape(info['path'])} ({fmt_bytes(info['bytes'])}, {info['figures']} figures)")
+    out.print(f"[bold]report[/] {escape(info['path'])} ({fmt_size(info['bytes'])}, {info['figures']} figures)")
     out.print("[bold]sections[/] " + (escape(", ".join(info["sections"])) or "none"))
     if info["absent"]:
         out.print("[bold]no results for[/] " + escape(", ".join(info["absent"])))
@@ -541,13 +546,14 @@ def results(cfg: ResultsConfig, as_json: bool):
     info = run_results(cfg)
     if as_json:
         return _print_json(info)
-    t = _table(f"results of {escape(info['run'])}", ("kind", "file", "created", "dimensions"),
-               fold=("kind", "file", "created", "dimensions"))
-    for r in info["results"]:
-        t.add_row(escape(r["kind"]), escape(r["file"]), escape(r["created"]),
-                  escape(" ".join(f"{d}={n}" for d, n in r["dims"].items())))
-    for r in info["damaged"]:
-        t.add_row("[bold red]damaged[/]", escape(r["file"]), "—", escape(r["reason"]))
+    columns = {"kind": lambda r: escape(r["kind"]), "file": lambda r: escape(r["file"]),
+               "created": lambda r: escape(r["created"]),
+               "dimensions": lambda r: escape(" ".join(f"{d}={n}" for d, n in r["dims"].items()))}
+    t = _rows_table(f"results of {escape(info['run'])}", columns, info["results"], fold=tuple(columns))
+    for r in info["damaged"]:  # a file that could not be read: the reason where its dimensions would be
+        cells = {"kind": "[bold red]damaged[/]", "file": escape(r["file"]), "created": "—",
+                 "dimensions": escape(r["reason"])}
+        t.add_row(*(cells[h] for h in columns))
     out.print(t)
     if info["csv"] is not None:
         out.print(f"wrote {len(info['csv'])} CSV files to {escape(str(cfg.csv))}")

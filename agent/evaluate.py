@@ -2,12 +2,13 @@
 
 Episode ``e`` of evaluation seed ``s`` plays the first environment seed from ``episode_seed(s, e) = 1000·s + e``
 on (in strides of ``webenv.items.ITEM_STRIDE``) whose item is held out for evaluation
-(:mod:`graftkit.webenv.items`; ``items="all"``: that seed itself, whatever its item), so any two models
-evaluated with the same seeds and episode count meet identical episodes and can be compared pair by pair,
-and no evaluated item is one that training draws. Every episode's item id is kept. ``samples`` > 1 plays each episode several times with independent sampling
-generators (for headroom and pass@k); greedy decoding uses one sample. ``obs`` picks the observation:
-``"text"`` (the element list) or ``"som"`` (the Set-of-Marks screenshot, for a vision-language policy);
-both tracks play the same episodes with the same actions, so their outcomes pair up too.
+(:mod:`graftkit.webenv.items`; ``items="all"``, and the tasks in ``whole``: that seed itself, whatever its item),
+so any two models evaluated with the same seeds and episode count meet identical episodes and can be compared
+pair by pair, and no evaluated item is one that training draws. Every episode's item id is kept. ``samples`` > 1
+plays each episode several times with independent sampling generators (for headroom and pass@k); greedy decoding
+uses one sample. ``obs`` picks the observation: ``"text"`` (the element list) or ``"som"`` (the Set-of-Marks
+screenshot, for a vision-language policy); both tracks play the same episodes with the same actions, so their
+outcomes pair up too.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 import numpy as np
 
@@ -36,12 +37,14 @@ def episode_seed(seed: int, episode: int) -> int:
 ITEM_MODES = ("heldout", "train", "all")
 
 
-def plan_episodes(tasks: Sequence[str], seeds: Sequence[int], episodes: int, items: str = "heldout",
-                  obs: str = "text") -> tuple[list[str], np.ndarray, np.ndarray, list[str]]:
+def plan_episodes(tasks: Sequence[str], seeds: Sequence[int], episodes: int, items: str = "heldout", obs: str = "text",
+                  whole: Collection[str] = ()) -> tuple[list[str], np.ndarray, np.ndarray, list[str]]:
     """The environment seed and item of every (task, seed, episode), decided on the mirror (the browser
     shows the same first observation): ``(tasks kept, env_seed [T, S, E], item [T, S, E], tasks left out)``.
     A task is left out under ``items="heldout"`` (``"train"``) when an episode finds no evaluation (training)
-    item. ``"train"`` plays training items only: the split to choose hyperparameters on."""
+    item. ``"train"`` plays training items only: the split to choose hyperparameters on. The tasks in
+    ``whole`` play every seed's own item under any ``items`` (as ``"all"``): a user's file of items that the
+    run does not train on, so nothing of it needs holding out."""
     from ..webenv.items import NoItems, draw, item_id
 
     if items not in ITEM_MODES:
@@ -54,7 +57,7 @@ def plan_episodes(tasks: Sequence[str], seeds: Sequence[int], episodes: int, ite
         try:
             for b, s in enumerate(seeds):
                 for e in range(episodes):
-                    if items == "all":
+                    if items == "all" or t in whole:
                         es[b, e] = episode_seed(s, e)
                         it[b, e] = item_id(env.reset(int(es[b, e])), obs)
                     else:
@@ -119,8 +122,10 @@ class EvalOutcome:
     #: [task, seed, episode]: each episode's item id (16 hex digits) and the environment seed it played.
     item: np.ndarray | None = None
     env_seed: np.ndarray | None = None
-    #: ``heldout`` (evaluation items only) or ``all`` (every seed's own item).
+    #: ``heldout`` (evaluation items only), ``train`` (training items only) or ``all`` (every seed's own item).
     items: str = "heldout"
+    #: Tasks that played every seed's own item whatever ``items`` says: a user's file the run does not train on.
+    whole: tuple[str, ...] = ()
     #: Tasks left out because no evaluation item was found (their item space is one or a few items).
     no_items: tuple[str, ...] = ()
     #: Per task, the most common outputs that did not parse as an action: ``[(text, count), ...]``.
@@ -143,9 +148,11 @@ def evaluate(
     on_episode: Callable[[Episode], None] = lambda e: None,
     obs: str = "text",
     items: str = "heldout",
+    whole: Collection[str] = (),
 ) -> EvalOutcome:
     """Play every (task, seed, episode, sample) and keep its outcome (episodes from :func:`plan_episodes`;
-    tasks without an evaluation item are left out and named in ``no_items``)."""
+    tasks without an evaluation item are left out and named in ``no_items``; the tasks in ``whole`` play
+    every item)."""
     require_vision(policy, obs)
     if not 1 <= episodes <= MAX_EPISODES_PER_SEED:
         raise GraftkitError(f"--episodes {episodes} must be in 1..{MAX_EPISODES_PER_SEED}")
@@ -153,7 +160,7 @@ def evaluate(
         raise GraftkitError(f"samples={samples}: greedy decoding plays each episode once", "sample to repeat episodes")
     if not seeds:
         raise GraftkitError("no evaluation seeds", "pass --seeds N (N ≥ 1)")
-    tasks, env_seed, item, dropped = plan_episodes(tasks, seeds, episodes, items, obs)
+    tasks, env_seed, item, dropped = plan_episodes(tasks, seeds, episodes, items, obs, whole)
     shape = (len(tasks), len(seeds), episodes, samples)
     index = {}
     jobs = []
@@ -175,7 +182,7 @@ def evaluate(
         bad[ep.task].update(shown_output(t.action) for t in ep.turns if not t.valid)
     return EvalOutcome(list(tasks), list(seeds), episodes, samples, decode, success, reward, turns, invalid,
                        time.perf_counter() - t0, backend, obs, item=item, env_seed=env_seed, items=items,
-                       no_items=tuple(dropped),
+                       whole=tuple(t for t in tasks if t in whole), no_items=tuple(dropped),
                        invalid_outputs={t: c.most_common(TOP_INVALID) for t, c in bad.items() if c})
 
 

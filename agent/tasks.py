@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..core.env import Env, EpisodeSpec
 from ..core.errors import GraftkitError
+from ..core.suites import suites
 from ..verifiable import ProblemEnv, ProblemObservation, is_verifiable, lookup, resolve_source
 from ..webenv import make_env
 from ..webenv import tasks as webtasks
@@ -32,7 +34,16 @@ def is_problem(name: str) -> bool:
     return name not in webtasks.TASKS and is_verifiable(name)
 
 
-def task_spec(name: str):
+def is_user_file(name: str) -> bool:
+    """Whether ``name`` is a user's file of items (``FILE.jsonl``): a fixed set that an evaluation plays whole
+    unless the same run trains on it, where a generated task (web, built-in, entry point) always holds one
+    item in four out of training (:mod:`graftkit.webenv.items`)."""
+    from ..verifiable.user import JsonlTask
+
+    return is_problem(name) and isinstance(lookup(name), JsonlTask)
+
+
+def task_spec(name: str) -> EpisodeSpec:
     """A task's episode rules: the web task class, or a verifiable task's :class:`~graftkit.verifiable.env.ProblemSpec`."""
     if name in webtasks.TASKS:
         return webtasks.TASKS[name]
@@ -40,7 +51,7 @@ def task_spec(name: str):
     return ProblemEnv(lookup(name)).spec
 
 
-def make_task_env(name: str, backend: str = "py", **kwargs):
+def make_task_env(name: str, backend: str = "py", **kwargs) -> Env:
     """The environment of task ``name``: a web environment on ``backend``, or a verifiable problem's
     (which has no backend: a problem is the same text everywhere)."""
     if name in webtasks.TASKS:
@@ -55,7 +66,7 @@ def check_known(names: Sequence[str]) -> None:
         raise GraftkitError(f"unknown task(s) {', '.join(unknown)}", HINT)
 
 
-HINT = (f"suites: {', '.join(webtasks.SUITES)}, all; web tasks: {', '.join(sorted(webtasks.TASKS))}; verifiable: "
+HINT = (f"suites: {', '.join(suites())}, all; web tasks: {', '.join(sorted(webtasks.TASKS))}; verifiable: "
         "arithmetic, multiply, countdown, multiples (-N for difficulty), FILE.jsonl, module:function")
 
 
@@ -67,8 +78,8 @@ def resolve_tasks(spec: str | Sequence[str]) -> list[str]:
     for n in (x.strip() for x in names if x.strip()):
         if n == ALL:
             out.extend(webtasks.TASKS)
-        elif n in webtasks.SUITES:
-            out.extend(webtasks.SUITES[n])
+        elif n in suites():
+            out.extend(suites()[n])
         elif n in webtasks.TASKS:
             out.append(n)
         else:

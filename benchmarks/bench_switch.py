@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             rows[label]["inplace_warm_s"] = time.perf_counter() - t
         saved = session.saved_bytes
     shutil.rmtree(out, ignore_errors=True)
-    log(f"in-place warm cycle: " + ", ".join(f"{k} {v['inplace_warm_s']:.3f} s" for k, v in rows.items())
+    log("in-place warm cycle: " + ", ".join(f"{k} {v['inplace_warm_s']:.3f} s" for k, v in rows.items())
         + f"; originals held: {gb(saved)}")
     summary = {"pair": {"layers": spec.layers, "model_bytes": spec.model_bytes(), "base": str(base), "rl": str(rl)},
                "first_load_s": first_load, "configs": rows, "target": TARGET}

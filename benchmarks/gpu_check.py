@@ -38,9 +38,8 @@ of 2 prompts × 4 samples ≈ 40 s, two graft exports (2 GB each) and loads ≈ 
 sweep over the 6 episodes ≈ 20 s. Model loads ≈ 5 s each. Expected total ≈ 4–5 minutes.
 
 It needs only what the GPU machine has (torch, transformers, safetensors, h5py, numpy, scipy, typer,
-rich). ``import graftkit`` imports its report figures, which import plotly at module level; where plotly
-is missing this script puts an empty stand-in in its place (no figure is drawn here) and says so. Where
-graftkit is not installed, the repository root is made importable as ``graftkit``.
+rich); ``import graftkit`` loads no plotly (the report figures are imported on first use). Where graftkit
+is not installed, the repository root is made importable as ``graftkit``.
 """
 
 from __future__ import annotations
@@ -52,7 +51,6 @@ import os
 import sys
 import tempfile
 import time
-import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,23 +70,13 @@ COMPARE_TASKS = "click-button,click-tab"
 
 
 def _importable() -> list[str]:
-    """Make ``import graftkit`` work here: the repository root as the package where it is not installed,
-    and an empty plotly where plotly is missing (graftkit's figures import it; nothing here draws)."""
+    """Make ``import graftkit`` work here: the repository root as the package where it is not installed."""
     notes = []
     if importlib.util.find_spec("graftkit") is None:
         shim = Path(tempfile.mkdtemp(prefix="graftkit-shim-"))
         (shim / "graftkit").symlink_to(ROOT, target_is_directory=True)
         sys.path.insert(0, str(shim))
         notes.append(f"graftkit imported from {ROOT}")
-    try:
-        import plotly  # noqa: F401
-    except ImportError:
-        for name in ("plotly", "plotly.graph_objects", "plotly.io", "plotly.subplots"):
-            mod = types.ModuleType(name)
-            mod.__path__ = []  # a package, so its submodules import
-            sys.modules[name] = mod
-        notes.append("plotly is not installed: an empty stand-in lets graftkit import (its report figures, "
-                     "which import plotly at module level, are not used here)")
     return notes
 
 

@@ -31,7 +31,7 @@ script installs the one that fits from it into a temporary folder (nothing is in
 
 Budget on one H200 with 16 CPU cores: writing the pair ≈ 2–3 minutes, the device ranks ≈ 30 s, the CPU
 subset ≈ 1 minute, the delta layers ≈ 1 minute. It needs only torch, numpy, safetensors, transformers
-(synth.py's config), h5py and blake3 (above); plotly is stood in for where missing (nothing here draws).
+(synth.py's config), h5py and blake3 (above); no plotly (nothing here draws).
 """
 
 from __future__ import annotations
@@ -133,7 +133,6 @@ def main(argv=None) -> int:
     if note := ensure_blake3():
         notes.append(note)
 
-    import numpy as np
     import torch
 
     from graftkit.rank import delta_ranks, weight_ranks

@@ -37,6 +37,7 @@ SLACK_BYTES = 64 << 10
 
 
 def fmt_size(n: float) -> str:
+    """A byte count in binary units (B, KiB, MiB, GiB, TiB): the one size format of the command line."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -148,6 +149,15 @@ def sweep_stale(folder: str | os.PathLike, report: Callable[[str], None] = say) 
 
 
 # ------------------------------------------------------------------------------------- preflight
+
+
+def require(path: str | os.PathLike, flag: str | None = None, expected: str = "a file or folder") -> Path:
+    """``path`` when it exists, else one error: which path, what was ``expected`` there, and the fix naming
+    ``flag``, the command's option (or argument) that took it (None outside a command)."""
+    if not Path(path).exists():
+        raise GraftkitError(f"{path}: no such file or folder (expected {expected})",
+                            f"check the path given to {flag}" if flag else "check the path")
+    return Path(path)
 
 
 def existing_ancestor(path: str | os.PathLike) -> Path:

@@ -1,5 +1,5 @@
 """Progress on stderr for the command line: rich bars drawn from :class:`~graftkit.core.config.OnProgress` calls
-and from training steps, shown only when stderr is a terminal (a leaf: rich only)."""
+and from training steps, shown only when stderr is a terminal; byte counts as :func:`~.files.fmt_size` writes them."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
 from rich.text import Text
+
+from .files import fmt_size
 
 err = Console(stderr=True, highlight=False)
 
@@ -36,16 +38,8 @@ class Count(ProgressColumn):
     def render(self, task) -> Text:
         unit = task.fields.get("unit", "")
         if unit == "bytes":
-            return Text(f"{fmt_bytes(task.completed)}/{fmt_bytes(task.total or 0)}")
+            return Text(f"{fmt_size(task.completed)}/{fmt_size(task.total or 0)}")
         return Text(f"{task.completed:.0f}/{task.total:.0f} {unit}")
-
-
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1000
-    return f"{n:.2f} TB"
 
 
 def step_printer(total: int, what: str, keys: tuple[str, ...]):

@@ -21,7 +21,8 @@ import numpy as np
 from ..core.config import CommandConfig, OnProgress, RunOption, DeviceOption, ExecutorOption, check_choice, no_progress, opt
 from ..core.errors import GraftkitError
 from ..stats import compare, fold_episodes, headroom, pass_at_k, wilson_interval
-from ..results.store import Result, current_run, result_labels, write_result
+from ..results.layout import RESULTS, eval_path, glob_pattern, headroom_path, result_labels, run_layout
+from ..results.store import Result, write_result
 from ..webenv.items import SPLIT_RULE
 
 DIMS = ("task", "seed", "episode", "sample")
@@ -49,7 +50,8 @@ class EpisodeOptions(RunOption, DeviceOption):
     (for --obs som), a PEFT LoRA adapter (merged into --base in memory), or a trainer's output_dir (its last
     checkpoint)."""
     base: Path | None = opt(None, flags=("--base",))
-    """Base model folder of a LoRA adapter policy (default: the adapter's base_model_name_or_path, when local)."""
+    """Base model folder of a LoRA adapter policy (default: the parent its graftkit.json records, else the adapter's
+    base_model_name_or_path when local)."""
     tasks: str = "mastered"
     """Suite (mastered, headroom, all) or comma list of tasks."""
     seeds: int = 25
@@ -68,9 +70,10 @@ class EpisodeOptions(RunOption, DeviceOption):
     """Nucleus sampling mass."""
     batch_size: int = 64
     """Episodes advanced together."""
-    items: str = "heldout"
-    """heldout (only items training never draws), train (only items training draws: to choose
-    hyperparameters on) or all (every seed's own item)."""
+    items: str = "auto"
+    """auto (a generated task's held-out items, every item of a user's FILE.jsonl), heldout (only items training
+    never draws, of a user's file too: for a file that the run being evaluated trained on, as the study
+    does), train (only items training draws: to choose hyperparameters on) or all (every seed's own item)."""
     allow_pickle: bool = False
     """Load pickled .bin/.pt weights (weights_only=True)."""
     config: Path | None = None
@@ -83,7 +86,7 @@ class EpisodeOptions(RunOption, DeviceOption):
 
         resolve_tasks(self.tasks)
         seed_list(self.seeds)
-        check_choice(self.items, ("heldout", "train", "all"), "--items")
+        check_choice(self.items, ("auto", "heldout", "train", "all"), "--items")
 
     def check_models(self, *paths: Path | None) -> None:
         """Raise, before any model loads, on a single checkpoint file without ``--config`` to build it over."""
@@ -104,6 +107,14 @@ class EpisodeOptions(RunOption, DeviceOption):
         from ..agent import seed_list
 
         return seed_list(self.seeds)
+
+    @property
+    def whole_tasks(self) -> tuple[str, ...]:
+        """Tasks played on every item: under ``auto``, a user's files. A file is split only where the same run
+        trains on it (the study, ``train sft``/``grpo``); an evaluation of its own trains on nothing."""
+        from ..agent.tasks import is_user_file
+
+        return tuple(t for t in self.task_list if is_user_file(t)) if self.items == "auto" else ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -202,6 +213,8 @@ class EvalResult:
                                   "env seed = the first of 1000 * seed + episode + j * 2**32 (j = 0, 1, ...) whose item "
                                   f"is {'held out' if outcome.items == 'heldout' else 'a training item'}"),
                  "items": outcome.items, "item_split": SPLIT_RULE, "tasks_without_items": list(outcome.no_items),
+                 # a user's file that this evaluation plays on every item (env seed = 1000 * seed + episode)
+                 **({"tasks_evaluated_whole": list(outcome.whole)} if outcome.whole else {}),
                  "seconds": outcome.seconds, "success": "raw reward == 1 at the end of the episode",
                  "invalid_outputs": {t: [[text, int(n)] for text, n in rows]
                                      for t, rows in getattr(outcome, "invalid_outputs", {}).items()},
@@ -298,20 +311,30 @@ class EvalResult:
         return float(self.attrs.get("seconds", float("nan")))
 
     @property
+    def whole(self) -> tuple[str, ...]:
+        """Tasks evaluated on every item (a user's file this evaluation does not train on), not held out."""
+        return tuple(str(t) for t in self.attrs.get("tasks_evaluated_whole", ()))
+
+    @property
     def notes(self) -> list[str]:
         """How a single-file checkpoint was read (state dict container, prefixes stripped, config source), and
-        what the items say: tasks left out for want of an evaluation item, too few items, overlap."""
+        what the items say: tasks left out for want of an evaluation item, too few items, overlap, a user's file
+        evaluated whole."""
         m = self.attrs.get("model")
         out = [str(n) for n in (m.get("notes") or [])] if isinstance(m, dict) else []
         left_out = self.attrs.get("tasks_without_items")
         if isinstance(left_out, (list, tuple, np.ndarray)) and len(left_out):
             out.append(f"left out {', '.join(map(str, left_out))}: no item of the {self.attrs.get('items')} split (one or "
                        "a few distinct first observations); --items all scores them anyway")
+        whole = self.whole
         for t, c in self.item_counts().items():
             if c["too_few"]:
                 out.append(f"{t}: {c['distinct']} distinct items over {c['episodes']} episodes — too few for this "
                            "evaluation; its intervals cluster by item")
-            if c["overlap"]:
+            if t in whole:
+                out.append(f"{t}: a user's file, evaluated whole ({c['distinct']} distinct items; nothing here trains "
+                           "on it — --items heldout plays only the items a training run never draws)")
+            elif c["overlap"]:
                 out.append(f"{t}: {c['overlap']} of its {c['distinct']} items are outside the held-out split "
                            "(training may have used them)")
         return out + self.action_notes()
@@ -465,7 +488,7 @@ def _evaluate(cfg: EpisodeOptions, policy, decode, samples: int, what: str, on_p
     total = len(cfg.task_list) * cfg.seeds * cfg.episodes * samples
     return evaluate(policy, cfg.task_list, cfg.seed_list, cfg.episodes, decode, samples=samples, backend=cfg.backend,
                     batch_size=cfg.batch_size, on_episode=lambda e: on_progress(what, 1, total, "episodes"),
-                    obs=cfg.obs, items=cfg.items)
+                    obs=cfg.obs, items="heldout" if cfg.items == "auto" else cfg.items, whole=cfg.whole_tasks)
 
 
 def rate_dict(r) -> dict:
@@ -504,12 +527,9 @@ def eval_rows(model: EvalResult, compare_to: EvalResult | None = None) -> list[d
 
 def _describe(cfg: EpisodeOptions, path: Path) -> dict:
     """The fingerprinted description of a policy's checkpoint (a LoRA adapter: with its base's files)."""
-    from ..weights import describe, open_one
-    from ..weights.lora import is_lora_folder, open_adapted
+    from ..weights import describe, open_model
 
-    if is_lora_folder(Path(path)):
-        return describe(open_adapted(Path(path), cfg.base, "--base"))
-    return describe(open_one(path, allow_pickle=cfg.allow_pickle, config=cfg.config))
+    return describe(open_model(path, cfg.base, allow_pickle=cfg.allow_pickle, config=cfg.config))
 
 
 def _play(cfg: EpisodeOptions, decode, path: Path, what: str, on_progress: OnProgress = no_progress,
@@ -538,19 +558,23 @@ def run_eval(cfg: EvalConfig, on_progress: OnProgress = no_progress) -> EvalRun:
     import functools
 
     from ..agent import Decode
-    from ..weights.runs import resolve_models
+    from ..weights import checkpoint_of, checkpoints_of
 
     decode = Decode(greedy=not cfg.sample, temperature=cfg.temperature, top_p=cfg.top_p,
                     max_new_tokens=cfg.max_new_tokens)
-    models = [p for m in cfg.model for p in resolve_models(m, cfg.all_checkpoints)]
+    models = [p for m in cfg.model for p in checkpoints_of(m, all_checkpoints=cfg.all_checkpoints, flag="--model")]
     if cfg.save and len(models) > 1:
         raise GraftkitError(f"--save names one result file, but {len(models)} policies are evaluated",
-                            "drop --save: each policy's result goes to RUN/results/eval-NAME-*.h5")
+                            f"drop --save: each policy's result goes to RUN/{RESULTS}/{glob_pattern('eval', label='NAME')}")
     roles = {("model" if i == 0 else f"model-{i + 1}"): p for i, p in enumerate(models)}
     if cfg.compare_to:
-        roles["compare"] = resolve_models(cfg.compare_to)[0]  # a trainer's output_dir: its last checkpoint
+        roles["compare"] = checkpoint_of(cfg.compare_to, "--compare")  # a trainer's output_dir: its last checkpoint
     labels = dict(zip(roles, result_labels(roles.values())))
-    units = [(path, f"eval {Path(path).name}") for path in roles.values()]
+    # A policy named twice (--compare X --model X) plays once: the same episodes would give the same outcomes.
+    first: dict[Path, Path] = {}
+    for p in roles.values():
+        first.setdefault(Path(p).resolve(), p)
+    units = [(path, f"eval {Path(path).name}") for path in first.values()]
     if cfg.executor == "ray":
         from ..core.executor import run_units
 
@@ -560,10 +584,11 @@ def run_eval(cfg: EvalConfig, on_progress: OnProgress = no_progress) -> EvalRun:
                           on_result=lambda i, r: on_progress(units[i][1], total, total, "episodes"))
     else:
         views = [_play(cfg, decode, path, what, on_progress) for path, what in units]
-    results, files = dict(zip(roles, views)), {}
+    played = dict(zip(first, views))
+    results, files = {role: played[Path(p).resolve()] for role, p in roles.items()}, {}
     for role in roles:
-        name = f"eval-{labels[role]}-{'sampled' if cfg.sample else 'greedy'}{'-som' if cfg.obs == 'som' else ''}.h5"
-        dest = cfg.save if role == "model" and cfg.save else current_run(cfg.run) / "results" / name
+        dest = cfg.save if role == "model" and cfg.save else \
+            eval_path(run_layout(cfg.run).results, labels[role], "sampled" if cfg.sample else "greedy", cfg.obs)
         files[role] = write_result(dest, results[role].to_result(), flag="--save" if dest == cfg.save else None)
     tables = {r: tuple(eval_rows(results[r], results.get("compare"))) for r in roles if r != "compare"}
     return EvalRun(tables["model"], results, files, tables)
@@ -588,9 +613,9 @@ def run_headroom(cfg: HeadroomConfig, on_progress: OnProgress = no_progress) -> 
     """Play every episode of ``cfg.model`` greedily once and sampled ``cfg.k`` times, write one headroom
     result (``cfg.save``, else ``RUN/results/headroom-NAME[-som].h5``) and summarise it."""
     from ..agent import Decode, load_policy
-    from ..weights.runs import resolve_models
+    from ..weights import checkpoint_of
 
-    cfg = cfg.replace(model=resolve_models(cfg.model)[0])  # a trainer's output_dir: its last checkpoint
+    cfg = cfg.replace(model=checkpoint_of(cfg.model, "--model"))  # a trainer's output_dir: its last checkpoint
     policy = load_policy(Path(cfg.model), allow_pickle=cfg.allow_pickle, obs=cfg.obs, config=cfg.config, base=cfg.base,
                              device=cfg.device, dtype=cfg.dtype)
     greedy = _evaluate(cfg, policy, Decode(greedy=True, max_new_tokens=cfg.max_new_tokens), 1, "greedy", on_progress)
@@ -601,6 +626,5 @@ def run_headroom(cfg: HeadroomConfig, on_progress: OnProgress = no_progress) -> 
     view = HeadroomResult.from_outcomes(greedy, sampled, desc, cfg, k=cfg.k, temperature=cfg.temperature,
                                         top_p=cfg.top_p, placement=policy.placement)
     rows = headroom_rows(view)
-    name = f"headroom-{result_labels([cfg.model])[0]}{'-som' if cfg.obs == 'som' else ''}.h5"
-    dest = cfg.save or current_run(cfg.run) / "results" / name
+    dest = cfg.save or headroom_path(run_layout(cfg.run).results, result_labels([cfg.model])[0], cfg.obs)
     return HeadroomRun(tuple(rows), view, write_result(dest, view.to_result(), flag="--save" if cfg.save else None))

@@ -7,32 +7,35 @@ renders a report in headless Chromium (screenshots, and the browser test); ``not
 figure of the report as a function of results, for Jupyter (``success_rates(ev).show()``).
 """
 
-from .notebook import (
-    anatomy_heatmap,
-    attribution,
-    both_directions,
-    coupling_by_layer,
-    coupling_scatter,
-    dissociation,
-    graft_effects,
-    group_shares,
-    headroom_differences,
-    headroom_rates,
-    interactions,
-    movement_vs_effect,
-    paired_differences,
-    rank_by_layer,
-    success_rates,
-    top_tensors,
-    training_curves,
-)
-from .report import Report, build_report, load_run, make_report, plan_report, write_report
-from .tables import export_csv, tidy_rows
+import importlib
 
-__all__ = ["Report", "build_report", "load_run", "make_report", "plan_report", "write_report", "export_csv",
-           "tidy_rows",
-           # every figure of the report, as a function of results (figures/notebook.py)
-           "success_rates", "paired_differences", "headroom_rates", "headroom_differences", "anatomy_heatmap",
-           "group_shares", "top_tensors", "graft_effects", "attribution", "interactions", "movement_vs_effect",
-           "dissociation", "rank_by_layer", "coupling_by_layer", "coupling_scatter", "both_directions",
-           "training_curves"]
+#: The module each public name lives in. Every figure module imports plotly, so names are imported on first
+#: use: ``import graftkit`` (and ``graftkit.figures``) loads no plotly until a figure or the report is asked for.
+_HOMES = {
+    **dict.fromkeys(("Report", "build_report", "load_run", "make_report", "plan_report", "write_report"), "report"),
+    **dict.fromkeys(("export_csv", "tidy_rows"), "tables"),
+    **dict.fromkeys((
+        "anatomy_heatmap", "attribution", "both_directions", "coupling_by_layer", "coupling_scatter", "dissociation",
+        "graft_effects", "group_shares", "headroom_differences", "headroom_rates", "interactions",
+        "movement_vs_effect", "paired_differences", "rank_by_layer", "success_rates", "top_tensors",
+        "training_curves"), "notebook"),
+}
+_SUBMODULES = ("anatomy", "browser", "commands", "curves", "grafts", "notebook", "rank", "report", "success", "tables")
+
+
+def __getattr__(name: str):
+    if name in _HOMES:
+        value = getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES, *_SUBMODULES})
+
+
+__all__ = list(_HOMES)

@@ -1,4 +1,4 @@
-"""Render a report in headless Chromium (Selenium, Debian's chromium and chromedriver; FACTS.md).
+"""Render a report in headless Chromium (Selenium, Debian's chromium and chromedriver; docs/tasks.md).
 
 Used by ``graftkit report --screenshot`` and by the browser test. ``SE_OFFLINE=true`` keeps Selenium from
 reaching for the network; the page itself needs none (plotly.js is inlined).

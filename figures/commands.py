@@ -8,7 +8,8 @@ from typing import Any
 
 from ..core.config import CommandConfig, opt
 from ..core.errors import GraftkitError
-from ..results.store import current_run, scan_results
+from ..results.layout import RunLayout, current_run
+from ..results.store import scan_results
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,7 +30,7 @@ def run_report(cfg: ReportConfig) -> dict[str, Any]:
     from .report import write_report
 
     run = cfg.run or current_run()
-    dest = cfg.out or run / "report.html"
+    dest = cfg.out or RunLayout(run).report
     rep = write_report(run, dest)
     if cfg.screenshot is not None:
         from .browser import screenshot

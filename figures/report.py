@@ -34,7 +34,8 @@ from ..study.findings import FindingsResult
 from ..graft.anatomy import DeltaResult
 from ..stats import Comparison
 from ..core.files import write_atomic
-from ..results.store import DamagedResult, Result, result_labels, scan_results
+from ..results.layout import REPORT, result_labels
+from ..results.store import DamagedResult, Result, scan_results
 from . import anatomy, curves, grafts, rank, success
 from ._common import fmt
 
@@ -166,19 +167,25 @@ def _findings(loaded: Sequence[Loaded]) -> Section:
 
         def build(item=item):
             view = FindingsResult.from_result(item.result)
-            has_claim, notes, rows = view.has_claim, view.notes, []
-            for f in view.findings:
-                est = fmt(f.estimate, ".3g") + (f" [{fmt(f.low, '.3g')}, {fmt(f.high, '.3g')}]"
-                                                if np.isfinite(f.low) or np.isfinite(f.high) else "")
-                cells = [f.number, *([f.claim] if has_claim else []), f.statement, est, f.verdict]
-                rows.append("<tr>" + "".join(f"<td>{_h(c)}</td>" for c in cells) + "</tr>")
-            head = ["#", *(["claim"] if has_claim else []), "this run found", "estimate [interval]", "verdict"]
+            # header → cell: each header is written beside what fills its column
+            columns = {"#": lambda f: f.number, **({"claim": lambda f: f.claim} if view.has_claim else {}),
+                       "this run found": lambda f: f.statement, "estimate [interval]": _estimate_text,
+                       "verdict": lambda f: f.verdict}
+            rows = ["<tr>" + "".join(f"<td>{_h(cell(f))}</td>" for cell in columns.values()) + "</tr>"
+                    for f in view.findings]
+            notes = view.notes
             sec.html += (f"<table class='findings'><caption>{_h(item.path.name)}" + (f" — {_h(notes)}" if notes else "")
-                         + "</caption><thead><tr>" + "".join(f"<th>{_h(h)}</th>" for h in head) + "</tr></thead><tbody>"
-                         + "".join(rows) + "</tbody></table>")
+                         + "</caption><thead><tr>" + "".join(f"<th>{_h(h)}</th>" for h in columns)
+                         + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
 
         _guard(sec, item, build)
     return sec
+
+
+def _estimate_text(f) -> str:
+    """A finding's estimate and, where one bound is finite, its interval."""
+    return fmt(f.estimate, ".3g") + (f" [{fmt(f.low, '.3g')}, {fmt(f.high, '.3g')}]"
+                                     if np.isfinite(f.low) or np.isfinite(f.high) else "")
 
 
 def _training(loaded: Sequence[Loaded]) -> Section:
@@ -493,15 +500,16 @@ def render_html(run_dir: Path, loaded: Sequence[Loaded], sections: Sequence[Sect
             body.append(f"<figure><div class='graph' id='{fid}'></div><figcaption>{_h(panel.caption)}</figcaption>"
                         "</figure>")
         body.append("</section>")
-    rows = "".join(
-        f"<tr><td>{_h(x.path.relative_to(run_dir) if x.path.is_relative_to(run_dir) else x.path)}</td><td>{_h(x.kind)}"
-        f"</td><td>{_h(x.created)}</td><td>{_h(x.result.attrs.get('graftkit_version', ''))}</td>"
-        f"<td>{_h(', '.join(f'{d}={len(c)}' for d, c in x.result.coords.items()))}</td></tr>" for x in loaded)
+    columns = {"file": lambda x: x.path.relative_to(run_dir) if x.path.is_relative_to(run_dir) else x.path,
+               "kind": lambda x: x.kind, "created": lambda x: x.created,
+               "graftkit": lambda x: x.result.attrs.get("graftkit_version", ""),
+               "dimensions": lambda x: ", ".join(f"{d}={len(c)}" for d, c in x.result.coords.items())}
+    rows = "".join("<tr>" + "".join(f"<td>{_h(cell(x))}</td>" for cell in columns.values()) + "</tr>" for x in loaded)
     toc.append("<li><a href='#provenance'>Result files</a></li>")
     body.append("<section id='provenance'><h2>Result files</h2><p>Every figure above is drawn from these HDF5 files "
                 "(labelled arrays with provenance; <code>graftkit results RUN --csv DIR</code> exports them as "
-                "tables).</p><table><thead><tr><th>file</th><th>kind</th><th>created</th><th>graftkit</th>"
-                f"<th>dimensions</th></tr></thead><tbody>{rows}</tbody></table></section>")
+                "tables).</p><table><thead><tr>" + "".join(f"<th>{_h(h)}</th>" for h in columns)
+                + f"</tr></thead><tbody>{rows}</tbody></table></section>")
     name = run_dir.resolve().name
     plotly_js = get_plotlyjs().replace("</script", "<\\/script").replace("<!--", "<\\!--")
     return (
@@ -560,7 +568,7 @@ def write_report(run_dir: str | os.PathLike, out_path: str | os.PathLike, flag: 
     kind of path and free space checked, temporary sibling, fsync, rename, folder fsync)."""
     from ..core.files import check_file_dest
 
-    check_file_dest(out_path, flag, "report.html")  # before the results are read and drawn
+    check_file_dest(out_path, flag, REPORT)  # before the results are read and drawn
     report = make_report(run_dir)
-    write_atomic(out_path, report.html, flag=flag, example="report.html", what="the report")
+    write_atomic(out_path, report.html, flag=flag, example=REPORT, what="the report")
     return report

@@ -13,7 +13,8 @@ float32 checkpoint of another trainer: the upcast is exact, and one note per dty
 - ``frac_within_tol`` fraction with |Δ| ≤ tol (tol is recorded with the result)
 - ``cosine``         ⟨Δ_a, Δ_b⟩ / (‖Δ_a‖ ‖Δ_b‖) between two runs' deltas (same base)
 
-``graftkit delta`` is :class:`DeltaConfig` + :func:`run_delta`; readers go through :class:`DeltaResult`.
+``graftkit delta`` is :class:`DeltaConfig` + :func:`run_delta`; readers go through :class:`DeltaResult`, and
+tables and figures name each metric through :data:`LABELS` (header, axis title, unit).
 
 Is RL a fine-tune of this base at all? The same pass sums ⟨W, Δ⟩ per tensor (``dot_base_delta``), which
 with ‖W‖² and ‖Δ‖² gives ρ = ‖Δ‖/‖W‖ and cos(W, W') of every 2-D matrix (:class:`graftkit.weights.PairDistance`);
@@ -38,7 +39,7 @@ import numpy as np
 from ..core.config import OnProgress, RunOption, no_progress, opt
 from ..core.errors import GraftkitError
 from ..results.store import Result, View
-from ..weights import Checkpoint, Taxonomy, check_fine_tune, check_pair, pair_distance
+from ..weights import Checkpoint, PairDistance, Taxonomy, check_fine_tune, check_pair, pair_distance
 from ..weights.pair import blocked_dot as _dot, exact_float as _to_float, judged_matrices, upcast_code
 from ..weights.commands import ReadOptions
 from ..weights.taxonomy import DECODER
@@ -167,6 +168,144 @@ def _pool(values: np.ndarray, member: np.ndarray, op: str) -> np.ndarray:
     return values @ member.T.astype(values.dtype)
 
 
+@dataclass(frozen=True)
+class TensorSums:
+    """What one pass over the checkpoints yields, per tensor of ``names`` (the anatomy's order): ``sumsq_base
+    [tensor]`` = ‖W‖²_F, ``numel [tensor]``, ``sums [run, tensor, SUMS]`` and ``dots [run, run2, tensor]`` =
+    ⟨Δ_r, Δ_s⟩ (:func:`tensor_delta_stats`). Every metric of every scope is built from these."""
+
+    names: list[str]
+    sumsq_base: np.ndarray
+    numel: np.ndarray
+    sums: np.ndarray
+    dots: np.ndarray
+
+    @property
+    def total_sumsq(self) -> np.ndarray:
+        """Σ_all-tensors ‖Δ‖²_F of each run [run], the denominator of ``share``."""
+        return self.sums[..., 0].sum(-1)
+
+
+@dataclass(frozen=True)
+class TensorPlaces:
+    """Where each tensor sits: ``groups`` (first-seen order), ``group_of [tensor]``, ``layer_of [tensor]``
+    (the decoder layer, −1 outside the decoder) and ``n_layers`` (decoder layers)."""
+
+    groups: list[str]
+    group_of: np.ndarray
+    layer_of: np.ndarray
+    n_layers: int
+
+
+def anatomy_tensors(tax: Taxonomy) -> list[str]:
+    """The tensors an anatomy covers, in its order: every claimed tensor, then the unknown ones."""
+    return [n for n in tax.roles if tax.roles[n].group != "unknown"] + list(tax.unknown)
+
+
+def tensor_places(names: Sequence[str], tax: Taxonomy) -> TensorPlaces:
+    """Group and decoder layer of each of ``names`` (:class:`TensorPlaces`)."""
+    return TensorPlaces(
+        groups=list(dict.fromkeys(tax.roles[x].group for x in names)),
+        group_of=np.array([tax.roles[x].group for x in names], dtype=object),
+        layer_of=np.array([tax.roles[x].layer if tax.roles[x].stack == DECODER else -1 for x in names], dtype=np.int64),
+        n_layers=tax.n_layers.get(DECODER, 0),
+    )
+
+
+def stream_sums(base: Checkpoint, rls: Sequence[Checkpoint], names: Sequence[str], tol: float,
+                on_tensor: Callable[[str, int], None] = lambda name, nbytes: None, workers: int = 2) -> TensorSums:
+    """Read every tensor of ``names`` once from ``base`` and each RL checkpoint; their :class:`TensorSums`."""
+    k, n = len(rls), len(names)
+    sumsq_base, numel = np.zeros(n), np.zeros(n)
+    sums, dots = np.zeros((k, n, len(SUMS))), np.zeros((k, k, n))
+
+    def one(j: int):
+        name = names[j]
+        b = base.array(name)
+        return j, b.size, tensor_delta_stats(b, [r.array(name) for r in rls], tol, code=base.metas[name].code,
+                                             rl_codes=[r.metas[name].code for r in rls])
+
+    # numpy releases the GIL in every reduction: two threads keep two cores busy. Largest tensors
+    # first, so the last one to finish is small.
+    order = sorted(range(n), key=lambda j: -base.metas[names[j]].numel)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for j, count, (sb, s, d) in pool.map(one, order):
+            sumsq_base[j], numel[j], sums[:, j], dots[..., j] = sb, count, s, d
+            on_tensor(names[j], base.metas[names[j]].nbytes * (1 + k))
+    return TensorSums(list(names), sumsq_base, numel, sums, dots)
+
+
+def run_distance(s: TensorSums, run: int, judged: Sequence[str]) -> PairDistance:
+    """How far run ``run`` is from base over the ``judged`` matrices (:func:`graftkit.weights.pair_distance`),
+    from the pass's sums: no second read."""
+    judged = set(judged)
+    mats = [j for j, x in enumerate(s.names) if x in judged]
+    return pair_distance([s.names[j] for j in mats], s.sumsq_base[mats], s.sums[run, mats, 0], s.sums[run, mats, 5])
+
+
+def pooled_metrics(s: TensorSums, member: np.ndarray) -> dict[str, np.ndarray]:
+    """:func:`summarise` over sets of tensors, ``member[set, tensor]``: sums added, ``max_abs_delta`` maxed."""
+    agg_sums = np.stack([_pool(s.sums[..., i], member, "max" if f == "max_abs_delta" else "sum")
+                         for i, f in enumerate(SUMS)], -1)
+    return summarise(_pool(s.sumsq_base, member, "sum"), _pool(s.numel, member, "sum"), agg_sums,
+                     _pool(s.dots, member, "sum"), s.total_sumsq)
+
+
+def scope_metrics(s: TensorSums, places: TensorPlaces) -> dict[str, dict[str, np.ndarray]]:
+    """Every metric per scope: ``tensor``, ``group``, ``total`` (all tensors) and ``cell`` (decoder layer ×
+    group, flattened layer-major; empty without decoder layers)."""
+    g_of, l_of, groups, n_layers = places.group_of, places.layer_of, places.groups, places.n_layers
+    cells = np.stack([(l_of == L) & (g_of == g) for L in range(n_layers) for g in groups]) if n_layers else None
+    return {
+        "tensor": summarise(s.sumsq_base, s.numel, s.sums, s.dots, s.total_sumsq),
+        "group": pooled_metrics(s, np.stack([g_of == g for g in groups])),
+        "cell": pooled_metrics(s, cells) if n_layers else {},
+        "total": pooled_metrics(s, np.ones((1, len(s.names)), bool)),
+    }
+
+
+#: The layer × group cell metrics a delta result stores (``layer_group_<metric>``).
+CELL_METRICS = ("share", "rel_delta", "fro_delta", "frac_unchanged")
+
+
+def anatomy_arrays(s: TensorSums, places: TensorPlaces, scopes: dict[str, dict[str, np.ndarray]]
+                   ) -> dict[str, tuple[tuple[str, ...], np.ndarray]]:
+    """The labelled arrays of a ``delta`` result: the sums, and every metric of every scope."""
+    sums = s.sums
+    data: dict[str, tuple[tuple[str, ...], np.ndarray]] = {
+        "tensor_group": (("tensor",), places.group_of),
+        "tensor_layer": (("tensor",), places.layer_of),
+        "numel": (("tensor",), s.numel),
+        "sumsq_base": (("tensor",), s.sumsq_base),
+        "sumsq_delta": (("run", "tensor"), sums[..., 0]),
+        "n_unchanged": (("run", "tensor"), sums[..., 2]),
+        "n_within_tol": (("run", "tensor"), sums[..., 3]),
+        "dot_base_delta": (("run", "tensor"), sums[..., 5]),
+        "dot_delta": (("run", "run2", "tensor"), s.dots),
+    }
+    for prefix, scope, dims in (("", "tensor", ("tensor",)), ("group_", "group", ("group",)),
+                                ("total_", "total", ("all",))):
+        for metric, values in scopes[scope].items():
+            if metric == "cosine":
+                data[f"{prefix}cosine"] = (("run", "run2", *dims), values)
+            else:
+                data[f"{prefix}{metric}"] = (("run", *dims), values)
+    if places.n_layers:
+        cell = scopes["cell"]
+        shape = (sums.shape[0], places.n_layers, len(places.groups))
+        for metric in CELL_METRICS:
+            data[f"layer_group_{metric}"] = (("run", "layer", "group"), cell[metric].reshape(shape))
+        data["layer_group_rel_delta"] = (("run", "layer", "group"),
+                                         np.where(cell["fro_delta"].reshape(shape) > 0,
+                                                  cell["rel_delta"].reshape(shape), 0.0))
+    return data
+
+
+def _per_run(labels: Sequence[str], notes: Sequence[str], lab: str) -> list[str]:
+    """Notes about run ``lab``, named by it when there are several runs."""
+    return [f"{lab}: {x}" if len(labels) > 1 else x for x in notes]
+
+
 def delta_anatomy(
     base: Checkpoint,
     rls: Sequence[Checkpoint],
@@ -187,90 +326,23 @@ def delta_anatomy(
     pair_notes: list[str] = []
     for lab, r in zip(labels, rls):
         # one clear error (e.g. a vocabulary mismatch), not a shape error mid-way
-        got = check_pair(base, r, tax, dtypes="upcast")
-        pair_notes += [f"{lab}: {x}" if len(rls) > 1 else x for x in got]
-    names = [n for n in tax.roles if tax.roles[n].group != "unknown"] + list(tax.unknown)
-    k, n = len(rls), len(names)
-    sumsq_base = np.zeros(n)
-    numel = np.zeros(n)
-    sums = np.zeros((k, n, len(SUMS)))
-    dots = np.zeros((k, k, n))
-
-    def one(j: int):
-        name = names[j]
-        b = base.array(name)
-        return j, b.size, tensor_delta_stats(b, [r.array(name) for r in rls], tol, code=base.metas[name].code,
-                                             rl_codes=[r.metas[name].code for r in rls])
-
-    # numpy releases the GIL in every reduction: two threads keep two cores busy. Largest tensors
-    # first, so the last one to finish is small.
-    order = sorted(range(n), key=lambda j: -base.metas[names[j]].numel)
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for j, count, (sb, s, d) in pool.map(one, order):
-            sumsq_base[j], numel[j], sums[:, j], dots[..., j] = sb, count, s, d
-            on_tensor(names[j], base.metas[names[j]].nbytes * (1 + k))
-    total = sums[..., 0].sum(-1)
-    judged = set(judged_matrices(base))
-    mats = [j for j, x in enumerate(names) if x in judged]
+        pair_notes += _per_run(labels, check_pair(base, r, tax, dtypes="upcast"), lab)
+    s = stream_sums(base, rls, anatomy_tensors(tax), tol, on_tensor, workers)
+    judged = judged_matrices(base)
     fine_tune = {}
     for i, (lab, r) in enumerate(zip(labels, rls)):
-        dist = pair_distance([names[j] for j in mats], sumsq_base[mats], sums[i, mats, 0], sums[i, mats, 5])
-        got = check_fine_tune(dist, base, r, force=force_pair)
-        pair_notes += [f"{lab}: {x}" if len(rls) > 1 else x for x in got]
+        dist = run_distance(s, i, judged)
+        pair_notes += _per_run(labels, check_fine_tune(dist, base, r, force=force_pair), lab)
         fine_tune[lab] = dist.as_dict()
-
-    groups = [g for g in dict.fromkeys(tax.roles[x].group for x in names)]
-    group_of = np.array([tax.roles[x].group for x in names], dtype=object)
-    layer_of = np.array(
-        [tax.roles[x].layer if tax.roles[x].stack == DECODER else -1 for x in names], dtype=np.int64
-    )
-    n_layers = tax.n_layers.get(DECODER, 0)
-
-    def pooled(member: np.ndarray) -> dict[str, np.ndarray]:
-        agg_sums = np.stack([_pool(sums[..., i], member, "max" if f == "max_abs_delta" else "sum")
-                             for i, f in enumerate(SUMS)], -1)
-        return summarise(_pool(sumsq_base, member, "sum"), _pool(numel, member, "sum"), agg_sums,
-                         _pool(dots, member, "sum"), total)
-
-    per_tensor = summarise(sumsq_base, numel, sums, dots, total)
-    per_group = pooled(np.stack([group_of == g for g in groups]))
-    cells = np.stack([(layer_of == L) & (group_of == g) for L in range(n_layers) for g in groups]) if n_layers else np.zeros((0, n), bool)
-    per_cell = pooled(cells) if n_layers else {}
-    per_run = pooled(np.ones((1, n), bool))
-
+    places = tensor_places(s.names, tax)
     coords = {
         "run": np.array(labels, dtype=object),
         "run2": np.array(labels, dtype=object),
-        "tensor": np.array(names, dtype=object),
-        "group": np.array(groups, dtype=object),
-        "layer": np.arange(n_layers),
+        "tensor": np.array(s.names, dtype=object),
+        "group": np.array(places.groups, dtype=object),
+        "layer": np.arange(places.n_layers),
         "all": np.array(["all"], dtype=object),
     }
-    data: dict[str, tuple[tuple[str, ...], np.ndarray]] = {
-        "tensor_group": (("tensor",), group_of),
-        "tensor_layer": (("tensor",), layer_of),
-        "numel": (("tensor",), numel),
-        "sumsq_base": (("tensor",), sumsq_base),
-        "sumsq_delta": (("run", "tensor"), sums[..., 0]),
-        "n_unchanged": (("run", "tensor"), sums[..., 2]),
-        "n_within_tol": (("run", "tensor"), sums[..., 3]),
-        "dot_base_delta": (("run", "tensor"), sums[..., 5]),
-        "dot_delta": (("run", "run2", "tensor"), dots),
-    }
-    for scope, table, dims in (("", per_tensor, ("tensor",)), ("group_", per_group, ("group",)),
-                               ("total_", per_run, ("all",))):
-        for metric, values in table.items():
-            if metric == "cosine":
-                data[f"{scope}cosine"] = (("run", "run2", *dims), values)
-            else:
-                data[f"{scope}{metric}"] = (("run", *dims), values)
-    if n_layers:
-        shape = (k, n_layers, len(groups))
-        for metric in ("share", "rel_delta", "fro_delta", "frac_unchanged"):
-            data[f"layer_group_{metric}"] = (("run", "layer", "group"), per_cell[metric].reshape(shape))
-        data["layer_group_rel_delta"] = (("run", "layer", "group"),
-                                         np.where(per_cell["fro_delta"].reshape(shape) > 0,
-                                                  per_cell["rel_delta"].reshape(shape), 0.0))
     attrs = {
         "tol": tol,
         "delta_dtype": "float32 (float64 when either tensor is float64), both upcast exactly before subtracting",
@@ -280,7 +352,7 @@ def delta_anatomy(
         "tied_embeddings": tax.tied,
         **(provenance or {}),
     }
-    return Result("delta", coords, data, attrs)
+    return Result("delta", coords, anatomy_arrays(s, places, scope_metrics(s, places)), attrs)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -320,6 +392,47 @@ class DeltaConfig(ReadOptions, RunOption):
 
 #: The per-tensor metrics of every scope (tensor, group, total), in the order readers list them.
 METRICS = ("fro_delta", "rel_delta", "share", "max_abs_delta", "frac_unchanged", "frac_within_tol", "n_nonfinite")
+
+
+@dataclass(frozen=True)
+class MetricLabel:
+    """How people see one metric: its column header in printed tables, its axis title in figures, and the
+    text of its value in a table cell."""
+
+    header: str
+    """Column header in printed tables (short)."""
+    axis: str
+    """Axis or colour-bar title in figures, with the unit."""
+    percent: bool = False
+    """A fraction, shown ×100 with a % sign."""
+    count: bool = False
+    """A count of entries: a whole number, blank when zero."""
+
+    @property
+    def scale(self) -> float:
+        """Factor from the stored value to the one shown."""
+        return 100.0 if self.percent else 1.0
+
+    def cell(self, x: float) -> str:
+        """``x`` as a table cell: percentages to 2 decimals, counts whole, anything else to 4 significant digits."""
+        if self.percent:
+            return f"{100 * x:.2f}%"
+        if self.count:
+            return f"{int(x)}" if x else ""
+        return f"{x:.4g}"
+
+
+#: metric → how tables and figures show it, in the order tables list the columns (share first: tables are
+#: sorted by it). Every renderer names a column or axis through this table, never by position.
+LABELS: dict[str, MetricLabel] = {
+    "share": MetricLabel("share", "share of squared movement (%)", percent=True),
+    "fro_delta": MetricLabel("‖Δ‖_F", "‖Δ‖_F"),
+    "rel_delta": MetricLabel("‖Δ‖/‖W‖", "‖Δ‖_F / ‖W‖_F"),
+    "max_abs_delta": MetricLabel("max|Δ|", "max |Δ|"),
+    "frac_unchanged": MetricLabel("frac_same", "entries bitwise unchanged (%)", percent=True),
+    "frac_within_tol": MetricLabel("frac_tol", "entries with |Δ| ≤ tol (%)", percent=True),
+    "n_nonfinite": MetricLabel("nonfinite", "NaN/Inf entries (count)", count=True),
+}
 
 
 @dataclass(frozen=True)
@@ -449,15 +562,13 @@ class DeltaResult(View):
 def run_delta(cfg: DeltaConfig, on_progress: OnProgress = no_progress) -> DeltaResult:
     """Delta anatomy of every ``cfg.rl`` against the base; written to ``cfg.save`` (default
     ``RUN/results/delta-<labels>.h5``). The result records ``cfg.as_dict()`` as its config."""
-    from ..results.store import current_run, result_labels, write_result
-    from ..weights import describe, open_pair, shared_vocab
-    from ..weights.runs import checkpoint_step, resolve_models, trainer_run, trainer_series
+    from ..results.layout import delta_path, result_labels, run_layout, training_path, trajectory_path
+    from ..results.store import write_result
+    from ..weights import base_of, checkpoints_of, describe, open_pair, shared_vocab
+    from ..weights.runs import checkpoint_step, trainer_run, trainer_series
 
-    for p in cfg.rl:
-        if not Path(p).exists():  # else resolving its recorded base would mislead
-            raise GraftkitError(f"{p}: no such file or folder", "check the --from path")
-    paths = [m for p in cfg.rl for m in resolve_models(p, cfg.all_checkpoints)]
-    b, rls = open_pair(rl_base(paths[0], cfg.base), paths, allow_pickle=cfg.allow_pickle,
+    paths = [m for p in cfg.rl for m in checkpoints_of(p, all_checkpoints=cfg.all_checkpoints, flag="--from")]
+    b, rls = open_pair(base_of(paths[0], cfg.base), paths, allow_pickle=cfg.allow_pickle,
                        unknown=cfg.unknown, config=cfg.config)
     tax = b.taxonomy(cfg.unknown)
     if cfg.shared_vocab:
@@ -468,8 +579,10 @@ def run_delta(cfg: DeltaConfig, on_progress: OnProgress = no_progress) -> DeltaR
             "steps": [checkpoint_step(p) for p in paths]}
     res = delta_anatomy(b, rls, labels, tax, cfg.tol, provenance=prov, force_pair=cfg.force_pair,
                         on_tensor=lambda name, nbytes: on_progress("delta", nbytes, total, "bytes"))
-    stem = f"delta-{result_labels([cfg.rl[0]])[0]}-trajectory" if cfg.all_checkpoints else f"delta-{'+'.join(labels)}"
-    written = write_result(cfg.save or current_run(cfg.run) / "results" / f"{stem}.h5", res,
+    results = run_layout(cfg.run).results
+    default = trajectory_path(results, result_labels([cfg.rl[0]])[0]) if cfg.all_checkpoints else \
+        delta_path(results, labels)
+    written = write_result(cfg.save or default, res,
                            flag="--save" if cfg.save else None)
     for p in cfg.rl:  # a trainer run's own logged curves, for the report to draw beside its movement
         if (run := trainer_run(Path(p))) is not None and run.state is not None:
@@ -478,15 +591,5 @@ def run_delta(cfg: DeltaConfig, on_progress: OnProgress = no_progress) -> DeltaR
             curves = Result("train-trainer", {"step": steps}, {k: (("step",), v) for k, v in series.items()},
                             {"model": str(run.root.resolve()), "label": label, "state": str(run.state),
                              "checkpoints": list(run.steps), "producer": "trainer_state.json"})
-            write_result(current_run(cfg.run) / "results" / f"train-trainer-{label}.h5", curves)
+            write_result(training_path(results, "trainer", label), curves)
     return DeltaResult(res, written)
-
-
-def rl_base(rl: Path, base: Path | None) -> Path:
-    """``--base``, else the RL checkpoint's recorded SFT parent, else (a LoRA adapter) its local base model."""
-    from ..weights import recorded_base, resolve_base
-    from ..weights.lora import adapter_base, is_lora_folder
-
-    if base is None and is_lora_folder(Path(rl)) and recorded_base(Path(rl)) is None:
-        return adapter_base(Path(rl), None, "--base")
-    return resolve_base(Path(rl), base)

@@ -2,10 +2,14 @@
 
 Export: θ = θ_base + α·M⊙Δ for the chosen groups and layers, written as an HF folder (:func:`run_graft`).
 ``--eval`` (one graft), ``--sweep`` (a family of grafts) and ``--vs`` (the same sweep for a second RL run,
-then the double-dissociation test) load the base policy once, graft each configuration into it in place,
-evaluate it on identical episodes and compare it with base and RL (:func:`run_graft_experiments`). A sweep
-writes a partial result after every configuration and resumes from it (or from its finished result)
-without playing a finished configuration again.
+then the double-dissociation test) load the base policy once per worker of the executor (this process, or
+each Ray worker with ``--executor ray``), graft each configuration into it in place, evaluate it on
+identical episodes and compare it with base and RL (:func:`run_graft_experiments`). A sweep writes a
+partial result after every configuration and resumes from it (or from its finished result) without
+playing a finished configuration again.
+
+:class:`GraftConfig` serves four modes (:data:`MODE_FIELDS`): export, ``--eval``, ``--sweep`` and ``--vs``;
+each validates what it reads, and refuses a flag only another mode reads.
 
 A graft keeps the base's dtype. An RL checkpoint that stores tensors in another dtype is refused unless
 ``--cast``, which reads RL's values rounded to base's dtype (:func:`graftkit.weights.cast_like`); the
@@ -18,22 +22,39 @@ extra streaming pass over the matrices before writing (its own pass copies bytes
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Optional
 
 from ..core.config import OnProgress, RunOption, DeviceOption, ExecutorOption, no_progress, opt
 from ..core.errors import GraftkitError
-from ..results.store import current_run, result_labels, write_result
-from ..weights.runs import resolve_models
-from .anatomy import rl_base
-from ..weights.commands import ReadOptions, must_exist
+from ..results.layout import dissociation_path, partial_path, result_labels, run_layout, sweep_path, with_tag
+from ..results.store import write_result
+from ..weights.commands import ReadOptions
+from ..weights.resolve import base_of, checkpoint_of
 from . import attribution as attr
 from . import experiments as X
 from .plan import GraftSpec
+
+
+#: Fields of :class:`GraftConfig` that only evaluations in memory read: the episodes, where they run, where
+#: their results go.
+EPISODE_FIELDS = ("tasks", "seeds", "episodes", "sample", "temperature", "max_new_tokens", "batch_size", "save",
+                  "results", "device", "dtype", "executor", "ray_address", "workers")
+#: The modes of ``graftkit graft`` (:attr:`GraftConfig.mode`) and the fields each reads beyond those every mode
+#: reads (the pair, how it is read and judged, ``groups``, ``dry_run``). A field set in a mode that does not
+#: read it is an error, not ignored without a word.
+MODE_FIELDS: dict[str, frozenset[str]] = {
+    "export": frozenset({"layers", "alpha", "reverse", "out_dir", "force", "max_shard_size"}),
+    "eval": frozenset({"layers", "alpha", "reverse", *EPISODE_FIELDS}),
+    "sweep": frozenset({"layers", "alphas", *EPISODE_FIELDS}),
+    "dissociation": frozenset({"layers", "vs", *EPISODE_FIELDS}),
+}
+#: Each mode as the error messages name it.
+MODE_NAMES = {"export": "an export", "eval": "--eval", "sweep": "--sweep", "dissociation": "--vs"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,30 +121,70 @@ class GraftConfig(ReadOptions, RunOption, DeviceOption, ExecutorOption):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.experiments:
-            if self.groups is None:
-                raise GraftkitError("--groups is required to export a graft",
-                                    "pass e.g. --groups attn,mlp (or --sweep single)")
-            self.spec()
-            from ..weights import parse_size
+        {"export": self._check_export, "eval": self._check_eval, "sweep": self._check_sweep,
+         "dissociation": self._check_dissociation}[self.mode]()
+        self._check_mode_fields()
 
-            parse_size(self.max_shard_size)
-            return
-        if self.sweep is not None and self.sweep not in X.SWEEPS:
+    def _check_export(self) -> None:
+        if self.groups is None:
+            raise GraftkitError("--groups is required to export a graft",
+                                "pass e.g. --groups attn,mlp (or --sweep single)")
+        self.spec()
+        from ..weights import parse_size
+
+        parse_size(self.max_shard_size)
+
+    def _check_eval(self) -> None:
+        if self.groups is None:
+            raise GraftkitError("--eval needs --groups", "pass e.g. --groups attn,mlp")
+        self.spec()
+
+    def _check_sweep(self) -> None:
+        if self.sweep not in X.SWEEPS:
             raise GraftkitError(f"unknown --sweep {self.sweep!r}", f"use one of {', '.join(X.SWEEPS)}")
-        if self.vs is not None and self.kind not in X.GROUP_EFFECT:
-            raise GraftkitError(f"--vs needs --sweep single, loo or factorial (got {self.kind})",
-                                "pass e.g. --sweep single --vs RL2")
-        if self.kind == "eval":
-            if self.groups is None:
-                raise GraftkitError("--eval needs --groups", "pass e.g. --groups attn,mlp")
-            self.spec()
-            return
         if self.reverse:
             raise GraftkitError("--reverse applies to one graft, not a sweep", "drop --reverse or --sweep")
         if self.groups not in (None, "all"):
             GraftSpec.parse(self.groups)
         self.alpha_values()
+        if self.sweep != "alpha" and self.alphas != _default("alphas"):
+            raise GraftkitError(f"--alphas applies to --sweep alpha, not --sweep {self.sweep}", "drop --alphas")
+        if self.sweep == "layers" and self.layers != _default("layers"):
+            raise GraftkitError("--sweep layers grafts each band early, mid, late and all itself: --layers applies "
+                                "to the other sweeps", "drop --layers")
+
+    def _check_dissociation(self) -> None:
+        if self.sweep is not None and self.sweep not in X.SWEEPS:
+            raise GraftkitError(f"unknown --sweep {self.sweep!r}", f"use one of {', '.join(X.SWEEPS)}")
+        if self.kind not in X.GROUP_EFFECT:
+            raise GraftkitError(f"--vs needs --sweep single, loo or factorial (got {self.kind})",
+                                "pass e.g. --sweep single --vs RL2")
+        self._check_sweep()
+
+    def _check_mode_fields(self) -> None:
+        """A mode-specific field (:data:`MODE_FIELDS`) set in a mode that does not read it is an error."""
+        read = MODE_FIELDS[self.mode]
+        for name in sorted(set().union(*MODE_FIELDS.values()) - read, key=_FIELD_ORDER.index):
+            if getattr(self, name) != _default(name):
+                users = [MODE_NAMES[m] for m in MODE_FIELDS if name in MODE_FIELDS[m]]
+                users = ", ".join(users[:-1]) + f" and {users[-1]}" if len(users) > 1 else users[0]
+                flag = _flag(name)
+                raise GraftkitError(f"{flag} applies to {users}, not to {MODE_NAMES[self.mode]}", f"drop {flag}")
+
+    @property
+    def mode(self) -> str:
+        """export (write one graft), eval (evaluate one graft in memory), sweep (a family of grafts in memory)
+        or dissociation (the sweep for --from and for --vs, and the double-dissociation test)."""
+        if self.vs is not None:
+            return "dissociation"
+        if self.sweep is not None:
+            return "sweep"
+        return "eval" if self.eval_ else "export"
+
+    @property
+    def rl_paths(self) -> dict[str, Path]:
+        """The RL runs by key: A (--from) and, with --vs, B."""
+        return {"A": self.rl, **({"B": self.vs} if self.vs is not None else {})}
 
     @property
     def experiments(self) -> bool:
@@ -146,6 +207,21 @@ class GraftConfig(ReadOptions, RunOption, DeviceOption, ExecutorOption):
                                 "e.g. --alphas 0,0.5,1") from None
 
 
+_FIELD_ORDER = [f.name for f in fields(GraftConfig)]
+
+
+def _default(name: str):
+    return next(f.default for f in fields(GraftConfig) if f.name == name)
+
+
+def _flag(name: str) -> str:
+    """How a field of :class:`GraftConfig` is given: its command-line flag, or (an API-only field) ``name=``."""
+    f = next(f for f in fields(GraftConfig) if f.name == name)
+    if not f.metadata.get("cli", True):
+        return f"{name}="
+    return (f.metadata.get("flags") or (f"--{name.replace('_', '-')}",))[0]
+
+
 def default_graft_out(cfg: GraftConfig) -> Path:
     """RUN/grafts/<rl>-<groups>-<layers>[-a<α>][-reverse]."""
     tag = f"{result_labels([cfg.rl])[0]}-{cfg.groups.replace(',', '+') or 'none'}-{cfg.layers.replace(',', '_')}"
@@ -153,7 +229,7 @@ def default_graft_out(cfg: GraftConfig) -> Path:
         tag += f"-a{cfg.alpha:g}"
     if cfg.reverse:
         tag += "-reverse"
-    return current_run(cfg.run) / "grafts" / tag
+    return run_layout(cfg.run).grafts / tag
 
 
 # ------------------------------------------------------------------------------------------ export
@@ -171,8 +247,8 @@ def run_graft(cfg: GraftConfig, on_progress: OnProgress = no_progress):
 
     t0 = time.perf_counter()
     spec = cfg.spec()
-    cfg = cfg.replace(rl=resolve_models(must_exist(cfg.rl))[0])  # a trainer's output_dir: its last checkpoint
-    base_path = rl_base(cfg.rl, cfg.base)
+    cfg = cfg.replace(rl=checkpoint_of(cfg.rl, "--from"))  # a trainer's output_dir: its last checkpoint
+    base_path = base_of(cfg.rl, cfg.base)
     b, (stored,) = open_pair(base_path, [cfg.rl], allow_pickle=cfg.allow_pickle, unknown=cfg.unknown,
                              config=cfg.config)
     tax = b.taxonomy(cfg.unknown)
@@ -306,81 +382,116 @@ def _sweep_dest(cfg: GraftConfig, key: str, label: str) -> Path:
     if cfg.save and key == "A":
         return cfg.save
     if cfg.save and key == "B":
-        return cfg.save.with_name(f"{cfg.save.stem}-vs{cfg.save.suffix}")
-    return (cfg.results or current_run(cfg.run) / "results") / f"graft-{cfg.kind}-{label}.h5"
+        return with_tag(cfg.save, "vs")
+    return sweep_path(cfg.results or run_layout(cfg.run).results, cfg.kind, label)
+
+
+def _open_sweep(cfg: GraftConfig, base_path: Path, device: str) -> X.SweepWorker:
+    """The state each worker of a sweep's executor builds once, in its own process (this one for the serial
+    executor, never this one under Ray): the pair opened and every RL run read in base's dtypes
+    (:func:`_cast_pair`); the base policy loaded on ``device`` when first needed."""
+    from ..agent import load_policy, resolve_tasks
+    from ..weights import open_pair
+
+    paths = cfg.rl_paths
+    b, stored = open_pair(base_path, list(paths.values()), allow_pickle=cfg.allow_pickle, unknown=cfg.unknown,
+                          config=cfg.config)
+    tax = b.taxonomy(cfg.unknown)
+    rls = {key: _cast_pair(cfg, b, r, tax) for key, r in zip(paths, stored)}
+
+    def load():
+        resolve_tasks(cfg.tasks)  # a user's verifiable tasks are registered in the worker's process too
+        # a single-file base is built over the config (and tokenizer) its names were matched with
+        return load_policy(Path(base_path), allow_pickle=cfg.allow_pickle, obs="text",
+                           config=cfg.config or b.config_from, device=device, dtype=cfg.dtype)
+
+    return X.SweepWorker(b, rls, load, unknown=cfg.unknown, tax=tax)
+
+
+def _plan(worker: X.SweepWorker, cfg: GraftConfig) -> tuple[list[X.GraftExperiment], tuple[str, ...], list[str]]:
+    """On a worker: the configurations, the groups they vary (each spec checked to select something) and how
+    the checkpoints were read. Reads no tensor values."""
+    from ..weights import notes
+
+    exps, chosen = _experiments(cfg, worker.tax)
+    X.plan_sweep(worker.tax, exps)
+    return exps, chosen, notes(worker.base, *worker.rls.values())
+
+
+@dataclass(frozen=True)
+class _Survey:
+    """What a sweep's first worker measures of the pair before any configuration plays."""
+
+    movement: dict[str, dict[str, float]]
+    """Run key → group → share of the run's squared weight movement."""
+    forced: tuple[str, ...]
+    """The notes of a pair graded no fine-tune but forced (--force-pair)."""
+    base: dict
+    rls: dict[str, dict]
+    """The checkpoints' descriptions (path, fingerprint), the RL runs' by key."""
+    placement: dict
+    """Where and in what precision the base policy runs."""
+
+
+def _survey(worker: X.SweepWorker, cfg: GraftConfig, labels: dict[str, str]) -> _Survey:
+    """On a worker: the movement shares' delta pass, before the policy loads (it also refuses a pair that is no
+    fine-tune), the checkpoints' fingerprints, and the loaded policy's placement."""
+    from ..weights import describe
+    from .anatomy import DeltaResult, delta_anatomy
+
+    movement, forced = {}, []
+    for key, r in worker.rls.items():
+        d = DeltaResult(delta_anatomy(worker.base, [r], [labels[key]], worker.tax, force_pair=cfg.force_pair))
+        movement[key] = d.group_shares(0)
+        forced += [f"{labels[key]}: {x}" if cfg.vs is not None else x for x in d.result.attrs["pair_notes"]]
+    return _Survey(movement, tuple(forced), describe(worker.base),
+                   {key: describe(r) for key, r in worker.rls.items()}, worker.placement)
 
 
 def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progress):
     """Expand the configurations, graft each into the loaded base in place, evaluate, compare and attribute
     (one bar per configuration, in episodes); with ``--vs`` the same for the second run (sharing the base's
-    outcomes) and the double-dissociation test. Returns :class:`GraftExperiments` (the plan with --dry-run)."""
-    from ..agent import Decode, load_policy, resolve_tasks, seed_list
-    from ..weights import describe, notes, open_pair
-    from .anatomy import DeltaResult, delta_anatomy
+    outcomes) and the double-dissociation test. Returns :class:`GraftExperiments` (the plan with --dry-run).
+
+    The executor is picked once: its workers (this process, or Ray workers) each open the pair and load the
+    base once (:func:`_open_sweep`); with Ray, this process opens no checkpoint. The first worker plans and
+    surveys the pair; every configuration still to play then runs as units
+    (:func:`graftkit.graft.experiments.execute_sweep`)."""
+    from ..agent import Decode, resolve_tasks, seed_list
+    from ..core.executor import Executor
 
     t0 = time.perf_counter()
-    cfg = cfg.replace(rl=resolve_models(must_exist(cfg.rl))[0])  # a trainer's output_dir: its last checkpoint
-    base_path = rl_base(cfg.rl, cfg.base)
-    paths = [cfg.rl] + ([must_exist(cfg.vs, "--vs")] if cfg.vs is not None else [])
-    b, stored = open_pair(base_path, paths, allow_pickle=cfg.allow_pickle, unknown=cfg.unknown, config=cfg.config)
-    tax = b.taxonomy(cfg.unknown)
-    rls = [_cast_pair(cfg, b, r, tax) for r in stored]
-    runs = dict(zip("AB", zip(paths, rls)))
-    exps, chosen = _experiments(cfg, tax)
-    X.plan_sweep(tax, exps)  # every spec must select something, before any model loads
-    labels = dict(zip(runs, result_labels([p for p, _ in runs.values()])))
-    if cfg.dry_run:
-        return {"sweep": cfg.kind, "base": str(base_path), "rl": {k: str(p) for k, (p, _) in runs.items()},
-                "groups": list(chosen), "count": len(exps), "experiments": [e.as_dict() for e in exps],
-                "dry_run": True, "notes": notes(b, *rls)}
-    # the movement shares' delta pass, before the policy loads: it also refuses a pair that is no fine-tune
-    movement, forced = {}, []
-    for key, (_, r) in runs.items():
-        d = DeltaResult(delta_anatomy(b, [r], [labels[key]], tax, force_pair=cfg.force_pair))
-        movement[key] = d.group_shares(0)
-        forced += [f"{labels[key]}: {x}" if cfg.vs is not None else x for x in d.result.attrs["pair_notes"]]
-    tasks, seeds = resolve_tasks(cfg.tasks), seed_list(cfg.seeds)
-    decode = Decode(greedy=not cfg.sample, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
-    policy_config, keys = cfg.config or b.config_from, list(runs)  # paths and flags only: a Ray worker gets them
-
-    def load(device: str):
-        # a single-file base is built over the config (and tokenizer) its names were matched with
-        return load_policy(Path(base_path), allow_pickle=cfg.allow_pickle, obs="text", config=policy_config,
-                           device=device, dtype=cfg.dtype)
-
-    def open_worker():  # on a Ray worker: the base loaded once, the checkpoints opened as above
-        from ..core.executor import worker_device
-
-        resolve_tasks(cfg.tasks)  # a user's verifiable tasks are loaded in the worker too
-
-        wb, wrl = open_pair(base_path, paths, allow_pickle=cfg.allow_pickle, unknown=cfg.unknown, config=cfg.config)
-        wrl = [_cast_pair(cfg, wb, r, wb.taxonomy(cfg.unknown)) for r in wrl]
-        return X.SweepWorker(load(worker_device(cfg.device)), wb, dict(zip(keys, wrl)), cfg.unknown)
-
-    with contextlib.ExitStack() as stack:
-        if cfg.executor == "ray":  # one worker per GPU or CPU, each holding the loaded base
-            from ..core.executor import ray_pool
-
-            pool = stack.enter_context(ray_pool(open_worker, len(exps) * len(runs), address=cfg.ray_address,
-                                                workers=cfg.workers, device=cfg.device))
-            policy, placement = pool, pool.broadcast(lambda w: w.placement)[0]
-        else:
-            policy = load(cfg.device)
-            placement = policy.placement
-        setup = {"base": describe(b), "tasks": tasks, "seeds": seeds, "episodes": cfg.episodes,
+    cfg = cfg.replace(rl=checkpoint_of(cfg.rl, "--from"),  # a trainer's output_dir: its last checkpoint
+                      vs=checkpoint_of(cfg.vs, "--vs") if cfg.vs is not None else None)
+    base_path = base_of(cfg.rl, cfg.base)
+    paths = cfg.rl_paths
+    labels = dict(zip(paths, result_labels(list(paths.values()))))
+    executor = Executor() if cfg.dry_run else Executor.of(cfg)  # a plan reads no values: here, without Ray
+    with executor.pool(functools.partial(_open_sweep, cfg, Path(base_path), executor.unit_device)) as pool:
+        exps, chosen, read_notes = pool.first(functools.partial(_plan, cfg=cfg))
+        if cfg.dry_run:
+            return {"sweep": cfg.kind, "base": str(base_path), "rl": {k: str(p) for k, p in paths.items()},
+                    "groups": list(chosen), "count": len(exps), "experiments": [e.as_dict() for e in exps],
+                    "dry_run": True, "notes": read_notes}
+        survey = pool.first(functools.partial(_survey, cfg=cfg, labels=labels))
+        decode = Decode(greedy=not cfg.sample, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
+        grid = X.EpisodeGrid(tuple(resolve_tasks(cfg.tasks)), tuple(seed_list(cfg.seeds)), cfg.episodes, decode,
+                             cfg.batch_size)
+        setup = {"base": survey.base, "tasks": list(grid.tasks), "seeds": list(grid.seeds), "episodes": cfg.episodes,
                  "decode": asdict(decode), "unknown": cfg.unknown,
                  # outcomes of one sweep come from one precision on one kind of device (a resume checks it)
-                 "placement": {"device": placement["device"].split(":")[0], "dtype": placement["dtype"]}}
+                 "placement": {"device": survey.placement["device"].split(":")[0], "dtype": survey.placement["dtype"]}}
+        width = pool.size(len(exps) * len(paths))
         outcomes, sweeps, files, resumed = {}, {}, {}, {}
-        for key, (path, r) in runs.items():
-            dest = _sweep_dest(cfg, key, labels[key])
-            run_setup = {**setup, "rl": describe(r)}
-            done = X.resume_outcomes(dest, exps, run_setup)
+        for key in paths:
+            run = SweepRun(key, labels[key], _sweep_dest(cfg, key, labels[key]), cfg.kind, tuple(exps), chosen,
+                           cfg.layers if cfg.kind not in ("layers", "eval") else "all", grid, survey.movement[key],
+                           {**setup, "rl": survey.rls[key]}, cfg.as_dict())
+            done = X.resume_outcomes(run.dest, exps, run.setup)
             resumed[key] = sorted(done)
             if key == "B" and X.BASE_LABEL in outcomes["A"]:
                 done.setdefault(X.BASE_LABEL, outcomes["A"][X.BASE_LABEL])  # one base for both runs
-            res = _sweep_one(cfg, exps, chosen, policy, b, r, tax, labels[key], dest, done, run_setup, decode,
-                             on_progress, movement[key], key)
+            res = _sweep_one(pool, run, done, width, on_progress, executor.local)
             outcomes[key] = res.all_outcomes()
             files[key], sweeps[key] = str(res.path), res
     dis = None
@@ -389,48 +500,68 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
         subsets = {k: X.subset_outcomes(exps, outcomes[k], layers) for k in outcomes}
         d = attr.dissociation(subsets["A"], subsets["B"], chosen, kind=X.GROUP_EFFECT[cfg.kind])
         res = X.dissociation_result(d, {k: {"path": str(p), "label": labels[k], "result": files[k]}
-                                        for k, (p, _) in runs.items()},
+                                        for k, p in paths.items()},
                                     attrs={"base": setup["base"], "sweep": cfg.kind, "config": cfg.as_dict()})
-        dest = (cfg.results or current_run(cfg.run) / "results") / f"graft-dissociation-{labels['A']}-vs-{labels['B']}.h5"
+        dest = dissociation_path(cfg.results or run_layout(cfg.run).results, labels["A"], labels["B"])
         files["dissociation"] = str(write_result(dest, res))
         dis = X.DissociationResult.from_result(res, dest)
-    return GraftExperiments(Path(base_path), {k: p for k, (p, _) in runs.items()}, labels, sweeps, dis, files,
-                            resumed, time.perf_counter() - t0, (*notes(b, *rls), *forced))
+    return GraftExperiments(Path(base_path), dict(paths), labels, sweeps, dis, files, resumed,
+                            time.perf_counter() - t0, (*read_notes, *survey.forced))
 
 
-def _sweep_one(cfg: GraftConfig, exps, chosen, policy, b, r, tax, label: str, dest: Path, done: dict,
-               setup: dict, decode, on_progress: OnProgress, movement: dict[str, float], key: str = "A"
-               ) -> X.SweepResult:
-    """One run's sweep: evaluate what ``done`` lacks, a partial result after every configuration (an
-    interrupted sweep resumes from it), then the finished result at ``dest``. ``movement``: group → share
-    of the run's squared movement. ``policy``: the loaded base, or with --executor ray the pool of
-    :class:`~graftkit.graft.experiments.SweepWorker` s that evaluate run ``key``'s configurations."""
-    grid = (setup["tasks"], setup["seeds"], cfg.episodes, chosen)
-    common = dict(layers=cfg.layers if cfg.kind not in ("layers", "eval") else "all", movement_share=movement,
-                  attrs={**setup, "rl_label": label, "config": cfg.as_dict()})
-    partial = dict(done)
+@dataclass(frozen=True)
+class SweepRun:
+    """One RL run's sweep as this process writes it: what it plays, where its result goes, what it records."""
 
-    def stream(e, s):
+    key: str
+    """A (--from) or B (--vs)."""
+    label: str
+    """The run's name in progress lines and result names."""
+    dest: Path
+    """Its result file (the partial result beside it while it runs)."""
+    kind: str
+    """The sweep, or eval."""
+    experiments: tuple[X.GraftExperiment, ...]
+    groups: tuple[str, ...]
+    """The groups the sweep varies: the attribution's group axis."""
+    layers: str
+    """The layer selection of the configurations that are plain subsets of groups (the attribution's)."""
+    grid: X.EpisodeGrid
+    movement: dict[str, float]
+    """Group → share of the run's squared weight movement."""
+    setup: dict
+    """What a resume must find unchanged: base and RL descriptions, episodes, decoding, placement."""
+    config: dict
+    """The command's config, saved into the result."""
+
+    def result(self, success: dict, *, complete: bool = True):
+        """The ``graft-sweep`` result of the outcomes in so far (``complete=False``: no comparisons, for the
+        partial result)."""
+        g = self.grid
+        return X.sweep_result(self.kind, self.experiments, success, g.tasks, g.seeds, g.episodes, self.groups,
+                              layers=self.layers, movement_share=self.movement, compare_configs=complete,
+                              attrs={**self.setup, "rl_label": self.label, "config": self.config})
+
+
+def _sweep_one(pool, run: SweepRun, done: dict, width: int, on_progress: OnProgress, local: bool) -> X.SweepResult:
+    """One run's sweep on ``pool`` (planned for ``width`` workers): play what ``done`` lacks, write a partial
+    result as each configuration completes (an interrupted sweep resumes from it), then the finished result
+    at ``run.dest``. Progress is per episode where the units run in this process (``local``), else per
+    configuration as it completes."""
+    partial, per, current = dict(X.checked_done(done, run.grid.shape)), run.grid.count, {}
+
+    def finished(e, s) -> None:
+        if not local:
+            on_progress(f"{run.label}: {e.label}", per, per, "episodes")
         partial[e.label] = s
-        write_result(X.partial_path(dest), X.sweep_result(cfg.kind, exps, partial, *grid, compare_configs=False,
-                                                          **common))
+        write_result(partial_path(run.dest), run.result(partial, complete=False))
 
-    per, current = len(setup["tasks"]) * len(setup["seeds"]) * cfg.episodes, {}
-    if cfg.executor == "ray":  # progress per finished configuration, the partial result written here
-        def finished(e, s):
-            on_progress(f"{label}: {e.label}", per, per, "episodes")
-            stream(e, s)
-
-        success = X.distribute_graft_sweep(exps, policy, key, b, setup["tasks"], setup["seeds"], cfg.episodes, decode,
-                                           done=done, on_result=finished, unknown=cfg.unknown,
-                                           batch_size=cfg.batch_size)
-    else:
-        success = X.run_graft_sweep(
-            exps, policy, b, r, setup["tasks"], setup["seeds"], cfg.episodes, decode, done=done,
-            on_start=lambda e: current.update(what=f"{label}: {e.label}"),
-            on_episode=lambda ep: on_progress(current["what"], 1, per, "episodes"), on_result=stream,
-            unknown=cfg.unknown, batch_size=cfg.batch_size)
-    res = X.sweep_result(cfg.kind, exps, success, *grid, **common)
-    written = write_result(dest, res)
-    X.partial_path(dest).unlink(missing_ok=True)
+    units = X.plan_units(run.experiments, len(run.grid.seeds), width, run=run.key, done=partial)
+    X.execute_sweep(pool, units, run.grid, workers=width,
+                    on_start=lambda u: current.update(what=f"{run.label}: {u.experiment.label}"),
+                    on_episode=(lambda ep: on_progress(current["what"], 1, per, "episodes")) if local else None,
+                    on_result=finished)
+    res = run.result(partial)
+    written = write_result(run.dest, res)
+    partial_path(run.dest).unlink(missing_ok=True)
     return X.SweepResult.from_result(res, written)

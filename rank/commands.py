@@ -21,7 +21,9 @@ import numpy as np
 from ..core.config import CommandConfig, RunOption, DeviceOption, check_choice, no_progress, opt
 from ..core.errors import GraftkitError
 from ..stats import fold_episodes
-from ..results.store import Result, current_run, read_result, result_labels, write_result
+from ..results.layout import (RunLayout, coupling_path, current_run, find_results, glob_pattern, layer_tag, rank_path,
+                              result_labels)
+from ..results.store import Result, read_result, write_result
 from ..weights.commands import ReadOptions
 from .coupling import CouplingResult
 from .results import BACKENDS, METRICS, PAIR_METRICS, TOKENS, RankResult
@@ -37,7 +39,8 @@ class RankConfig(ReadOptions, RunOption, DeviceOption):
     model: tuple[Path, ...] = opt((), flags=("--model",))
     """Checkpoint(s) (default: every model folder of the current run)."""
     vs: Path | None = opt(None, flags=("--vs",))
-    """Base for --what delta (default: each model's recorded SFT parent)."""
+    """Base for --what delta, and of a LoRA adapter (default: what each model records: its graftkit.json parent,
+    else the adapter's local base_model_name_or_path)."""
     what: str = opt("weights", flags=("--what",))
     """weights | delta | activations."""
     layers: str = "all"
@@ -99,8 +102,7 @@ class RankConfig(ReadOptions, RunOption, DeviceOption):
     @property
     def tag(self) -> str:
         """The result-file suffix naming a layer selection ('' for all layers)."""
-        spec = self.layers.strip().lower()
-        return "" if spec in ("", "all") else "-" + spec.replace(",", "+")
+        return layer_tag(self.layers)
 
 
 def run_checkpoints(run: Path) -> list[Path]:
@@ -113,14 +115,10 @@ def run_checkpoints(run: Path) -> list[Path]:
 
 
 def _models(cfg: RankConfig, run: Path) -> list[Path]:
-    from ..weights import recorded_base
-    from ..weights.runs import resolve_models
+    from ..weights import checkpoint_of, recorded_base
 
     if cfg.model:
-        for p in cfg.model:
-            if not p.exists():
-                raise GraftkitError(f"{p}: no such file or folder", "check the --model path")
-        models = [m for p in cfg.model for m in resolve_models(p)]  # a trainer's output_dir: its last checkpoint
+        models = [checkpoint_of(p, "--model") for p in cfg.model]  # a trainer's output_dir: its last checkpoint
     else:
         models = run_checkpoints(run)
         if cfg.what == "delta" and cfg.vs is None:
@@ -147,28 +145,9 @@ def run_rank(cfg: RankConfig, on_progress=no_progress) -> dict:
     return payload
 
 
-def _base_of(path: Path, vs: Path | None) -> Path:
-    """The base of ``rank --what delta``: ``--vs``, else the RL checkpoint's recorded SFT parent or, for a LoRA
-    adapter, its local base model."""
-    from ..weights import recorded_base
-    from ..weights.lora import adapter_base, is_lora_folder
-
-    if vs is not None:
-        return Path(vs)
-    if is_lora_folder(Path(path)):
-        return adapter_base(Path(path), None, "--vs")
-    found = recorded_base(Path(path))
-    if found is None or not found.exists():
-        why = "records no SFT parent (no graftkit.json with base_model)" if found is None else \
-            f"records its SFT parent as {found}, which no longer exists"
-        raise GraftkitError(f"{path} {why}", "pass the SFT base as --vs SFT_FOLDER")
-    return found
-
-
 def _rank_weights(cfg: RankConfig, models: list[Path], labels: list[str], run: Path, on_progress) -> dict:
     from . import delta_ranks, weight_ranks
-    from ..weights import band_rule, notes, open_one, open_pair, shared_vocab
-    from ..weights.lora import is_lora_folder, open_adapted
+    from ..weights import band_rule, base_of, notes, open_model, open_pair, shared_vocab
     from ..weights.taxonomy import DECODER
 
     from ..core.devices import resolve_device
@@ -183,11 +162,11 @@ def _rank_weights(cfg: RankConfig, models: list[Path], labels: list[str], run: P
         prov = {"config": cfg.as_dict()}
         base_ck = None
         if cfg.what == "delta":
-            base_ck, (ckpt,) = open_pair(_base_of(path, cfg.vs), [path], **read, base_flag="--vs")
+            base_ck, (ckpt,) = open_pair(base_of(path, cfg.vs, flag="--vs"), [path], **read, base_flag="--vs")
             if cfg.shared_vocab:
                 ckpt = shared_vocab(ckpt, base_ck, base_ck.taxonomy(cfg.unknown))
         else:
-            ckpt = open_adapted(path, cfg.vs, "--vs") if is_lora_folder(path) else open_one(path, **read)
+            ckpt = open_model(path, cfg.vs, flag="--vs", **read)
         tax = (base_ck or ckpt).taxonomy(cfg.unknown)
         total = (base_ck or ckpt).nbytes * (2 if base_ck else 1)
         tick = lambda n, nbytes: on_progress(f"rank {lab}", nbytes, total, "bytes")  # noqa: E731
@@ -195,7 +174,7 @@ def _rank_weights(cfg: RankConfig, models: list[Path], labels: list[str], run: P
                            device=device)
                if base_ck
                else weight_ranks(ckpt, tax, cfg.layers, on_tensor=tick, provenance=prov, device=device))
-        dest = write_result(cfg.save or run / "results" / f"rank-{cfg.what}-{lab}{cfg.tag}.h5", res,
+        dest = write_result(cfg.save or rank_path(RunLayout(run).results, cfg.what, lab, cfg.layers), res,
                             flag="--save" if cfg.save else None)
         view = RankResult.from_result(res, dest)
         payload["models"][lab] = {"path": str(path), "base": str(base_ck.path) if base_ck else None,
@@ -212,7 +191,7 @@ def _rank_weights(cfg: RankConfig, models: list[Path], labels: list[str], run: P
 
 def _rank_activations(cfg: RankConfig, models: list[Path], labels: list[str], run: Path, on_progress) -> dict:
     from ..agent import load_policy
-    from ..weights import describe, open_one
+    from ..weights import describe, open_model
     from .activations import activation_ranks, probe_prompts, prompts_from_file
 
     prompts = prompts_from_file(cfg.probe_file) if cfg.probe_file is not None else probe_prompts(cfg.tasks, cfg.probes)
@@ -221,16 +200,17 @@ def _rank_activations(cfg: RankConfig, models: list[Path], labels: list[str], ru
                      "tokens": cfg.tokens, "centred": cfg.centred, "probes": {"n": len(prompts), **source},
                      "models": {}}
     for path, lab in zip(models, labels):
-        policy = load_policy(Path(path), allow_pickle=cfg.allow_pickle, config=cfg.config, device=cfg.device,
-                             dtype=cfg.dtype)
-        desc = describe(open_one(path, allow_pickle=cfg.allow_pickle, config=cfg.config))
+        # opened first: a LoRA adapter whose base is not found is refused naming --vs, before any loading
+        desc = describe(open_model(path, cfg.vs, flag="--vs", allow_pickle=cfg.allow_pickle, config=cfg.config))
+        policy = load_policy(Path(path), allow_pickle=cfg.allow_pickle, config=cfg.config, base=cfg.vs,
+                             device=cfg.device, dtype=cfg.dtype)
         tick = lambda n: on_progress(f"rank activations {lab}", n, len(prompts), "prompts")  # noqa: E731
         # the model was loaded for the measurement alone: TransformerBridge may rewire it in place
         res = activation_ranks(policy, None, prompts, cfg.layers, tokens=cfg.tokens, centred=cfg.centred,
                                backend=cfg.backend, batch_size=cfg.batch_size, on_batch=tick, give_model=True,
                                checkpoint=desc, provenance={"config": cfg.as_dict(), "probes": payload["probes"]})
         del policy
-        dest = write_result(cfg.save or run / "results" / f"rank-activations-{lab}{cfg.tag}.h5", res,
+        dest = write_result(cfg.save or rank_path(RunLayout(run).results, "activations", lab, cfg.layers), res,
                             flag="--save" if cfg.save else None)
         payload["models"][lab] = {"path": str(path), "base": None, "result_file": str(dest),
                                   "layers": RankResult.from_result(res, dest).layer_rows(cfg.shown),
@@ -296,12 +276,12 @@ def _newest(found: dict, key: str, entry: dict, better) -> None:
 def _discover(results: Path, what: str) -> tuple[dict, dict]:
     """model key → the rank result (most layers, then newest) and the newest greedy eval result."""
     ranks, evals = {}, {}
-    for p in sorted(results.glob(f"rank-{what}-*.h5")):
+    for _, p in find_results(results, "rank", what=what):
         view = RankResult.read(p)
         _newest(ranks, _model_key(view.result, p), {"path": p, "res": view},
                 lambda a, b: (len(a["res"].layer_ids), str(a["res"].attrs.get("created")))
                 > (len(b["res"].layer_ids), str(b["res"].attrs.get("created"))))
-    for p in sorted(results.glob("eval-*-greedy.h5")):
+    for _, p in find_results(results, "eval", decoding="greedy", obs="text"):
         res = read_result(p)
         if res.kind != "eval":
             continue
@@ -318,8 +298,8 @@ def _coupled(cfg: CoupleConfig, ranks: dict, evals: dict, results: Path) -> list
         no_eval = [f"{ranks[k]['path'].name} (make it: graftkit eval --model {k})" for k in sorted(set(ranks) - set(evals))]
         no_rank = [f"{evals[k]['path'].name} (make it: graftkit rank --model {k} --what {cfg.what})"
                    for k in sorted(set(evals) - set(ranks))]
-        parts = [f"{len(both)} checkpoint(s) in {results} have both a rank-{cfg.what}-*.h5 and an eval-*-greedy.h5 "
-                 "result; coupling needs at least 3"]
+        parts = [f"{len(both)} checkpoint(s) in {results} have both a {glob_pattern('rank', what=cfg.what)} and an "
+                 f"{glob_pattern('eval', decoding='greedy', obs='text')} result; coupling needs at least 3"]
         if no_eval:
             parts.append("rank results without an eval: " + "; ".join(no_eval))
         if no_rank:
@@ -421,8 +401,8 @@ def run_couple(cfg: CoupleConfig, on_progress=no_progress) -> dict:
     from ..weights import band_rule
 
     t0 = time.perf_counter()
-    run_dir = Path(cfg.run) if cfg.run is not None else current_run()
-    results = run_dir / "results"
+    run_dir = current_run(cfg.run)
+    results = RunLayout(run_dir).results
     if not results.is_dir():
         raise GraftkitError(f"{results}: no results folder", "pass a run folder, or run `graftkit demo` first")
     ranks, evals = _discover(results, cfg.what)
@@ -448,7 +428,7 @@ def run_couple(cfg: CoupleConfig, on_progress=no_progress) -> dict:
     parent = _parents(cfg, both)
     bd, diffs = _both_directions(cfg, both, parent, R, success, outcome, labels, layer_ids, n_layers)
     res = CouplingResult(coupling_result(corr, bd))
-    dest = write_result(cfg.save or results / f"coupling-{cfg.what}-{cfg.metric}.h5", res.to_result(),
+    dest = write_result(cfg.save or coupling_path(results, cfg.what, cfg.metric), res.to_result(),
                         flag="--save" if cfg.save else None)
     index = {k: i for i, k in enumerate(both)}
     checkpoints = [{"label": lab, "model": k, "success": float(success[i]), "episodes": int(n_success[i]),

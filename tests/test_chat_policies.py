@@ -75,6 +75,7 @@ def _cli(args, tmp_path, monkeypatch):
     return json.loads(res.stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("style", list(STYLES))
 def test_every_agent_command_runs_on_a_chat_model(folders, style, tmp_path, monkeypatch):
     model, ep = str(folders[style]), ["--tasks", "click-button,click-link", "--seeds", "2", "--episodes", "1"]

@@ -83,7 +83,7 @@ def test_graft_and_delta_as_written_on_a_run(cli):
 
     sft, rl = planted_pair(cli.cwd / "runs")  # the current run by default
 
-    # as written in DESIGN.md: the base comes from the RL model's graftkit.json
+    # as written in docs/design.md: the base comes from the RL model's graftkit.json
     g = cli("graft", "--from", rl, "--groups", "attn,mlp")
     assert g.exit_code == 0, g.output
     recorded = Path(json.loads((rl / "graftkit.json").read_text())["base_model"]["path"])
@@ -138,7 +138,7 @@ def test_quick_demo_then_graft_and_rank_as_written(tmp_path):
     assert {p: p.stat().st_mtime_ns for p in kept} == kept  # nothing finished was redone
     assert "skip" not in again.stdout and "done before" in again.stderr
     rl = Path(info["models"]["degrade-s0"])
-    # as written in DESIGN.md, after the demo: defaults come from the current run and graftkit.json
+    # as written in docs/design.md, after the demo: defaults come from the current run and graftkit.json
     r = run("rank", "--layers", "late", "--json")
     assert r.returncode == 0, r.stderr
     assert set(_strict(r.stdout)["models"]) >= {"sft", "degrade-s0"}

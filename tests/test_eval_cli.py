@@ -57,6 +57,16 @@ def test_eval_json_and_store(saved, tmp_path, monkeypatch):
 
 
 def test_eval_compare_pairs_identical_episodes(saved, tmp_path, monkeypatch):
+    import graftkit.agent
+
+    played = []
+    real = graftkit.agent.evaluate
+
+    def counting(policy, *args, **kwargs):
+        played.append(policy)
+        return real(policy, *args, **kwargs)
+
+    monkeypatch.setattr(graftkit.agent, "evaluate", counting)
     res = _run(["eval", "--model", str(saved[0]), "--compare", str(saved[1]), "--tasks", "click-button",
                 "--seeds", "2", "--episodes", "2", "--json"], tmp_path, monkeypatch)
     assert res.exit_code == 0, res.output
@@ -64,11 +74,17 @@ def test_eval_compare_pairs_identical_episodes(saved, tmp_path, monkeypatch):
     assert row["verdict"] in ("credibly better", "credibly worse", "no credible change")
     assert row["bootstrap"][0] <= row["diff"] <= row["bootstrap"][1]
     assert 0 <= row["mcnemar_p"] <= 1
-    # the same model against itself: zero difference, no credible change
+    assert len(played) == 2
+    # the same model against itself: evaluated once, zero difference, no credible change
     res = _run(["eval", "--model", str(saved[0]), "--compare", str(saved[0]), "--tasks", "click-button",
                 "--seeds", "2", "--episodes", "2", "--json"], tmp_path, monkeypatch)
-    row = json.loads(res.stdout)["tasks"][0]
+    assert res.exit_code == 0, res.output
+    assert len(played) == 3
+    payload = json.loads(res.stdout)
+    row = payload["tasks"][0]
     assert row["diff"] == 0 and row["verdict"] == "no credible change" and row["mcnemar_p"] == 1
+    model, compare = (read_result(payload["files"][k]) for k in ("model", "compare"))
+    assert (model["success"] == compare["success"]).all()
 
 
 def test_headroom_json(saved, tmp_path, monkeypatch):

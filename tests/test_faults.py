@@ -188,6 +188,7 @@ def test_full_disk_report(run, full_disk, tmp_path):
     assert sorted(p.name for p in full_disk.iterdir()) == ["filler", "filler.sha"]
 
 
+@pytest.mark.slow
 def test_full_disk_train_grpo_is_refused_before_training(policy, full_disk, tmp_path):
     before = tree_hash(policy)
     proc = gk("train", "grpo", "--init", policy, "--out", full_disk / "rl", "--run", tmp_path / "r", *GRPO, cwd=tmp_path)
@@ -221,6 +222,7 @@ def test_read_only_report(run, read_only, tmp_path):
     assert sorted(p.name for p in read_only.iterdir()) == ["existing.txt"]
 
 
+@pytest.mark.slow
 def test_read_only_train_grpo_fails_before_training(policy, read_only, tmp_path):
     proc = gk("train", "grpo", "--init", policy, "--out", read_only / "rl", "--run", tmp_path / "r", *GRPO,
               cwd=tmp_path)

@@ -21,8 +21,8 @@ from graftkit.graft.experiments import SweepResult, expand_sweep, label_for, swe
 from graftkit.rank.coupling import CouplingResult, both_directions, coupling, coupling_result
 from graftkit.stats import BETTER, NO_CHANGE, WORSE, wilson_interval
 from graftkit.results.store import Result, read_result, write_result
+from graftkit.study.design import SUITES
 from graftkit.study.pipeline import StudyConfig
-from graftkit.webenv.tasks import SUITES
 
 S, E = 25, 8
 #: The suites the rules are planted on, fixed here so the planted outcomes do not depend on the shipped suites.

@@ -1,8 +1,10 @@
-"""DESIGN.md's one-way data flow, enforced by parsing every module's imports."""
+"""docs/design.md's one-way data flow, enforced by parsing every module's imports."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,7 +104,7 @@ def test_import_rules_hold():
         unit = _unit(path)
         if unit in EVERYTHING or unit in LEAVES:
             continue
-        assert unit in ALLOWED, f"{path}: unit '{unit}' has no import rule; add it to ALLOWED and DESIGN.md"
+        assert unit in ALLOWED, f"{path}: unit '{unit}' has no import rule; add it to ALLOWED and docs/design.md"
         for target in _imports(path) - LEAVES - {unit}:
             if target not in ALLOWED[unit]:
                 violations.append(f"{path.relative_to(ROOT)} imports {target}")
@@ -128,3 +130,15 @@ def test_only_safetensors_io_in_weights():
         if "safe_open" in text or "safetensors.torch" in text or "import safetensors" in text:
             offenders.append(str(path.relative_to(ROOT)))
     assert not offenders, f"safetensors used outside weights/: {offenders}"
+
+
+def test_import_graftkit_loads_neither_torch_nor_plotly():
+    """``import graftkit`` stays light (its docstring says so): torch loads when a model runs, plotly when a figure
+    is drawn. A fresh interpreter, since this one has imported both already."""
+    probe = ("import sys, graftkit; graftkit.figures; graftkit.eval; "
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'plotly', 'transformers'}))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    drawn = "import sys, graftkit; graftkit.figures.success_rates; print('plotly' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", drawn], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True"

@@ -228,6 +228,7 @@ def test_probe_prompts_are_the_policys_first_turn(tmp_path):
         probe_prompts("no-such-task", 3)
 
 
+@pytest.mark.slow
 def test_cli_end_to_end(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GRAFTKIT_RUNS", str(tmp_path / "runs"))

@@ -148,7 +148,7 @@ def test_both_directions_hand_built_counts_and_verdicts():
     verdicts = [BETTER] * 5 + [WORSE] * 5 + [NO_CHANGE] * 2
     ds = np.array([0.2, 0.1, 0.3, 0.15, 0.25, -0.2, -0.1, -0.3, -0.15, -0.25, 0.01, -0.02])
     base_s, base = 0.5, np.full(6, 10.0)
-    up, down = np.ones(12), -np.ones(12)
+    up = np.ones(12)
     sign_s = np.sign(ds)
     cols = {
         0: sign_s,                                      # tracks in both directions

@@ -253,6 +253,7 @@ def test_device_memory_is_the_gram_plus_one_block():
 # ------------------------------------------------------------------------------------ the GPU check script
 
 
+@pytest.mark.slow
 def test_gpu_rank_check_small_on_cpu_runs_end_to_end(tmp_path):
     """benchmarks/gpu_rank_check.py on a tiny pair with the CPU on both sides: every check passes and the
     record holds the figures a GPU run reports."""

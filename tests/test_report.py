@@ -1,7 +1,7 @@
 """The HTML report and the CSV export: sections per result kind, self-containment, escaping, browser rendering.
 
 Results of every kind the report reads are built here as synthetic labelled arrays through store.py (the
-schemas of DESIGN.md and the producers), with known values, so each figure's content can be checked.
+schemas of docs/design.md and the producers), with known values, so each figure's content can be checked.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from graftkit.cli import app
-from graftkit.figures import build_report, export_csv, load_run, make_report, write_report
+from graftkit.figures import build_report, make_report, write_report
 from graftkit.figures.browser import browser_available
 from graftkit.stats import compare, wilson_interval
 from graftkit.results.store import Result, list_results, read_result, write_result

@@ -246,6 +246,7 @@ def test_a_policy_from_a_single_file_is_the_folders_model(world):
         assert got.tokenizer.get_vocab() == want.tokenizer.get_vocab()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("style", STYLE_IDS)
 def test_eval_and_headroom_of_a_single_file_equal_the_folders(world, cli, style):
     f, config = world["files"][style], ("--allow-pickle", "--config", world["sft"])

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
-import time
+import types
 from pathlib import Path
 
 import h5py
@@ -177,9 +178,18 @@ def test_list_results(tmp_path):
     assert list_results(tmp_path / "missing") == []
 
 
-def test_list_results_oldest_first(tmp_path):
+def test_list_results_oldest_first(tmp_path, monkeypatch):
+    # Creation stamps have one-second resolution: a clock that moves a minute per reading orders the two writes
+    # without waiting for the wall clock.
+    readings = iter(range(60))
+
+    class Clock(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime.datetime(2025, 1, 1, tzinfo=tz) + datetime.timedelta(minutes=next(readings))
+
+    monkeypatch.setattr(store, "_dt", types.SimpleNamespace(datetime=Clock, timezone=datetime.timezone))
     write_result(tmp_path / "b.h5", sample("first"))
-    time.sleep(1.1)  # creation times have one-second resolution
     write_result(tmp_path / "a.h5", sample("second"))
     assert [r["kind"] for r in list_results(tmp_path)] == ["first", "second"]
 

@@ -12,10 +12,9 @@ from graftkit.study.findings import RLRun, finding_1, finding_2, findings_result
 import pytest
 
 from graftkit.core.errors import GraftkitError
-from graftkit.study.pipeline import (PRETRAINED_CALIBRATION, PRETRAINED_SUITES, REGIME_CALIBRATION, Study, StudyConfig, all_tasks,
-                            pretrained_source, rl_runs)
+from graftkit.study.design import PRETRAINED_CALIBRATION, PRETRAINED_SUITES, REGIME_CALIBRATION, SUITES
+from graftkit.study.pipeline import Study, StudyConfig, all_tasks, pretrained_source, rl_runs
 from graftkit.results.store import read_result, write_result
-from graftkit.webenv.tasks import SUITES
 
 S, E = 25, 2
 
@@ -93,7 +92,6 @@ def _study_evals(tmp_path, mastered_change: dict[str, float], headroom_gain: flo
 
 
 def _headroom(tmp_path):
-    tasks = all_tasks(StudyConfig(out="x"))
     o = _eval({}, 1)
     o_ = _roundtrip(tmp_path, "hr0", o)
     from graftkit.results.store import Result
@@ -173,7 +171,7 @@ def test_findings_read_the_study_suites(tmp_path):
 
 def test_arithmetic_domain_presets_study_verifiable_tasks():
     from graftkit.agent import is_problem
-    from graftkit.study.pipeline import ARITHMETIC_SUITES, DOMAIN_PRESETS
+    from graftkit.study.design import ARITHMETIC_SUITES, DOMAIN_PRESETS
 
     quick, full = StudyConfig.preset("q", True, domain="arithmetic"), StudyConfig.preset("f", domain="arithmetic")
     for cfg in (quick, full):

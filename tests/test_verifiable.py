@@ -3,7 +3,6 @@ environment, and every command that evaluates or trains taking them beside the w
 
 from __future__ import annotations
 
-import json
 from fractions import Fraction
 
 import numpy as np

@@ -148,6 +148,67 @@ def test_an_untrained_policy_is_told_the_answer_format(tmp_path, monkeypatch):
     assert "no completion stated an answer as <answer>" in " ".join(res.output.split())
 
 
+def _sums_file(tmp_path, name: str, numbers) -> str:
+    path = tmp_path / name
+    path.write_text("".join(json.dumps({"prompt": f"What is {i} + {i}?", "answer": 2 * i}) + "\n" for i in numbers))
+    return str(path)
+
+
+def _items_of(task: str, n: int) -> list[str]:
+    """The item ids of a user's file's n items (seed s shows item s)."""
+    from graftkit.verifiable import ProblemEnv, lookup
+    from graftkit.webenv.items import item_id
+
+    env = ProblemEnv(lookup(task))
+    return [item_id(env.reset(s)) for s in range(n)]
+
+
+def test_eval_plays_a_users_file_whole(tmp_path, monkeypatch, clean_registry):
+    """A 4-line file on its own is every item of it: the one-in-four held-out split is for a run that trains on it."""
+    from graftkit.agent import resolve_tasks, tiny_policy, tiny_words
+    from graftkit.weights import save_model
+    from graftkit.webenv.items import is_heldout
+
+    four = _sums_file(tmp_path, "four.jsonl", (3, 5, 7, 9))
+    (task,) = resolve_tasks(four)
+    items = _items_of(task, 4)
+    assert not all(is_heldout(i) for i in items)  # so held-out items alone would not be all four
+    p = tiny_policy(tiny_words((task,)), "nano", seed=0)
+    folder = save_model(tmp_path / "raw", p.model, p.tokenizer, provenance={"producer": "test"})
+    res = _run(["eval", "--model", folder, "--tasks", four, "--seeds", "1", "--episodes", "4", "--max-new-tokens", "3",
+                "--json"], tmp_path, monkeypatch)
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.stdout)
+    stored = read_result(payload["files"]["model"])
+    assert sorted(stored["item"].ravel()) == sorted(items)
+    assert stored.attrs["tasks_evaluated_whole"] == ["four"] and stored.attrs["config"]["items"] == "auto"
+    assert any(n.startswith("four: a user's file, evaluated whole") for n in payload["notes"])
+    # what the study asks for, since it trains on the file: only the items training never draws
+    res = _run(["eval", "--model", folder, "--tasks", four, "--seeds", "1", "--episodes", "4", "--max-new-tokens", "3",
+                "--items", "heldout", "--json"], tmp_path, monkeypatch)
+    if any(is_heldout(i) for i in items):
+        stored = read_result(json.loads(res.stdout)["files"]["model"])
+        assert all(is_heldout(i) for i in stored["item"].ravel()) and "tasks_evaluated_whole" not in stored.attrs
+    else:
+        assert res.exit_code == 2 and "no evaluation item" in res.output
+
+
+def test_training_on_a_users_file_holds_its_items_out(tmp_path, clean_registry):
+    """A run that trains on a user's file still splits it: GRPO's prompts (and SFT's demonstrations, drawn the
+    same way) are its training items only, never the held-out ones the study evaluates."""
+    from graftkit.agent import resolve_tasks
+    from graftkit.train.configs import GRPOConfig
+    from graftkit.train.grpo import prompt_items
+    from graftkit.webenv.items import is_heldout
+
+    (task,) = resolve_tasks(_sums_file(tmp_path, "forty.jsonl", range(40)))
+    held = {i for i in _items_of(task, 40) if is_heldout(i)}
+    assert held  # some of the file is held out
+    cfg = GRPOConfig(init=str(tmp_path), out=str(tmp_path / "rl"), tasks=(task,), prompts_per_step=4)
+    prompts = {item for _, item in prompt_items(cfg, 10)}
+    assert len(prompts) > 10 and not prompts & held
+
+
 def _user_tasks(tmp_path, monkeypatch):
     """A user's JSONL file (sums of two numbers) and an entry point (one-digit sums), both importable here."""
     items = tmp_path / "sums.jsonl"
@@ -221,6 +282,10 @@ def test_the_study_runs_end_to_end_on_a_jsonl_and_an_entry_point(tmp_path, monke
     assert ev.attrs["task_sources"]["add-one-digit"] == entry and ev.attrs["task_sources"]["sums"].startswith(
         str((tmp_path / "sums.jsonl").resolve()))
     assert info["items"]["sft_overlap"] == 0 and set(info["items"]["grpo_overlap"].values()) == {0}
+    from graftkit.webenv.items import is_heldout
+
+    # the study trains on the file, so it evaluates the file's held-out items only
+    assert "tasks_evaluated_whole" not in ev.attrs and all(is_heldout(i) for i in ev["item"][0].ravel())
     assert len(info["findings"]) == 4 and (root / "report.html").is_file()
 
 
