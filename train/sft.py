@@ -199,12 +199,9 @@ def action_loss(model, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tens
     return torch.nn.functional.cross_entropy(logits, target[select])
 
 
-def run_sft(cfg: SFTConfig, on_step: Callable[[dict], None] = lambda m: None, force: bool = False) -> Path:
-    """Train the SFT policy of ``cfg`` and write it to ``cfg.out``; returns the folder."""
-    torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    dev = resolve_device(cfg.device)
-    compute = training_dtype(cfg.dtype, dev)
+def _start_policy(cfg: SFTConfig) -> Policy:
+    """The policy SFT starts from (``cfg.init``, or the tiny default over the tasks' vocabulary), refused when
+    its tokenizer cannot encode the oracle's actions."""
     if cfg.init:
         model, tok = load_model(Path(cfg.init))
         policy = Policy(model, tok, Path(cfg.init))
@@ -215,6 +212,37 @@ def run_sft(cfg: SFTConfig, on_step: Callable[[dict], None] = lambda m: None, fo
     if unk is not None and any(unk in e.action_ids for e in probe):
         raise GraftkitError("the tokenizer cannot encode some oracle actions (unknown tokens)",
                             "use a tokenizer that covers the task vocabulary, or the tiny default")
+    return policy
+
+
+def _provenance(cfg: SFTConfig, stream: "DemoStream", spec, compute: torch.dtype, saved: torch.dtype,
+                dev: torch.device) -> dict:
+    """What the SFT policy's graftkit.json records: its config, demonstrations, parents and precision."""
+    return {
+        "producer": "graftkit train sft",
+        "graftkit_version": __version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "config": cfg.recorded(),
+        "demonstrations": {"pools": dict(cfg.budgets), "decoys": dict(cfg.decoys),
+                           "decoy": "first click sent to the first element of the target's tag and classes when that is not the target; the episode ends", "seeds": f"{TRAIN_SEED_BASE} + i, i < pool",
+                           "items": SPLIT_RULE, "tasks_without_training_items": sorted(stream.no_items),
+                           "drawn_episodes": len(stream.cache) if all(n <= CACHE_LIMIT for n in cfg.budgets.values())
+                           else "on demand", "task_weight": f"min(pool, {POOL_WEIGHT_CAP})"},
+        "parents": [{"role": "init", "path": str(Path(cfg.init).resolve())}] if cfg.init else [],
+        "precision": {"compute_dtype": dtype_name(compute), "saved_dtype": dtype_name(saved), "device": str(dev),
+                      "convention": TRAINING_CONVENTION},
+        **({"lora": {"r": spec.r, "alpha": spec.alpha, "targets": list(spec.targets), "base": str(Path(cfg.init).resolve())}}
+           if spec else {}),
+    }
+
+
+def run_sft(cfg: SFTConfig, on_step: Callable[[dict], None] = lambda m: None, force: bool = False) -> Path:
+    """Train the SFT policy of ``cfg`` and write it to ``cfg.out``; returns the folder."""
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    dev = resolve_device(cfg.device)
+    compute = training_dtype(cfg.dtype, dev)
+    policy = _start_policy(cfg)
     model = policy.model.to(dev).train()  # float32 master weights
     spec = lora_spec(cfg.lora_r, cfg.lora_alpha, cfg.lora_targets)
     check_lora_base(spec, cfg.init)
@@ -248,22 +276,7 @@ def run_sft(cfg: SFTConfig, on_step: Callable[[dict], None] = lambda m: None, fo
         on_step(m)
     model.eval()
     saved = save_dtype(cfg.save_dtype, Path(cfg.init) if cfg.init else None)
-    provenance = {
-        "producer": "graftkit train sft",
-        "graftkit_version": __version__,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "config": cfg.recorded(),
-        "demonstrations": {"pools": dict(cfg.budgets), "decoys": dict(cfg.decoys),
-                           "decoy": "first click sent to the first element of the target's tag and classes when that is not the target; the episode ends", "seeds": f"{TRAIN_SEED_BASE} + i, i < pool",
-                           "items": SPLIT_RULE, "tasks_without_training_items": sorted(stream.no_items),
-                           "drawn_episodes": len(stream.cache) if all(n <= CACHE_LIMIT for n in cfg.budgets.values())
-                           else "on demand", "task_weight": f"min(pool, {POOL_WEIGHT_CAP})"},
-        "parents": [{"role": "init", "path": str(Path(cfg.init).resolve())}] if cfg.init else [],
-        "precision": {"compute_dtype": dtype_name(compute), "saved_dtype": dtype_name(saved), "device": str(dev),
-                      "convention": TRAINING_CONVENTION},
-        **({"lora": {"r": spec.r, "alpha": spec.alpha, "targets": list(spec.targets), "base": str(Path(cfg.init).resolve())}}
-           if spec else {}),
-    }
+    provenance = _provenance(cfg, stream, spec, compute, saved, dev)
     log_bytes = "".join(json.dumps(m) + "\n" for m in log).encode()
     if peft_model is not None:
         return save_adapter(Path(cfg.out), adapter_state(peft_model), peft_model.peft_config["default"].to_dict(),
