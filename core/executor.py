@@ -328,14 +328,3 @@ class Executor:
                     results[i] = r
                     on_result(i, r)
         return [results[i] for i in range(len(items))]
-
-
-def run_units(items: Sequence, work: Callable[[Any, Any], Any], *, setup: Callable[[], Any] | None = None,
-              address: str = "local", workers: int | None = None, device: str = "cpu",
-              on_start: Callable[[int], None] = lambda i: None,
-              on_result: Callable[[int, Any], None] = lambda i, r: None, executor: str = "ray") -> list:
-    """:meth:`Executor.run` on the ``executor`` (Ray by default) at ``address``: every item through
-    ``work(state, item)`` (``state = setup()`` once per worker, or None); ``on_result(index, result)`` as each
-    finishes. Returns the results in item order."""
-    return Executor(executor, address, workers, device).run(items, work, setup=setup, on_start=on_start,
-                                                            on_result=on_result)

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..core.config import CommandConfig, OnProgress, RunOption, DeviceOption, ExecutorOption, check_choice, no_progress, opt
 from ..core.errors import GraftkitError
+from ..core.executor import Executor
 from ..stats import compare, fold_episodes, headroom, pass_at_k, wilson_interval
 from ..results.layout import RESULTS, eval_path, glob_pattern, headroom_path, result_labels, run_layout
 from ..results.store import Result, write_result
@@ -543,18 +544,18 @@ def _play(cfg: EpisodeOptions, decode, path: Path, what: str, on_progress: OnPro
     return EvalResult.from_outcome(outcome, _describe(cfg, path), cfg, placement=policy.placement)
 
 
-def _play_on_worker(state, unit, cfg: EvalConfig, decode) -> EvalResult:
-    from ..core.executor import worker_device
-
+def _play_unit(state, unit, cfg: EvalConfig, decode, device: str, on_progress: OnProgress) -> EvalResult:
+    """One policy's evaluation as an executor's unit (``state``: none; the policy is loaded per unit)."""
     path, what = unit
-    return _play(cfg, decode, path, what, device=worker_device(cfg.device))
+    return _play(cfg, decode, path, what, on_progress, device=device)
 
 
 def run_eval(cfg: EvalConfig, on_progress: OnProgress = no_progress) -> EvalRun:
     """Evaluate every ``cfg.model`` (a trainer's output_dir: its last checkpoint, or all of them with
     ``all_checkpoints``) and ``cfg.compare_to`` on the identical episodes, write one eval result per policy
     (``cfg.save``, else ``RUN/results/eval-NAME-greedy|sampled[-som].h5``) and summarise each model, compared
-    with ``compare_to``. With ``executor="ray"``, one Ray task per policy."""
+    with ``compare_to``. The policies are the units of the command's executor (``executor="ray"``: one Ray
+    worker each)."""
     import functools
 
     from ..agent import Decode
@@ -575,15 +576,13 @@ def run_eval(cfg: EvalConfig, on_progress: OnProgress = no_progress) -> EvalRun:
     for p in roles.values():
         first.setdefault(Path(p).resolve(), p)
     units = [(path, f"eval {Path(path).name}") for path in first.values()]
-    if cfg.executor == "ray":
-        from ..core.executor import run_units
-
-        total = len(cfg.task_list) * cfg.seeds * cfg.episodes
-        views = run_units(units, functools.partial(_play_on_worker, cfg=cfg, decode=decode), address=cfg.ray_address,
-                          workers=cfg.workers, device=cfg.device,
-                          on_result=lambda i, r: on_progress(units[i][1], total, total, "episodes"))
-    else:
-        views = [_play(cfg, decode, path, what, on_progress) for path, what in units]
+    executor = Executor.of(cfg)
+    total = len(cfg.task_list) * cfg.seeds * cfg.episodes
+    # a unit in this process reports each episode; a Ray worker's progress stays there, so each policy's end here
+    views = executor.run(units, functools.partial(_play_unit, cfg=cfg, decode=decode, device=executor.unit_device,
+                                                  on_progress=on_progress if executor.local else no_progress),
+                         on_result=(lambda i, r: None) if executor.local else
+                         lambda i, r: on_progress(units[i][1], total, total, "episodes"))
     played = dict(zip(first, views))
     results, files = {role: played[Path(p).resolve()] for role, p in roles.items()}, {}
     for role in roles:

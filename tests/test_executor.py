@@ -121,20 +121,20 @@ def _tagged(pid, x):
 
 @pytest.mark.slow
 def test_pool_builds_each_worker_once_and_yields_every_unit(ray_session):
-    from graftkit.core.executor import run_units
+    from graftkit.core.executor import Executor
 
     started = []
-    got = run_units([0, 1, 2, 4, 5, 6], _tagged, setup=_pid, workers=2, on_start=started.append)
+    got = Executor("ray", workers=2).run([0, 1, 2, 4, 5, 6], _tagged, setup=_pid, on_start=started.append)
     assert [x for _, x, _ in got] == [0, 1, 4, 16, 25, 36] and sorted(started) == list(range(6))
     assert 1 <= len({pid for pid, _, _ in got}) <= 2 and os.getpid() not in {pid for pid, _, _ in got}
     assert {env for _, _, env in got} == {"1"}  # the driver's offline setting reaches the workers
     with pytest.raises(GraftkitError, match="unit 3 is bad") as e:  # a worker's error is itself, one line
-        run_units([1, 3], _tagged, setup=_pid, workers=1)
+        Executor("ray", workers=1).run([1, 3], _tagged, setup=_pid)
     assert type(e.value) is GraftkitError
     with pytest.raises(GraftkitError, match="no model here"):  # so is an error of a worker's setup
-        run_units([1, 2], _tagged, setup=_no_model, workers=1)
+        Executor("ray", workers=1).run([1, 2], _tagged, setup=_no_model)
     with pytest.raises(GraftkitError, match=r"--workers 3 with one CPU each: .* has 2 CPU\(s\)"):
-        run_units([1, 2, 4], _tagged, workers=3)  # more workers than CPUs would wait for ever
+        Executor("ray", workers=3).run([1, 2, 4], _tagged)  # more workers than CPUs would wait for ever
     # the pool's actors were released: the session's 2 CPUs take new work at once
     assert ray_session.get(ray_session.remote(num_cpus=2)(_pid).remote(), timeout=60) > 0
 
@@ -167,12 +167,12 @@ def test_serial_pool_builds_its_state_here_once_and_runs_units_in_order():
 
 @pytest.mark.slow
 def test_gpu_request_on_a_cpu_cluster_is_an_error_not_a_hang(ray_session, policies):
+    from graftkit.core.executor import Executor
     from graftkit.evaluation.commands import EvalConfig, run_eval
-    from graftkit.core.executor import run_units
 
     t0 = time.perf_counter()
     with pytest.raises(GraftkitError, match=r"--device cuda:1 with --executor ray: the Ray cluster .* has no GPU"):
-        run_units([1], _tagged, device="cuda:1")
+        Executor("ray", device="cuda:1").run([1], _tagged)
     with pytest.raises(GraftkitError, match="--device cuda .*--executor ray.*no GPU") as e:
         run_eval(EvalConfig(model=policies["sft"], tasks="click-button", seeds=1, episodes=1, device="cuda",
                             executor="ray"))

@@ -101,14 +101,19 @@ def expand(grid_path: Path) -> list[RunSpec]:
     return specs
 
 
-def _train(state, unit: tuple[GRPOConfig, bool]) -> str:
-    """One run on a Ray worker (the device as the worker sees its GPU)."""
+def _train(state, unit: tuple[int, GRPOConfig, bool], local: bool,
+           on_step: Callable[[int, dict], None] | None = None) -> str:
+    """One run of a grid as an executor's unit: ``(index, config, resume)``. On a Ray worker the run takes
+    the device as the worker sees its GPU, and its steps stay there (``on_step`` is for this process only)."""
     from dataclasses import replace
 
     from ..core.executor import worker_device
 
-    cfg, resume = unit
-    return str(run_grpo(replace(cfg, device=worker_device(cfg.device)), resume=resume, force=True))
+    i, cfg, resume = unit
+    if not local:
+        cfg = replace(cfg, device=worker_device(cfg.device))
+    report = (lambda m: on_step(i, m)) if on_step is not None else (lambda m: None)
+    return str(run_grpo(cfg, resume=resume, force=True, on_step=report))
 
 
 def sweep_device(specs: list[RunSpec]) -> str:
@@ -124,27 +129,24 @@ def run_sweep(specs: list[RunSpec], on_run: Callable[[RunSpec, str], None] = lam
               on_done: Callable[[RunSpec], None] = lambda s: None) -> list[dict]:
     """Run every spec in order: skip completed ones, resume partial ones. Returns one record per run.
 
-    With ``executor="ray"`` each run that is not done trains on a Ray worker (one GPU each where the runs
-    ask for CUDA); ``on_run`` is called here as each is handed to a worker, ``on_done`` as each finishes
-    (``on_step`` is not: a worker's steps stay on the worker)."""
+    The runs left to train are the units of the ``executor``: in this process, in order (serial), or each on
+    a Ray worker (one GPU each where the runs ask for CUDA). ``on_run`` is called as each is started (finished
+    runs first, reported as done), ``on_done`` as each finishes, ``on_step`` with each step in this process
+    (a Ray worker's steps stay on the worker)."""
+    import functools
+
+    from ..core.executor import Executor
+
     statuses = [s.status() for s in specs]
     records = [{"name": s.name, "status": st, "out": s.config.out} for s, st in zip(specs, statuses)]
-    if executor != "ray":
-        for spec, status in zip(specs, statuses):
-            on_run(spec, status)
-            if status != "done":
-                run_grpo(spec.config, resume=status == "partial", force=True,
-                         on_step=lambda m, spec=spec: on_step(spec, m))
-            on_done(spec)
-        return records
-    from ..core.executor import run_units
-
     todo = [i for i, st in enumerate(statuses) if st != "done"]
-    for i, (spec, status) in enumerate(zip(specs, statuses)):
+    for spec, status in zip(specs, statuses):  # a finished run is only reported: no worker starts for it
         if status == "done":
             on_run(spec, status)
-    run_units([(specs[i].config, statuses[i] == "partial") for i in todo], _train, address=ray_address,
-              workers=workers, device=sweep_device([specs[i] for i in todo]) if todo else "cpu",
-              on_start=lambda j: on_run(specs[todo[j]], statuses[todo[j]]),
-              on_result=lambda j, out: on_done(specs[todo[j]]))
+            on_done(spec)
+    ex = Executor(executor, ray_address, workers, sweep_device([specs[i] for i in todo]) if todo else "cpu")
+    ex.run([(i, specs[i].config, statuses[i] == "partial") for i in todo],
+           functools.partial(_train, local=ex.local, on_step=(lambda i, m: on_step(specs[i], m)) if ex.local else None),
+           on_start=lambda j: on_run(specs[todo[j]], statuses[todo[j]]),
+           on_result=lambda j, out: on_done(specs[todo[j]]))
     return records
