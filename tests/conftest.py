@@ -63,6 +63,27 @@ def make_tiny_tokenizer():
                                    bos_token="<s>", eos_token="</s>")
 
 
+def planted_policies(root: Path, children=(("rl", ".self_attn.", 1), ("rl2", ".mlp.", 2))) -> dict[str, Path]:
+    """A tiny SFT policy under ``root`` and RL children, each ``(name, where, seed)`` moved by 0.5·N(0, 1) in
+    the matrices whose name holds ``where`` (planted), with its SFT parent recorded. Returns name → folder."""
+    from graftkit.agent import task_words, tiny_policy
+    from graftkit.weights import describe, open_checkpoint, save_model
+
+    sft = tiny_policy(task_words(), "nano", seed=0)
+    paths = {"sft": save_model(root / "sft", sft.model, sft.tokenizer, provenance={"producer": "test"})}
+    d = describe(open_checkpoint(paths["sft"]))
+    for name, where, seed in children:
+        m = tiny_policy(task_words(), "nano", seed=0).model
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for n, q in m.named_parameters():
+                if where in n and q.dim() == 2:
+                    q.add_(0.5 * torch.randn(q.shape, generator=g))
+        paths[name] = save_model(root / name, m, sft.tokenizer, provenance={
+            "producer": "test (planted)", "base_model": {"path": d["path"], "fingerprint": d["fingerprint"]}})
+    return paths
+
+
 @pytest.fixture(scope="session")
 def tiny_lm():
     """Factory: ``tiny_lm(arch="qwen3", dtype=torch.float32, tied=None, seed=0, **config_overrides)``."""

@@ -64,25 +64,10 @@ def plant_rewards() -> None:
 
 @pytest.fixture(scope="module")
 def policies(tmp_path_factory):
-    """A tiny SFT policy and an RL child moved in attention (planted), as tests/test_graft_experiments.py."""
-    import torch
+    """A tiny SFT policy and an RL child moved in attention (planted)."""
+    from conftest import planted_policies
 
-    from graftkit.agent import task_words, tiny_policy
-    from graftkit.weights import describe, open_checkpoint, save_model
-
-    root = tmp_path_factory.mktemp("policies")
-    sft = tiny_policy(task_words(), "nano", seed=0)
-    paths = {"sft": save_model(root / "sft", sft.model, sft.tokenizer, provenance={"producer": "test"})}
-    d = describe(open_checkpoint(paths["sft"]))
-    m = tiny_policy(task_words(), "nano", seed=0).model
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for n, q in m.named_parameters():
-            if ".self_attn." in n and q.dim() == 2:
-                q.add_(0.5 * torch.randn(q.shape, generator=g))
-    paths["rl"] = save_model(root / "rl", m, sft.tokenizer, provenance={
-        "producer": "test (planted)", "base_model": {"path": d["path"], "fingerprint": d["fingerprint"]}})
-    return paths
+    return planted_policies(tmp_path_factory.mktemp("policies"), children=(("rl", ".self_attn.", 1),))
 
 
 def _data(path) -> dict[str, np.ndarray]:

@@ -249,25 +249,9 @@ TASKS = ["click-button", "focus-text"]
 @pytest.fixture(scope="module")
 def policies(tmp_path_factory):
     """A tiny SFT policy and two RL children: one moved in attention, one in the MLP (planted)."""
-    import torch
+    from conftest import planted_policies
 
-    from graftkit.agent import task_words, tiny_policy
-    from graftkit.weights import describe, open_checkpoint, save_model
-
-    root = tmp_path_factory.mktemp("policies")
-    sft = tiny_policy(task_words(), "nano", seed=0)
-    paths = {"sft": save_model(root / "sft", sft.model, sft.tokenizer, provenance={"producer": "test"})}
-    d = describe(open_checkpoint(paths["sft"]))
-    for name, where, seed in (("rl", ".self_attn.", 1), ("rl2", ".mlp.", 2)):
-        m = tiny_policy(task_words(), "nano", seed=0).model
-        g = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for n, q in m.named_parameters():
-                if where in n and q.dim() == 2:
-                    q.add_(0.5 * torch.randn(q.shape, generator=g))
-        paths[name] = save_model(root / name, m, sft.tokenizer, provenance={
-            "producer": "test (planted)", "base_model": {"path": d["path"], "fingerprint": d["fingerprint"]}})
-    return paths
+    return planted_policies(tmp_path_factory.mktemp("policies"))
 
 
 @pytest.mark.slow
