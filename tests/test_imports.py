@@ -18,7 +18,7 @@ ALLOWED = {
     "results": set(),
     "agent": {"webenv", "weights", "verifiable"},
     # the trainers, and the training commands that write their results
-    "train": {"agent", "webenv", "weights", "verifiable", "results"},
+    "train": {"agent", "webenv", "weights", "verifiable", "results", "stats"},
     "graft": {"weights", "agent", "stats", "results", "rank"},
     "rank": {"weights", "agent", "stats", "results"},
     # the eval/headroom commands (they write results, which agent may not)

@@ -1,17 +1,19 @@
 """Training as commands: ``graftkit train sft``, ``train grpo`` and ``sweep``, and their training curves.
 
 Each run function trains through ``train/`` (which may not import the store), then writes the run's
-``train_log.jsonl`` as a labelled result, ``train-<kind>-<folder>.h5`` (every numeric metric over
-``[step]``), read back through :class:`TrainingCurves`. ``train/`` is imported lazily, so building the
-command line (from the configs in ``train/configs.py``) never imports torch.
+``train_log.jsonl`` as a labelled result, ``train-<kind>-<folder>.h5`` (every numeric metric over ``[step]``; one
+logged at some steps only, as an SFT run's checks, is NaN at the others), read back through
+:class:`TrainingCurves`. ``train/`` is imported lazily, so building the command line (from the configs in
+``train/configs.py``) never imports torch.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -20,6 +22,9 @@ from ..core.errors import GraftkitError
 from ..results.layout import result_labels, run_layout, training_path
 from ..results.store import Result, View, write_result
 from .configs import GRPOConfig, SFTConfig, SweepConfig
+
+if TYPE_CHECKING:
+    from .sft import Stopping
 
 TRAIN_KINDS = ("train-sft", "train-grpo", "train-trainer")
 
@@ -68,12 +73,21 @@ class TrainingCurves(View):
 def training_curves(folder: Path, kind: str) -> TrainingCurves:
     """A run's train_log.jsonl as a labelled result: every numeric metric over [step]."""
     log = [json.loads(x) for x in (folder / "train_log.jsonl").read_text().splitlines() if x]
-    keys = [k for k in log[0] if k != "step" and all(isinstance(m.get(k), (int, float)) for m in log)]
-    data = {k: (("step",), np.array([float(m[k]) for m in log])) for k in keys}
+    keys = dict.fromkeys(k for m in log for k in m if k != "step")
+    # a metric logged at some steps only (an SFT run's checks) is NaN at the others
+    keys = [k for k in keys if all(isinstance(m.get(k, math.nan), (int, float)) for m in log)]
+    data = {k: (("step",), np.array([float(m.get(k, math.nan)) for m in log])) for k in keys}
     prov = json.loads((folder / "graftkit.json").read_text())
+    stopping = prov.get("stopping")
+    var_attrs = {}
+    if stopping:  # the checked quantity's convention beside its values
+        convention = {k: stopping[k] for k in ("tasks", "items", "decode", "check_episodes", "episodes")}
+        var_attrs = {k: {**convention, "interval": f"Wilson {stopping['rate']['level']:g}"} for k in data
+                     if k.startswith(stopping["metric"])}
     return TrainingCurves(Result(f"train-{kind}", {"step": np.array([m["step"] for m in log])}, data,
                                  {"model": str(folder.resolve()), "label": folder.name, "config": prov.get("config"),
-                                  "producer": prov.get("producer")}))
+                                  "producer": prov.get("producer"), **({"stopping": stopping} if stopping else {})},
+                                 var_attrs))
 
 
 def trainer_curves(output_dir: Path) -> TrainingCurves:
@@ -105,10 +119,13 @@ def write_curves(folder: Path, kind: str, results: Path | None = None) -> Traini
 
 @dataclass(frozen=True)
 class Trained:
-    """What a training command wrote: the final policy folder and its training curves."""
+    """What a training command wrote: the final policy folder and its training curves (and, for an SFT run
+    trained ``--until`` a target, its :class:`~graftkit.train.sft.Stopping`: the stop, or that it was not
+    reached)."""
 
     policy: Path
     curves: TrainingCurves
+    stop: "Stopping | None" = None
 
 
 def _steps(what: str, total: int, on_progress: OnProgress, on_step: Callable[[dict], None] | None):
@@ -133,8 +150,9 @@ def run_train_sft(cfg: SFTConfig, on_progress: OnProgress = no_progress, *, resu
     """Train the SFT policy of ``cfg``; write it and its training curves (to ``results``, default the
     current run's results/), then, with ``cfg.merged``, the LoRA adapter merged into its base (the policy
     returned). ``resume``: an output folder that already holds the policy of this very config is kept, not
-    trained again (a study stopped between the adapter and its merge). ``on_step`` gets each step's metrics."""
-    from .sft import run_sft
+    trained again (a study stopped between the adapter and its merge). ``on_step`` gets each step's metrics.
+    With ``cfg.until`` the result's ``stop`` says where training stopped, or that the target was not reached."""
+    from .sft import Stopping, run_sft
     from ..weights import check_destination
 
     if cfg.merged is not None:  # before training: the merge's folder can be written (the adapter, once it is)
@@ -145,9 +163,11 @@ def run_train_sft(cfg: SFTConfig, on_progress: OnProgress = no_progress, *, resu
         check_destination(cfg.out, [cfg.init] if cfg.init else [], force)
         dest = run_sft(cfg, on_step=_steps("sft", cfg.steps, on_progress, on_step), force=force)
     curves = write_curves(dest, "sft", results or run_layout(cfg.run).results)
+    stopping = curves.attrs.get("stopping")
+    stop = Stopping.from_json(stopping) if stopping else None
     if cfg.merged is not None:
-        return Trained(merge_adapter(dest, cfg.merged, cfg.init, force=force), curves)
-    return Trained(dest, curves)
+        return Trained(merge_adapter(dest, cfg.merged, cfg.init, force=force), curves, stop)
+    return Trained(dest, curves, stop)
 
 
 def _trained(cfg: SFTConfig) -> bool:

@@ -38,6 +38,28 @@ DEFAULT_DECOYS: dict[str, float] = {}
 #: Fields of :class:`SFTConfig` that say where its outputs go or how the command line spelled the pools (folded
 #: into ``budgets``), not how the policy trains: the policy's recorded config leaves them out.
 SFT_NOT_RECORDED = ("command", "run", "tasks", "merged")
+#: Fields of :class:`SFTConfig` that only matter with ``until`` (the stopping rule): without it a policy's recorded
+#: config leaves them out, so it equals what a run without a stopping rule always recorded.
+SFT_STOPPING = ("until", "check_every", "check_episodes")
+
+
+def parse_until(text: str) -> tuple[tuple[str, ...], float]:
+    """``SUITE_OR_TASKS=RATE`` (``--until``) as (task names, target rate in (0, 1])."""
+    from ..agent import resolve_tasks
+
+    spec, sep, rate = text.rpartition("=")
+    try:
+        target = float(rate) if sep and spec.strip() else math.nan
+    except ValueError:
+        target = math.nan
+    if not 0 < target <= 1:
+        raise GraftkitError(f"--until {text!r}: expected SUITE_OR_TASKS=RATE with 0 < RATE ≤ 1",
+                            "e.g. --until mastered=0.93 or --until click-tab,click-button=0.9")
+    try:
+        tasks = resolve_tasks(spec)
+    except GraftkitError as e:
+        raise GraftkitError(f"--until {text!r}: {e.what}", e.fix) from None
+    return tuple(tasks), target
 
 
 def parse_budgets(items: tuple[str, ...], tasks: str | None) -> dict[str, int]:
@@ -93,7 +115,14 @@ class SFTConfig(RunOption, DeviceOption, LoraOption):
     init: Path | None = None
     """Fine-tune this HF causal LM folder instead of a tiny policy."""
     steps: int = 6000
-    """Optimizer steps."""
+    """Optimizer steps (with --until: the most it may take; the cosine schedule runs over these steps)."""
+    until: str | None = None
+    """Stop at the first check where the pooled greedy success on TRAINING items of these tasks reaches RATE:
+    SUITE_OR_TASKS=RATE, e.g. mastered=0.93 (default: train all --steps)."""
+    check_every: int = 10
+    """With --until: optimizer steps between checks (and a last check at --steps)."""
+    check_episodes: int = 32
+    """With --until: greedy episodes per task at each check, on the same training items every check."""
     batch_size: int = 32
     """Turns per step."""
     lr: float = 3e-3
@@ -154,10 +183,31 @@ class SFTConfig(RunOption, DeviceOption, LoraOption):
                 raise GraftkitError(f"--{name.replace('_', '-')} must be ≥ 1")
         if not self.lr > 0:
             raise GraftkitError(f"--lr {self.lr} must be > 0", "pass e.g. --lr 2e-3")
+        self._validate_until()
+
+    def _validate_until(self) -> None:
+        from ..agent.evaluate import MAX_EPISODES_PER_SEED
+
+        if self.check_every < 1:
+            raise GraftkitError(f"--check-every {self.check_every} must be ≥ 1", "pass e.g. --check-every 10")
+        if not 1 <= self.check_episodes <= MAX_EPISODES_PER_SEED:
+            raise GraftkitError(f"--check-episodes {self.check_episodes} must be in 1..{MAX_EPISODES_PER_SEED}",
+                                "pass e.g. --check-episodes 32")
+        target = self.until_target()
+        missing = [t for t in (target[0] if target else ()) if self.budgets.get(t, 0) < 1]
+        if missing:
+            raise GraftkitError(f"--until {self.until!r}: {', '.join(missing)} not demonstrated (no budget)",
+                                "add them with --tasks or --budget TASK=N, or drop them from --until")
+
+    def until_target(self) -> tuple[tuple[str, ...], float] | None:
+        """``until`` parsed: (the tasks whose pooled training-item success is checked, the target rate), or None."""
+        return None if self.until is None else parse_until(self.until)
 
     def recorded(self) -> dict:
-        """The config the trained policy's graftkit.json records: how it trained, as JSON-able data."""
-        return {k: v for k, v in self.as_dict().items() if k not in SFT_NOT_RECORDED}
+        """The config the trained policy's graftkit.json records: how it trained, as JSON-able data (the
+        stopping rule's fields only with ``until``)."""
+        skip = SFT_NOT_RECORDED + (SFT_STOPPING if self.until is None else ())
+        return {k: v for k, v in self.as_dict().items() if k not in skip}
 
 
 # ----------------------------------------------------------------------------------------------- GRPO
@@ -186,6 +236,10 @@ class GRPOConfig(DeviceOption, LoraOption):
     """Optimisation steps."""
     prompts_per_step: int = 4
     """Task instances (groups) per step."""
+    item_pool: int = 0
+    """Draw the prompts from the first N training items of each task, over and over (0: a fresh training item
+    for every prompt). A few items is the RL version of overfitting one batch: a trainer that learns drives
+    their success to 100% within a few dozen steps."""
     group_size: int = 8
     """Episodes per task instance (G)."""
     lr: float = 1e-4
@@ -262,6 +316,9 @@ class GRPOConfig(DeviceOption, LoraOption):
         for name in ("steps", "prompts_per_step", "num_iterations", "max_new_tokens", "threads"):
             if getattr(self, name) < 1:
                 raise GraftkitError(f"--{name.replace('_', '-')} must be ≥ 1")
+        if self.item_pool < 0:
+            raise GraftkitError(f"--item-pool {self.item_pool} must be ≥ 0",
+                                "pass 0 (a fresh item for every prompt) or a few items, e.g. --item-pool 4")
         if self.loss not in LOSSES:
             raise GraftkitError(f"unknown --loss {self.loss!r}", f"use one of {', '.join(LOSSES)}")
         if self.scale_rewards not in ("group", "batch", "none"):

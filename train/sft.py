@@ -9,6 +9,15 @@ each turn is one example (that turn's prompt → the demonstrator's action). Per
 small pool for the long form tasks. The loss is the mean cross-entropy over action
 tokens only (prompt tokens are masked out), AdamW with linear warmup and cosine decay, gradient-norm
 clipping.
+
+Trained ``until`` a target (``--until TASKS=RATE``), the run checks every ``check_every`` steps (and at the last
+step) the greedy success of the policy on *training* items of those tasks (``evaluate(..., items="train")``: the
+same ``check_episodes`` items per task at every check, never an evaluation item) and stops after the first check
+whose pooled rate p̂ = successes / n reaches the target; ``steps`` is the most it takes. The cosine schedule is
+defined by ``steps`` and a stop leaves it where it was, so a run stopped at step k is bit for bit the first k
+steps of the run without a stopping rule (a check runs in eval mode, under no_grad, and restores every global
+generator it might draw from); the policy's graftkit.json records each check and the rate at the stop with its
+Wilson interval.
 """
 
 from __future__ import annotations
@@ -19,21 +28,24 @@ import math
 import random
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from .._version import __version__
 from ..agent import Policy, next_token_logits, tiny_policy
-from ..agent.evaluate import MAX_EPISODES_PER_SEED
+from ..agent.evaluate import MAX_EPISODES_PER_SEED, EvalOutcome, evaluate, plan_episodes
+from ..agent.rollout import Decode
 from ..core.errors import GraftkitError
 from ..agent.tasks import is_problem, make_task_env, tiny_words
 from ..webenv import demonstrate
 from ..webenv.items import NoItems, SPLIT_RULE, draw
 from ..webenv.render import render_text
 from ..webenv.tasks import TASKS
+from ..stats.rates import wilson_interval
 from ..core.devices import TRAINING_CONVENTION, autocast, dtype_name, resolve_device, training_dtype
 from ..weights import load_model, save_model
 from ..weights.hf import save_adapter, save_dtype
@@ -199,6 +211,156 @@ def action_loss(model, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tens
     return torch.nn.functional.cross_entropy(logits, target[select])
 
 
+# ------------------------------------------------------------------------------------ stopping at a target
+
+#: The evaluation seed of every check: its episodes 0..E−1 play the same training items at each check.
+CHECK_SEED = 0
+#: The confidence level of the Wilson interval recorded for each check.
+CHECK_LEVEL = 0.95
+#: The name of the checked quantity in train_log.jsonl and the training curves (``_low``/``_high``: its interval).
+CHECK_METRIC = "greedy_success_train_items"
+LR_AFTER_STOP = ("cosine over --steps (the maximum); a stop leaves it where it was, so the run stopped at step k "
+                 "is the first k steps of the run without a stopping rule")
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check: after ``step`` optimizer steps, ``successes`` of ``n`` greedy episodes on training items
+    (pooled over the tasks) succeeded; ``[low, high]`` its Wilson interval at ``CHECK_LEVEL``."""
+
+    step: int
+    successes: int
+    n: int
+    low: float
+    high: float
+    seconds: float
+    """Wall-clock cost of the check."""
+    per_task: Mapping[str, float]
+    """Each task's success rate."""
+
+    @property
+    def rate(self) -> float:
+        return self.successes / self.n
+
+    def as_json(self) -> dict:
+        return {"step": self.step, "successes": self.successes, "n": self.n, "rate": self.rate, "low": self.low,
+                "high": self.high, "seconds": self.seconds, "per_task": dict(self.per_task)}
+
+
+def training_item_check(policy: Policy, tasks: Sequence[str], episodes: int, step: int) -> Check:
+    """Greedy success of ``policy`` on training items (``items="train"``) of ``tasks``: episodes 0..episodes−1
+    of evaluation seed ``CHECK_SEED``, the same items at every call. The model plays in eval mode under
+    no_grad and returns to the mode it was in; torch's (CPU and CUDA), Python's and NumPy's global generators
+    are restored, so a check never moves the training trajectory."""
+    model = policy.model
+    was_training = model.training
+    devices = [p.device for p in model.parameters() if p.device.type == "cuda"][:1]
+    py_state, np_state = random.getstate(), np.random.get_state()
+    t0 = time.perf_counter()
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            model.eval()
+            out: EvalOutcome = evaluate(policy, tasks, [CHECK_SEED], episodes, Decode(greedy=True), items="train")
+    finally:
+        model.train(was_training)
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+    successes, n = int(out.success.sum()), int(out.success.size)
+    ci = wilson_interval(successes, n, CHECK_LEVEL)
+    return Check(step, successes, n, ci.low, ci.high, time.perf_counter() - t0,
+                 {t: out.rate(t) for t in out.tasks})
+
+
+@dataclass(frozen=True)
+class Stopping:
+    """An SFT run trained until a target: its rule (``until``: the pooled greedy success on training items of
+    ``tasks`` reaches ``target``, checked every ``check_every`` steps, at most ``max_steps``) and its checks.
+    The last check is where training stopped; graftkit.json's ``stopping`` is :meth:`as_json`."""
+
+    until: str
+    tasks: tuple[str, ...]
+    target: float
+    check_every: int
+    check_episodes: int
+    max_steps: int
+    checks: tuple[Check, ...] = ()
+
+    @property
+    def last(self) -> Check:
+        return self.checks[-1]
+
+    @property
+    def reached(self) -> bool:
+        """Whether a check reached the target (else training ran all ``max_steps``)."""
+        return bool(self.checks) and self.last.rate >= self.target
+
+    @property
+    def steps_run(self) -> int:
+        return self.last.step if self.checks else 0
+
+    def due(self, step: int) -> bool:
+        """Whether the rule checks after ``step`` optimizer steps."""
+        return step % self.check_every == 0 or step == self.max_steps
+
+    def summary(self) -> str:
+        """One line: the stop (step, rate with its interval, target), or that the target was not reached."""
+        c = self.last
+        rate = f"{100 * c.rate:.1f}% [{100 * c.low:.1f}, {100 * c.high:.1f}] ({c.successes}/{c.n})"
+        what = f"greedy success on training items of {','.join(self.tasks)}"
+        cost = f"{len(self.checks)} checks took {sum(k.seconds for k in self.checks):.1f} s"
+        if self.reached:
+            return (f"stopped at step {c.step} of at most {self.max_steps}: {what} {rate} ≥ target "
+                    f"{100 * self.target:g}%; {cost}")
+        return (f"TARGET NOT REACHED: after all {self.max_steps} steps {what} {rate} < target {100 * self.target:g}% "
+                f"(the policy is written all the same); {cost}")
+
+    def outcome(self) -> dict:
+        """The stop as a command reports it: reached or not, the step, the rate with its interval, the target."""
+        c = self.last
+        return {"reached": self.reached, "step": c.step, "max_steps": self.max_steps, "target": self.target,
+                "tasks": list(self.tasks), "items": "train", "rate": c.rate, "low": c.low, "high": c.high,
+                "successes": c.successes, "n": c.n, "checks": len(self.checks),
+                "check_seconds": sum(k.seconds for k in self.checks)}
+
+    def as_json(self) -> dict:
+        c = self.last
+        return {
+            "until": self.until, "tasks": list(self.tasks), "target": self.target,
+            "rule": "stop after the first check whose pooled greedy success on training items ≥ target",
+            "items": "train", "decode": "greedy", "check_every": self.check_every,
+            "check_episodes": self.check_episodes, "max_steps": self.max_steps,
+            "episodes": f"evaluation seed {CHECK_SEED}, episodes 0..{self.check_episodes - 1} of each task: the "
+                        "first training item from its environment seed on (agent.evaluate.plan_episodes), the same "
+                        "items at every check",
+            "reached": self.reached, "stopped_at": c.step if self.reached else None, "steps_run": c.step,
+            "rate": {"successes": c.successes, "n": c.n, "rate": c.rate, "low": c.low, "high": c.high,
+                     "level": CHECK_LEVEL, "method": "Wilson score interval, no continuity correction"},
+            "checks": [k.as_json() for k in self.checks], "check_seconds": sum(k.seconds for k in self.checks),
+            "lr_schedule": LR_AFTER_STOP, "metric": CHECK_METRIC,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "Stopping":
+        checks = tuple(Check(k["step"], k["successes"], k["n"], k["low"], k["high"], k["seconds"], k["per_task"])
+                       for k in d["checks"])
+        return cls(d["until"], tuple(d["tasks"]), d["target"], d["check_every"], d["check_episodes"],
+                   d["max_steps"], checks)
+
+
+def _stopping(cfg: SFTConfig) -> Stopping | None:
+    """The stopping rule of ``cfg`` (None without ``until``), refused before training when a task has no
+    training item to check."""
+    target = cfg.until_target()
+    if target is None:
+        return None
+    tasks, rate = target
+    dropped = plan_episodes(tasks, [CHECK_SEED], cfg.check_episodes, "train")[3]
+    if dropped:
+        raise GraftkitError(f"--until {cfg.until!r}: {', '.join(dropped)} has no training item to check",
+                            "drop it from --until (all of its items are held out for evaluation)")
+    return Stopping(cfg.until, tasks, rate, cfg.check_every, cfg.check_episodes, cfg.steps)
+
+
 def _start_policy(cfg: SFTConfig) -> Policy:
     """The policy SFT starts from (``cfg.init``, or the tiny default over the tasks' vocabulary), refused when
     its tokenizer cannot encode the oracle's actions."""
@@ -216,7 +378,7 @@ def _start_policy(cfg: SFTConfig) -> Policy:
 
 
 def _provenance(cfg: SFTConfig, stream: "DemoStream", spec, compute: torch.dtype, saved: torch.dtype,
-                dev: torch.device) -> dict:
+                dev: torch.device, stopping: Stopping | None = None) -> dict:
     """What the SFT policy's graftkit.json records: its config, demonstrations, parents and precision."""
     return {
         "producer": "graftkit train sft",
@@ -233,16 +395,19 @@ def _provenance(cfg: SFTConfig, stream: "DemoStream", spec, compute: torch.dtype
                       "convention": TRAINING_CONVENTION},
         **({"lora": {"r": spec.r, "alpha": spec.alpha, "targets": list(spec.targets), "base": str(Path(cfg.init).resolve())}}
            if spec else {}),
+        **({"stopping": stopping.as_json()} if stopping else {}),
     }
 
 
 def run_sft(cfg: SFTConfig, on_step: Callable[[dict], None] = lambda m: None, force: bool = False) -> Path:
-    """Train the SFT policy of ``cfg`` and write it to ``cfg.out``; returns the folder."""
+    """Train the SFT policy of ``cfg`` and write it to ``cfg.out``; returns the folder. With ``cfg.until``,
+    training stops after the first check that reaches the target (see the module docstring)."""
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     dev = resolve_device(cfg.device)
     compute = training_dtype(cfg.dtype, dev)
     policy = _start_policy(cfg)
+    stopping = _stopping(cfg)
     model = policy.model.to(dev).train()  # float32 master weights
     spec = lora_spec(cfg.lora_r, cfg.lora_alpha, cfg.lora_targets)
     check_lora_base(spec, cfg.init)
@@ -272,11 +437,18 @@ def run_sft(cfg: SFTConfig, on_step: Callable[[dict], None] = lambda m: None, fo
         opt.step()
         m = {"step": step + 1, "loss": loss.item(), "grad_norm": gnorm.item(), "lr": lr,
              "tokens": int((labels != -100).sum()), "seconds": time.perf_counter() - t0}
+        if stopping is not None and stopping.due(step + 1):
+            c = training_item_check(policy, stopping.tasks, stopping.check_episodes, step + 1)
+            stopping = replace(stopping, checks=(*stopping.checks, c))
+            m |= {CHECK_METRIC: c.rate, f"{CHECK_METRIC}_low": c.low, f"{CHECK_METRIC}_high": c.high,
+                  "check_seconds": c.seconds}
         log.append(m)
         on_step(m)
+        if stopping is not None and stopping.reached:
+            break
     model.eval()
     saved = save_dtype(cfg.save_dtype, Path(cfg.init) if cfg.init else None)
-    provenance = _provenance(cfg, stream, spec, compute, saved, dev)
+    provenance = _provenance(cfg, stream, spec, compute, saved, dev, stopping)
     log_bytes = "".join(json.dumps(m) + "\n" for m in log).encode()
     if peft_model is not None:
         return save_adapter(Path(cfg.out), adapter_state(peft_model), peft_model.peft_config["default"].to_dict(),
