@@ -23,6 +23,7 @@ line and the study (:func:`run_study`) call:
 | delta | :class:`DeltaConfig` | :func:`run_delta` | :class:`DeltaResult` |
 | graft | :class:`GraftConfig` | :func:`run_graft` | :class:`SweepResult`, :class:`DissociationResult` |
 | eval, headroom | :class:`EvalConfig`, :class:`HeadroomConfig` | :func:`run_eval`, :func:`run_headroom` | :class:`EvalResult`, :class:`HeadroomResult` |
+| kl | :class:`KLConfig` | :func:`run_kl` | :class:`KLResult` |
 | rank, couple | :class:`RankConfig`, :class:`CoupleConfig` | :func:`run_rank`, :func:`run_couple` | :class:`RankResult`, :class:`CouplingResult` |
 | train sft, train grpo, sweep | :class:`SFTConfig`, :class:`GRPOConfig`, :class:`SweepConfig` | :func:`run_train_sft`, :func:`run_train_grpo`, :func:`run_sweep_grid` | :class:`TrainingCurves` |
 | report, results | :class:`ReportConfig`, :class:`ResultsConfig` | :func:`run_report`, :func:`run_results` | |
@@ -39,10 +40,11 @@ model or drawing a figure does.
 from ._version import __version__
 from .study import design as _design  # noqa: F401 - first: it registers the suites every --tasks reads (core.suites)
 from . import api as _api
-from .api import couple, delta, eval, grafted, headroom, load_policy, report, train_grpo, train_sft  # noqa: A004
+from .api import couple, delta, eval, grafted, headroom, kl, load_policy, report, train_grpo, train_sft  # noqa: A004
 from .core.config import CommandConfig, OnProgress
 from .core.errors import GraftkitError
 from .evaluation.commands import EvalConfig, EvalResult, HeadroomConfig, HeadroomResult, run_eval, run_headroom
+from .evaluation.kl import KLConfig, KLResult, run_kl
 from .figures.commands import ReportConfig, ResultsConfig, run_report, run_results
 from .graft import (
     DeltaConfig,
@@ -96,12 +98,12 @@ def __getattr__(name: str):
 __all__ = [
     "__version__", "CommandConfig", "OnProgress", "GraftkitError",
     # one function per command (graft and rank are their packages, callable): gk.delta(...), gk.graft(...)
-    "delta", "graft", "eval", "headroom", "rank", "couple", "train_sft", "train_grpo", "report", "grafted",
+    "delta", "graft", "eval", "headroom", "kl", "rank", "couple", "train_sft", "train_grpo", "report", "grafted",
     "load_policy", "figures",
     # commands: config, run function, result view
     "InspectConfig", "run_inspect", "DeltaConfig", "run_delta", "DeltaResult", "GraftConfig", "run_graft",
     "SweepResult", "DissociationResult", "EvalConfig", "run_eval", "EvalResult", "HeadroomConfig", "run_headroom",
-    "HeadroomResult", "RankConfig", "run_rank", "RankResult", "CoupleConfig", "run_couple", "CouplingResult",
+    "HeadroomResult", "KLConfig", "run_kl", "KLResult", "RankConfig", "run_rank", "RankResult", "CoupleConfig", "run_couple", "CouplingResult",
     "SFTConfig", "run_train_sft", "GRPOConfig", "run_train_grpo", "SweepConfig", "run_sweep_grid",
     "TrainingCurves", "ReportConfig", "run_report", "ResultsConfig", "run_results", "StudyConfig", "run_study",
     # the library underneath

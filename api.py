@@ -85,6 +85,15 @@ def eval(model: PathLike, *, progress: bool = False, **options):  # noqa: A001 -
     return run_eval(EvalConfig(model=model, **options), _bars(progress))
 
 
+def kl(model: PathLike, base: PathLike | None = None, *, progress: bool = False, **options):
+    """``graftkit kl``: per-token KL between a policy and its base (default: the recorded SFT parent), each on its
+    own rollouts, and the tokens and actions that moved; returns the run, whose ``.result`` is a
+    :class:`~graftkit.evaluation.kl.KLResult`."""
+    from .evaluation.kl import KLConfig, run_kl
+
+    return run_kl(KLConfig(model=model, base=base, **options), _bars(progress))
+
+
 def headroom(model: PathLike, *, progress: bool = False, **options):
     """``graftkit headroom``: greedy vs sampled success and pass@k per task; ``.result`` is a
     :class:`~graftkit.evaluation.commands.HeadroomResult`."""

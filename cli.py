@@ -37,9 +37,11 @@ from .train.commands import run_sweep_grid, run_train_grpo, run_train_sft
 from .train.configs import GRPOConfig, SFTConfig, SweepConfig
 from .study.pipeline import StudyConfig, run_study
 from .figures.commands import ReportConfig, ResultsConfig, run_report, run_results
-from .graft.commands import GraftConfig, GraftExperiments, run_graft
+from .graft.commands import GraftConfig, GraftExperiments, run_graft, sweep_tables
+from .core.tables import points as _pts
 from .rank.commands import CoupleConfig, RankConfig, run_couple, run_rank
 from .evaluation.commands import EvalConfig, HeadroomConfig, run_eval, run_headroom
+from .evaluation.kl import KLConfig, run_kl
 
 app = typer.Typer(
     add_completion=False,
@@ -248,8 +250,8 @@ def graft(cfg: GraftConfig, as_json: bool):
 
 def _graft_experiment_tables(got: GraftExperiments) -> None:
     j, labels = got.as_json(), got.labels
-    for key, run in j["runs"].items():
-        _sweep_tables(run, labels[key], j["seeds"], j["episodes"])
+    for key, run in j["runs"].items():  # success and/or KL tables (graft.commands.sweep_tables)
+        _specs(sweep_tables(run, labels[key], j["seeds"], j["episodes"]))
     dis = j["dissociation"]
     if dis is not None:
         rows = dis["groups"]
@@ -267,36 +269,11 @@ def _graft_experiment_tables(got: GraftExperiments) -> None:
     out.print(f"{got.seconds:.1f} s")
 
 
-def _pts(b) -> str:
-    """(estimate, low, high) as percentage points."""
-    if b is None or any(v is None or not math.isfinite(v) for v in b):
-        return "—"
-    return f"{100 * b[0]:+.1f} [{100 * b[1]:+.1f}, {100 * b[2]:+.1f}]"
-
-
-def _sweep_tables(run: dict, label: str, n_seeds: int, episodes: int) -> None:
-    out.print(_rows_table(
-        f"{escape(label)}: grafts evaluated on identical episodes ({n_seeds} seeds × {episodes} episodes per task)",
-        {"config": lambda c: escape(c["config"]), "success": lambda c: f"{100 * c['success']:.1f}%",
-         "vs base \\[95%]": lambda c: _pts(c["diff_vs_base"]), "verdict vs base": lambda c: c["verdict_vs_base"],
-         "vs RL \\[95%]": lambda c: _pts(c["diff_vs_rl"]), "verdict vs RL": lambda c: c["verdict_vs_rl"]},
-        run["configs"], left=("config", "verdict vs base", "verdict vs RL")))
-    attribution = run["attribution"]
-    if any(attribution.values()):
-        cols = [c for c in ("group_effect", "main_effect", "shapley") if any(c in r for r in attribution.values())]
-
-        def share(g: str) -> str:
-            s = attribution[g].get("movement_share")
-            return "—" if s is None else f"{100 * s:.1f}%"
-
-        out.print(_rows_table(
-            f"attribution of the success change to groups ({escape(run['group_effect'])} effect) beside "
-            "weight movement" if run["group_effect"] else "weight movement of the grafted groups",
-            {"group": lambda g: g, "movement share": share,
-             **{c.replace("_", " "): (lambda g, c=c: _pts(attribution[g].get(c))) for c in cols}},
-            attribution, left=("group",)))
-    for row in run.get("interactions", []):
-        out.print(f"interaction {'×'.join(row['groups'])}: {_pts(row['interaction'])}")
+def _specs(specs) -> None:
+    """Tables (:class:`~graftkit.core.tables.Table`) and lines as their producer built them, markup escaped."""
+    for t in specs:
+        out.print(escape(t), soft_wrap=True) if isinstance(t, str) else out.print(_rows_table(escape(t.title), {
+            escape(h): lambda r, c=c: escape(c(r)) for h, c in t.columns.items()}, t.rows, left=t.left, fold=t.fold))
 
 
 # ------------------------------------------------------------------------------------ eval, headroom
@@ -334,6 +311,14 @@ def eval_cmd(cfg: EvalConfig, as_json: bool):
         out.print(f"saved {escape(str(path))} ({run.results[role].seconds:.1f} s)")
 
 
+@command(app, KLConfig, "kl")
+def kl(cfg: KLConfig, as_json: bool):
+    """Per-token KL between a policy and its base, each on its own rollouts (T=1), and what gained or lost probability."""
+    with Bars() as bars:
+        run = run_kl(cfg, bars)
+    _print_json(run.as_json()) if as_json else _specs(run.tables())
+
+
 @command(app, HeadroomConfig, "headroom")
 def headroom(cfg: HeadroomConfig, as_json: bool):
     """Greedy vs sampled success per task, pass@k, and whether GRPO has room to climb (headroom)."""
@@ -369,12 +354,15 @@ def train_sft(cfg: SFTConfig, as_json: bool, force: bool):
     p, on_step = step_printer(cfg.steps, "sft", ("loss", "lr"))
     with p:
         run = run_train_sft(cfg, force=force, on_step=on_step)
-    info = {"out": str(run.policy), "steps": cfg.steps, "final_loss": run.curves.last("loss"),
-            "seconds": time.perf_counter() - t0, "budgets": cfg.budgets, "curves": str(run.curves.path)}
+    info = {"out": str(run.policy), "steps": int(run.curves.steps[-1]), "final_loss": run.curves.last("loss"),
+            "seconds": time.perf_counter() - t0, "budgets": cfg.budgets, "curves": str(run.curves.path),
+            **({"stop": run.stop.outcome()} if run.stop else {})}
     if as_json:
         return _print_json(info)
-    out.print(f"SFT policy → {escape(str(run.policy))}: {cfg.steps} steps, final action loss "
+    out.print(f"SFT policy → {escape(str(run.policy))}: {info['steps']} steps, final action loss "
               f"{info['final_loss']:.4f}, {info['seconds']:.0f} s")
+    if run.stop:  # the stop, or loudly that the target was not reached
+        out.print(("" if run.stop.reached else "[bold red]") + escape(run.stop.summary()))
 
 
 @command(train_app, GRPOConfig, "grpo", extra=(_RESUME, _FORCE))

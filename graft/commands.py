@@ -6,7 +6,9 @@ then the double-dissociation test) load the base policy once per worker of the e
 each Ray worker with ``--executor ray``), graft each configuration into it in place, evaluate it on
 identical episodes and compare it with base and RL (:func:`run_graft_experiments`). A sweep writes a
 partial result after every configuration and resumes from it (or from its finished result) without
-playing a finished configuration again.
+playing a finished configuration again. ``--metric kl`` scores each configuration instead (``both``: as well) by
+the fraction of RL's behavioural change it reproduces, from forward passes on RL's and SFT's own rollouts played
+once per sweep on the first worker (:mod:`graftkit.graft.kl`); :func:`sweep_tables` is what the command prints.
 
 :class:`GraftConfig` serves four modes (:data:`MODE_FIELDS`): export, ``--eval``, ``--sweep`` and ``--vs``;
 each validates what it reads, and refuses a flag only another mode reads.
@@ -29,9 +31,10 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Optional
 
-from ..core.config import OnProgress, RunOption, DeviceOption, ExecutorOption, no_progress, opt
+from ..core.config import OnProgress, RunOption, DeviceOption, ExecutorOption, check_choice, no_progress, opt
 from ..core.errors import GraftkitError
-from ..results.layout import dissociation_path, partial_path, result_labels, run_layout, sweep_path, with_tag
+from ..results.layout import (dissociation_path, partial_path, result_labels, run_layout, sweep_kl_path, sweep_path,
+                              with_tag)
 from ..results.store import write_result
 from ..weights.commands import ReadOptions
 from ..weights.resolve import base_of, checkpoint_of
@@ -49,8 +52,8 @@ EPISODE_FIELDS = ("tasks", "seeds", "episodes", "sample", "temperature", "max_ne
 #: read it is an error, not ignored without a word.
 MODE_FIELDS: dict[str, frozenset[str]] = {
     "export": frozenset({"layers", "alpha", "reverse", "out_dir", "force", "max_shard_size"}),
-    "eval": frozenset({"layers", "alpha", "reverse", *EPISODE_FIELDS}),
-    "sweep": frozenset({"layers", "alphas", *EPISODE_FIELDS}),
+    "eval": frozenset({"layers", "alpha", "reverse", "metric", *EPISODE_FIELDS}),
+    "sweep": frozenset({"layers", "alphas", "metric", *EPISODE_FIELDS}),
     "dissociation": frozenset({"layers", "vs", *EPISODE_FIELDS}),
 }
 #: Each mode as the error messages name it.
@@ -114,8 +117,14 @@ class GraftConfig(ReadOptions, RunOption, DeviceOption, ExecutorOption):
     """With --eval/--sweep: longest action in tokens (longer turns are cut and count invalid)."""
     batch_size: int = 64
     """Episodes advanced together."""
+    metric: str = "success"
+    """With --eval/--sweep: what scores each configuration: success (its episodes played and compared), kl (the
+    fraction of RL's behavioural change it reproduces, 1 − KL(π_RL‖π_graft)/KL(π_RL‖π_SFT) on RL's rollouts and
+    KL(π_SFT‖π_graft)/KL(π_SFT‖π_RL) on SFT's, by forward passes on rollouts played once at temperature 1) or
+    both."""
     save: Optional[Path] = opt(None, flags=("--save",))
-    """With --eval/--sweep: HDF5 result (default: RUN/results/graft-<sweep>-<rl>.h5)."""
+    """With --eval/--sweep: HDF5 result (default: RUN/results/graft-<sweep>-<rl>.h5, with --metric kl
+    graft-<sweep>-<rl>-kl.h5)."""
     results: Optional[Path] = opt(None, cli=False)
     """Folder of the sweep and dissociation results (default: RUN/results)."""
 
@@ -138,6 +147,18 @@ class GraftConfig(ReadOptions, RunOption, DeviceOption, ExecutorOption):
         if self.groups is None:
             raise GraftkitError("--eval needs --groups", "pass e.g. --groups attn,mlp")
         self.spec()
+        self._check_metric()
+
+    def _check_metric(self) -> None:
+        """--metric is one of :data:`METRICS`; KL rollouts are sampled at temperature 1, so with --metric kl alone
+        the success path's decoding flags would be read by nothing."""
+        check_choice(self.metric, X.METRICS, "--metric")
+        if self.metric == "kl":
+            for name in ("sample", "temperature"):
+                if getattr(self, name) != _default(name):
+                    raise GraftkitError(f"{_flag(name)} applies to --metric success and both (the episodes each "
+                                        "configuration plays), not to --metric kl, whose rollouts are sampled at "
+                                        "temperature 1", f"drop {_flag(name)}")
 
     def _check_sweep(self) -> None:
         if self.sweep not in X.SWEEPS:
@@ -152,6 +173,8 @@ class GraftConfig(ReadOptions, RunOption, DeviceOption, ExecutorOption):
         if self.sweep == "layers" and self.layers != _default("layers"):
             raise GraftkitError("--sweep layers grafts each band early, mid, late and all itself: --layers applies "
                                 "to the other sweeps", "drop --layers")
+        if self.vs is None:
+            self._check_metric()
 
     def _check_dissociation(self) -> None:
         if self.sweep is not None and self.sweep not in X.SWEEPS:
@@ -331,7 +354,7 @@ class GraftExperiments:
 
     def as_json(self) -> dict:
         a = self.sweeps["A"].attrs
-        return {"sweep": a["sweep"], "base": str(self.base),
+        return {"sweep": a["sweep"], "metric": a.get("metric", "success"), "base": str(self.base),
                 "runs": {k: sweep_json(v, self.rl[k]) for k, v in self.sweeps.items()},
                 "dissociation": None if self.dissociation is None else dissociation_json(self.dissociation),
                 "files": self.files, "resumed": self.resumed, "tasks": a["tasks"], "seeds": len(a["seeds"]),
@@ -340,22 +363,124 @@ class GraftExperiments:
 
 
 def sweep_json(v: X.SweepResult, rl_path) -> dict:
-    """One run's sweep as JSON: every configuration's success and comparisons, the attribution per group."""
+    """One run's sweep as JSON: every configuration's success and comparisons, the attribution per group; with
+    KL (``--metric kl`` or ``both``) each configuration's ``kl`` and the KL attribution per side (whose rollouts)."""
     groups_, layers, alpha = v.strings("config_groups"), v.strings("config_layers"), v.array("config_alpha")
-    configs = [{"config": c, "groups": groups_[i], "layers": layers[i], "alpha": float(alpha[i]),
-                "success": v.success(c), "diff_vs_base": v.diff(c).tolist(), "verdict_vs_base": v.verdict(c),
-                "diff_vs_rl": v.diff(c, "rl").tolist(), "verdict_vs_rl": v.verdict(c, "rl")}
+    configs = [{"config": c, "groups": groups_[i], "layers": layers[i], "alpha": float(alpha[i])}
                for i, c in enumerate(v.configs)]
+    for c in configs if v.has_success else ():
+        label = c["config"]
+        c.update({"success": v.success(label), "diff_vs_base": v.diff(label).tolist(),
+                  "verdict_vs_base": v.verdict(label), "diff_vs_rl": v.diff(label, "rl").tolist(),
+                  "verdict_vs_rl": v.verdict(label, "rl")})
+    for c in configs if v.has_kl else ():
+        c["kl"] = {s: {"kl_per_token": v.kl_per_token(c["config"], s),
+                       "reproduced": v.reproduced(c["config"], s).tolist()} for s in v.sides}
     groups, share = v.groups, v.movement_share
     stored = {name: v.array(name) for name in v.ATTRIBUTION if v.array(name) is not None}
     attribution = {g: {**{name: a[j].tolist() for name, a in stored.items()},
                        **({} if share is None else {"movement_share": share[g]})} for j, g in enumerate(groups)}
-    payload = {"rl": str(rl_path), "configs": configs, "attribution": attribution, "group_effect": v.effect_kind}
+    payload = {"rl": str(rl_path), "metric": v.metric, "configs": configs, "attribution": attribution,
+               "group_effect": v.effect_kind}
     inter = v.array("interaction")
     if inter is not None:
         payload["interactions"] = [{"groups": [groups[a], groups[c]], "interaction": inter[a, c].tolist()}
                                    for a in range(len(groups)) for c in range(a + 1, len(groups))]
+    if v.has_kl:
+        payload["kl"] = kl_json(v)
     return payload
+
+
+def kl_json(v: X.SweepResult) -> dict:
+    """The KL attribution of a sweep as JSON: per side (whose rollouts) and group each stored KL attribution
+    array, the factorial's interactions and Shapley total, and the definitions of the fractions."""
+    from .kl import ENDPOINTS, REPRODUCED
+
+    groups, out = v.groups, {"reproduced": REPRODUCED, "endpoints": ENDPOINTS, "sides": {}}
+    kind = v.var_attrs("kl_group_effect").get("kind")
+    for s in v.sides:
+        stored = {name.removeprefix("kl_"): v.kl_attribution(name, s) for name in v.KL_ATTRIBUTION}
+        side = {"attribution": {g: {name: a[j].tolist() for name, a in stored.items() if a is not None}
+                                for j, g in enumerate(groups)}, "group_effect": kind}
+        inter = v.kl_attribution("kl_interaction", s)
+        if inter is not None:
+            side["interactions"] = [{"groups": [groups[a], groups[c]], "interaction": inter[a, c].tolist()}
+                                    for a in range(len(groups)) for c in range(a + 1, len(groups))]
+        total = v.kl_total(s)
+        if total is not None:
+            side["shapley_total"] = total.tolist()
+        out["sides"][s] = side
+    return out
+
+
+def sweep_tables(run: dict, label: str, n_seeds: int, episodes: int) -> list:
+    """What ``graftkit graft --eval/--sweep`` prints for one run's sweep, from its JSON (:func:`sweep_json`):
+    :class:`~graftkit.core.tables.Table` s and lines. With success: the configurations (success, paired differences
+    from base and RL and their verdicts), the attribution beside weight movement, the interactions. With KL: the
+    configurations' KL per token and reproduced fractions, their definition, and the KL attribution per side."""
+    from ..core.tables import Table, points
+
+    out: list = []
+    if run["configs"] and "success" in run["configs"][0]:
+        out.append(Table(
+            f"{label}: grafts evaluated on identical episodes ({n_seeds} seeds × {episodes} episodes per task)",
+            {"config": lambda c: c["config"], "success": lambda c: f"{100 * c['success']:.1f}%",
+             "vs base [95%]": lambda c: points(c["diff_vs_base"]), "verdict vs base": lambda c: c["verdict_vs_base"],
+             "vs RL [95%]": lambda c: points(c["diff_vs_rl"]), "verdict vs RL": lambda c: c["verdict_vs_rl"]},
+            run["configs"], left=("config", "verdict vs base", "verdict vs RL")))
+    attribution = run["attribution"]
+    if any(attribution.values()):
+        cols = [c for c in ("group_effect", "main_effect", "shapley") if any(c in r for r in attribution.values())]
+
+        def share(g: str) -> str:
+            s = attribution[g].get("movement_share")
+            return "—" if s is None else f"{100 * s:.1f}%"
+
+        out.append(Table(
+            f"attribution of the success change to groups ({run['group_effect']} effect) beside weight movement"
+            if run["group_effect"] else "weight movement of the grafted groups",
+            {"group": lambda g: g, "movement share": share,
+             **{c.replace("_", " "): (lambda g, c=c: points(attribution[g].get(c))) for c in cols}},
+            attribution, left=("group",)))
+    out += [f"interaction {'×'.join(row['groups'])}: {points(row['interaction'])}"
+            for row in run.get("interactions", [])]
+    return out + (kl_tables(run, label, n_seeds, episodes) if "kl" in run else [])
+
+
+def kl_tables(run: dict, label: str, n_seeds: int, episodes: int) -> list:
+    """The KL part of :func:`sweep_tables`: each configuration's KL per token and the fraction of the behavioural
+    change it reproduces on each side's rollouts, the definition, and per group the KL attribution of each side
+    (in points of the fraction), its interactions and the Shapley total."""
+    from ..core.tables import Table, bounds_text, points
+
+    kl, names = run["kl"], {"rl": ("RL", "π_RL"), "sft": ("SFT", "π_SFT")}
+    columns = {"config": lambda c: c["config"]}
+    for s, (who, _) in names.items():
+        columns |= {f"KL({who}‖C)/token": lambda c, s=s: f"{c['kl'][s]['kl_per_token']:.4g}",
+                    f"reproduced {who} [95%]": lambda c, s=s: bounds_text(c["kl"][s]["reproduced"], scale=100.0,
+                                                                          spec=".1f", unit="%")}
+    out: list = [Table(f"{label}: fraction of RL's behavioural change each graft reproduces, by KL on fixed rollouts "
+                       f"of RL and SFT ({n_seeds} seeds × {episodes} episodes per task, T=1)", columns, run["configs"],
+                       left=("config",)),
+                 f"reproduced: {kl['reproduced']['rl']}; {kl['reproduced']['sft']} — {kl['endpoints']}"]
+    sides = kl["sides"]
+    stored = [n for n in ("group_effect", "main_effect", "shapley")
+              if any(n in a for side in sides.values() for a in side["attribution"].values())]
+    if stored:
+        attribution = {s: side["attribution"] for s, side in sides.items()}
+        kind = next(iter(sides.values()))["group_effect"]
+        out.append(Table(
+            "attribution of the behavioural change to groups (fraction reproduced, in points: RL on RL's rollouts, "
+            f"SFT on SFT's{f'; {kind} effect' if kind else ''})",
+            {"group": lambda g: g, **{f"{names[s][0]} {n.replace('_', ' ')}": (lambda g, s=s, n=n: points(
+                attribution[s][g].get(n))) for s in sides for n in stored}},
+            list(run["attribution"]), left=("group",)))
+    for s, side in sides.items():
+        out += [f"KL interaction {names[s][0]} {'×'.join(r['groups'])}: {points(r['interaction'])}"
+                for r in side.get("interactions", [])]
+        if "shapley_total" in side:
+            out.append(f"KL Shapley total {names[s][0]} (v(all) − v(∅)): {points(side['shapley_total'])}")
+    return out
 
 
 def dissociation_json(d: X.DissociationResult) -> dict:
@@ -383,7 +508,8 @@ def _sweep_dest(cfg: GraftConfig, key: str, label: str) -> Path:
         return cfg.save
     if cfg.save and key == "B":
         return with_tag(cfg.save, "vs")
-    return sweep_path(cfg.results or run_layout(cfg.run).results, cfg.kind, label)
+    results = cfg.results or run_layout(cfg.run).results
+    return (sweep_kl_path if cfg.metric == "kl" else sweep_path)(results, cfg.kind, label)
 
 
 def _open_sweep(cfg: GraftConfig, base_path: Path, device: str) -> X.SweepWorker:
@@ -486,8 +612,9 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
         for key in paths:
             run = SweepRun(key, labels[key], _sweep_dest(cfg, key, labels[key]), cfg.kind, tuple(exps), chosen,
                            cfg.layers if cfg.kind not in ("layers", "eval") else "all", grid, survey.movement[key],
-                           {**setup, "rl": survey.rls[key]}, cfg.as_dict())
-            done = X.resume_outcomes(run.dest, exps, run.setup)
+                           {**setup, "rl": survey.rls[key]}, cfg.as_dict(), cfg.metric)
+            # success outcomes resume (KL is recomputed: forward passes only)
+            done = X.resume_outcomes(run.dest, exps, run.setup) if cfg.metric != "kl" else {}
             resumed[key] = sorted(done)
             if key == "B" and X.BASE_LABEL in outcomes["A"]:
                 done.setdefault(X.BASE_LABEL, outcomes["A"][X.BASE_LABEL])  # one base for both runs
@@ -507,6 +634,11 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
         dis = X.DissociationResult.from_result(res, dest)
     return GraftExperiments(Path(base_path), dict(paths), labels, sweeps, dis, files, resumed,
                             time.perf_counter() - t0, (*read_notes, *survey.forced))
+
+
+def _labelled(on_progress: OnProgress, label: str) -> OnProgress:
+    """``on_progress`` with each bar named after the run."""
+    return lambda what, advance, total, unit: on_progress(f"{label}: {what}", advance, total, unit)
 
 
 @dataclass(frozen=True)
@@ -533,14 +665,17 @@ class SweepRun:
     """What a resume must find unchanged: base and RL descriptions, episodes, decoding, placement."""
     config: dict
     """The command's config, saved into the result."""
+    metric: str = "success"
+    """What scores each configuration: success, kl or both (:data:`graftkit.graft.experiments.METRICS`)."""
 
-    def result(self, success: dict, *, complete: bool = True):
+    def result(self, success: dict, *, complete: bool = True, kl=None):
         """The ``graft-sweep`` result of the outcomes in so far (``complete=False``: no comparisons, for the
-        partial result)."""
+        partial result), with the KL scores ``kl`` (:class:`~graftkit.graft.kl.SweepKL`) once they are in."""
         g = self.grid
         return X.sweep_result(self.kind, self.experiments, success, g.tasks, g.seeds, g.episodes, self.groups,
                               layers=self.layers, movement_share=self.movement, compare_configs=complete,
-                              attrs={**self.setup, "rl_label": self.label, "config": self.config})
+                              attrs={**self.setup, "rl_label": self.label, "config": self.config},
+                              metric=self.metric, kl=kl)
 
 
 def _sweep_one(pool, run: SweepRun, done: dict, width: int, on_progress: OnProgress, local: bool) -> X.SweepResult:
@@ -556,12 +691,17 @@ def _sweep_one(pool, run: SweepRun, done: dict, width: int, on_progress: OnProgr
         partial[e.label] = s
         write_result(partial_path(run.dest), run.result(partial, complete=False))
 
-    units = X.plan_units(run.experiments, len(run.grid.seeds), width, run=run.key, done=partial)
-    X.execute_sweep(pool, units, run.grid, workers=width,
-                    on_start=lambda u: current.update(what=f"{run.label}: {u.experiment.label}"),
-                    on_episode=(lambda ep: on_progress(current["what"], 1, per, "episodes")) if local else None,
-                    on_result=finished)
-    res = run.result(partial)
+    if run.metric != "kl":
+        units = X.plan_units(run.experiments, len(run.grid.seeds), width, run=run.key, done=partial)
+        X.execute_sweep(pool, units, run.grid, workers=width,
+                        on_start=lambda u: current.update(what=f"{run.label}: {u.experiment.label}"),
+                        on_episode=(lambda ep: on_progress(current["what"], 1, per, "episodes")) if local else None,
+                        on_result=finished)
+    kl = None
+    if run.metric != "success":  # one unit on the first worker: rollouts once, then forward passes per configuration
+        kl = pool.first(functools.partial(X.kl_unit, run=run.key, experiments=run.experiments, grid=run.grid,
+                                          on_progress=_labelled(on_progress, run.label) if local else None))
+    res = run.result(partial, kl=kl)
     written = write_result(run.dest, res)
     partial_path(run.dest).unlink(missing_ok=True)
     return X.SweepResult.from_result(res, written)

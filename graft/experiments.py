@@ -28,7 +28,9 @@ A spec equal to a reference is not repeated. Labels: ``attn+mlp`` (groups joined
 ``attn@late`` (a layer selection other than all), ``mlp×0.5`` (α ≠ 1), ``∅ (base)``, ``all (rl)``.
 :func:`sweep_result` assembles the labelled result (kind ``graft-sweep``) with the paired comparisons and
 the attribution of :mod:`graftkit.graft.attribution`; :class:`SweepResult` and :class:`DissociationResult`
-are the typed views every reader goes through. An interrupted sweep resumes (:func:`resume_outcomes`):
+are the typed views every reader goes through. With ``--metric kl`` or ``both`` (:data:`METRICS`) each
+configuration is also (or only) scored by KL on fixed rollouts of RL and SFT, by forward passes through the same
+in-place grafts (:meth:`SweepWorker.score_kl`, :mod:`graftkit.graft.kl`), and the result holds the ``kl_*`` arrays. An interrupted sweep resumes (:func:`resume_outcomes`):
 partial results go to ``.partial-<name>`` beside the result (:func:`graftkit.results.layout.partial_path`),
 never to the result itself.
 """
@@ -50,9 +52,14 @@ from ..results.store import Result, View, read_result
 from ..weights import BANDS, GROUPS, Checkpoint, Taxonomy
 from ..weights.taxonomy import DECODER
 from . import attribution as A
+from .kl import SIDES as KL_SIDES, SweepKL, kl_arrays, kl_conventions
 from .plan import GraftPlan, GraftSpec, plan_graft
 
 SWEEPS = ("single", "loo", "factorial", "layers", "alpha")
+#: What scores each configuration (``graft --metric``): success (episodes played per configuration), kl (the
+#: fraction of RL's behavioural change it reproduces, by forward passes on fixed rollouts; :mod:`graftkit.graft.kl`)
+#: or both.
+METRICS = ("success", "kl", "both")
 MAX_FACTORIAL = 6
 DEFAULT_ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 BASE_LABEL, RL_LABEL = "∅ (base)", "all (rl)"
@@ -309,11 +316,62 @@ class SweepWorker:
                            on_episode=on_episode or (lambda ep: None), obs=grid.obs)
         return outcome.success[..., 0].astype(np.int8)
 
+    def score_kl(self, run: str, experiments: Sequence[GraftExperiment], grid: EpisodeGrid, *,
+                 on_progress: Callable[[str, int, int, str], None] | None = None) -> "SweepKL":
+        """Every configuration's KL on fixed rollouts (:mod:`graftkit.graft.kl`): RL's and SFT's own rollouts are
+        played once (the model grafted to RL, then to ∅: the in-place grafts every configuration uses), then each
+        configuration is grafted in and scores both sets by forward passes only."""
+        import time
+
+        from ..agent.kl import SIDES, play_fixed
+        from .kl import score_configurations, sweep_kl
+
+        progress = on_progress or (lambda what, advance, total, unit: None)
+        for e in experiments:
+            if e.label not in self.plans:
+                self.plans[e.label] = plan_graft(self.tax, e.spec())
+        base = next(e.label for e in experiments if e.role == "base")
+        rl = next(e.label for e in experiments if e.role == "rl")
+
+        def apply(label: str) -> None:
+            self._session(run).apply(self.plans[label])
+
+        t0, fixed = time.perf_counter(), {}
+        for side, label in zip(SIDES, (rl, base)):
+            apply(label)
+            what = f"{side.upper()} rollouts (T=1)"
+            fixed[side] = play_fixed(self.policy, side, grid.tasks, grid.seeds, grid.episodes,
+                                     max_new_tokens=grid.decode.max_new_tokens, backend=grid.backend,
+                                     batch_size=grid.batch_size,
+                                     on_episode=lambda ep, what=what: progress(what, 1, grid.count, "episodes"))
+            if fixed[side].no_items:
+                raise GraftkitError(f"{', '.join(fixed[side].no_items)}: no evaluation item, so no fixed episodes to "
+                                    "score KL on", "drop those tasks from --tasks")
+        t1 = time.perf_counter()
+        labels = [e.label for e in experiments]
+        total = len(labels) * sum(f.n_tokens for f in fixed.values())
+        scored = []
+
+        def tick(n: int) -> None:
+            scored.append(n)
+            progress("KL forward passes", n, total, "tokens")
+
+        per_token = score_configurations(self.policy.model, self.policy.pad_id, apply, labels, base, rl, fixed,
+                                         on_tokens=tick)
+        return sweep_kl(labels, base, rl, fixed, per_token,
+                        {"rollouts": t1 - t0, "scoring": time.perf_counter() - t1}, sum(scored))
+
     def close(self) -> None:
         """End the graft session: the model holds the base's weights again."""
         if self.session is not None:
             session, self.key, self.session = self.session, None, None
             session.__exit__(None, None, None)
+
+
+def kl_unit(worker: SweepWorker, run: str, experiments: Sequence[GraftExperiment], grid: EpisodeGrid,
+            on_progress: Callable[[str, int, int, str], None] | None = None) -> "SweepKL":
+    """The KL scoring of a sweep's pool, one unit on one worker: :meth:`SweepWorker.score_kl`."""
+    return worker.score_kl(run, experiments, grid, on_progress=on_progress)
 
 
 def play_unit(worker: SweepWorker, unit: SweepUnit, grid: EpisodeGrid,
@@ -433,16 +491,25 @@ def sweep_result(
     n_boot: int = 10_000,
     seed: int = 0,
     compare_configs: bool = True,
+    metric: str = "success",
+    kl: SweepKL | None = None,
 ) -> Result:
     """The labelled ``graft-sweep`` result: every completed configuration's outcomes, each compared with
     base and RL (:func:`graftkit.stats.compare`; ``compare_configs=False`` leaves NaN, for the partial
     results written while a sweep runs), and — once every configuration is in — the attribution
-    (factorial: main effects, interactions, Shapley values; single / loo / factorial: ``group_effect``)."""
+    (factorial: main effects, interactions, Shapley values; single / loo / factorial: ``group_effect``).
+
+    ``metric`` (:data:`METRICS`): with kl or both, ``kl`` (:class:`~graftkit.graft.kl.SweepKL`) adds the KL arrays
+    (``kl_*``, over a ``side`` axis: whose rollouts) and their attribution beside the success arrays; with kl
+    alone there are no success arrays (``success`` is then unused)."""
     from ..stats import VERDICT_RULE
 
+    if metric not in METRICS:
+        raise GraftkitError(f"unknown --metric {metric!r}", f"use one of {', '.join(METRICS)}")
     groups = _ordered(groups)
-    configs = [e for e in experiments if e.label in success]
-    pending = [e.label for e in experiments if e.label not in success]
+    scored = success if metric != "kl" else ({lab: None for lab in kl.labels} if kl is not None else {})
+    configs = [e for e in experiments if e.label in scored]
+    pending = [e.label for e in experiments if e.label not in scored]
     coords = {
         "config": np.array([e.label for e in configs], dtype=object),
         "task": np.array(list(tasks), dtype=object),
@@ -453,32 +520,44 @@ def sweep_result(
         "bound": np.array(A.BOUNDS, dtype=object),
     }
     shape = (len(tasks), len(seeds), episodes)
-    data = {
-        "success": (("config", "task", "seed", "episode"),
-                    np.stack([np.asarray(success[e.label], np.int8) for e in configs]) if configs
-                    else np.zeros((0, *shape), np.int8)),
-        **_comparisons(configs, success, compare_configs, level, n_boot, seed),
-        **_config_arrays(configs),
-    }
-    var_attrs: dict[str, dict] = {
-        "diff_vs_base": {"what": "success(config) − success(base), paired bootstrap interval", "level": level},
-        "diff_vs_rl": {"what": "success(config) − success(rl), paired bootstrap interval", "level": level},
-        "diff_vs_base_bayes": {"what": "posterior mean and credible interval of the same difference", "level": level},
-        "verdict_vs_base": {"rule": VERDICT_RULE},
-        "verdict_vs_rl": {"rule": VERDICT_RULE},
-    }
+    data: dict[str, tuple] = {**_config_arrays(configs)}
+    var_attrs: dict[str, dict] = {}
     conventions = {"interval": A.INTERVAL_METHOD, "level": level, "n_boot": n_boot, "seed": seed,
                    "credible": A.CREDIBLE, "verdict_rule": VERDICT_RULE,
                    "outcomes": "tasks folded into episodes: [seed, task·episode], seeds are the clusters"}
-    if not pending and compare_configs:
-        subsets = subset_outcomes(configs, success, layers)
-        _add_attribution(data, var_attrs, kind, subsets, groups, level, n_boot, seed)
+    if metric != "kl":
+        data["success"] = (("config", "task", "seed", "episode"),
+                           np.stack([np.asarray(success[e.label], np.int8) for e in configs]) if configs
+                           else np.zeros((0, *shape), np.int8))
+        data.update(_comparisons(configs, success, compare_configs, level, n_boot, seed))
+        var_attrs.update({
+            "diff_vs_base": {"what": "success(config) − success(base), paired bootstrap interval", "level": level},
+            "diff_vs_rl": {"what": "success(config) − success(rl), paired bootstrap interval", "level": level},
+            "diff_vs_base_bayes": {"what": "posterior mean and credible interval of the same difference",
+                                   "level": level},
+            "verdict_vs_base": {"rule": VERDICT_RULE},
+            "verdict_vs_rl": {"rule": VERDICT_RULE},
+        })
+        if not pending and compare_configs:
+            subsets = subset_outcomes(configs, success, layers)
+            _add_attribution(data, var_attrs, kind, subsets, groups, level, n_boot, seed)
+    if kl is not None:
+        complete = not pending and compare_configs
+        named = _subsets(configs, layers) if complete else None
+        arrays, kl_attrs = kl_arrays(kl, [e.label for e in configs], named, groups, factorial=kind == "factorial",
+                                     effect=GROUP_EFFECT.get(kind), level=level, n_boot=n_boot, seed=seed)
+        coords["side"] = np.array(KL_SIDES, dtype=object)
+        data.update(arrays)
+        var_attrs.update(kl_attrs)
+        conventions["kl"] = kl_conventions()
     if movement_share is not None:
         data["movement_share"] = (("group",), np.array([float(movement_share.get(g, 0.0)) for g in groups]))
         var_attrs["movement_share"] = {
             "what": "share of the run's total squared weight movement ‖Δ‖²_F in the group (delta anatomy)"}
     return Result("graft-sweep", coords, data, {
-        "sweep": kind, "layers": layers, "groups": list(groups), "complete": not pending, "pending": pending,
+        "sweep": kind, "metric": metric, "layers": layers, "groups": list(groups), "complete": not pending,
+        "pending": pending,
+        **({"kl_timing": {**kl.seconds, "scored_tokens": kl.scored_tokens}} if kl is not None else {}),
         "experiments": [e.as_dict() for e in experiments], "tasks": list(tasks), "seeds": list(seeds),
         "episodes": episodes, "conventions": conventions, **(attrs or {}),
     }, var_attrs)
@@ -542,7 +621,7 @@ def _add_attribution(data: dict, var_attrs: dict, kind: str, subsets: Mapping[fr
 def completed_outcomes(result: Result, experiments: Sequence[GraftExperiment], setup: Mapping) -> dict[str, np.ndarray]:
     """The outcomes a stored (partial) sweep already holds, if it was run with the same experiments and
     ``setup`` (base, rl, tasks, seeds, episodes, decode); else nothing."""
-    if result.kind != "graft-sweep":
+    if result.kind != "graft-sweep" or "success" not in result.data:
         return {}
     same = json.dumps([e.as_dict() for e in experiments], sort_keys=True) == json.dumps(
         result.attrs.get("experiments"), sort_keys=True)
@@ -575,7 +654,10 @@ class SweepResult(View):
     """A ``graft-sweep`` result (:func:`sweep_result`) read by name: per configuration its outcomes
     ``success[config, task, seed, episode]``, its paired differences ``diff_vs_base`` / ``diff_vs_rl``
     ``[config, bound]`` and verdicts; per group the optional attribution arrays (:data:`ATTRIBUTION`,
-    ``interaction[group, group2, bound]``) and ``movement_share``. ``path``: the file it was read from."""
+    ``interaction[group, group2, bound]``) and ``movement_share``; with KL (``--metric kl`` or ``both``) the
+    ``kl_*`` arrays over a ``side`` axis (whose rollouts: rl, sft), read by :meth:`reproduced`,
+    :meth:`kl_per_token`, :meth:`kl_episode` and :meth:`kl_attribution` (a sweep scored by KL alone has no
+    ``success``). ``path``: the file it was read from."""
 
     KINDS = ("graft-sweep",)
     PRODUCER = "graftkit graft --sweep"
@@ -619,12 +701,30 @@ class SweepResult(View):
         """The kind of ``group_effect`` (single, loo, shapley), None without one."""
         return self.var_attrs("group_effect").get("kind")
 
+    @property
+    def metric(self) -> str:
+        """What scored the configurations (:data:`METRICS`): success, kl or both (success in results written
+        before KL was measured)."""
+        return str(self.attrs.get("metric", "success"))
+
+    @property
+    def has_success(self) -> bool:
+        return "success" in self.result.data
+
+    @property
+    def has_kl(self) -> bool:
+        return "kl_reproduced" in self.result.data
+
     def outcomes(self, label: str) -> np.ndarray:
         """Success ``[task, seed, episode]`` (int8) of configuration ``label``."""
+        if not self.has_success:
+            raise GraftkitError(f"{self.path or 'this sweep'} was scored by KL only (--metric kl): it holds no success "
+                                "outcomes", "run the sweep with --metric success or --metric both")
         return np.asarray(self.result["success"][self.configs.index(label)])
 
     def all_outcomes(self) -> dict[str, np.ndarray]:
-        return {label: self.outcomes(label) for label in self.configs}
+        """Success of every configuration by label (empty for a sweep scored by KL only)."""
+        return {label: self.outcomes(label) for label in self.configs} if self.has_success else {}
 
     def success(self, label: str) -> float:
         """Success rate of configuration ``label`` over every task, seed and episode."""
@@ -633,9 +733,13 @@ class SweepResult(View):
     def diff(self, label: str, ref: str = "base") -> np.ndarray | None:
         """(estimate, low, high) of success(label) − success(ref), ref base or rl; None if no such config."""
         configs = self.configs
-        return None if label not in configs else np.asarray(self.result[f"diff_vs_{ref}"][configs.index(label)])
+        if label not in configs or f"diff_vs_{ref}" not in self.result.data:
+            return None
+        return np.asarray(self.result[f"diff_vs_{ref}"][configs.index(label)])
 
     def verdict(self, label: str, ref: str = "base") -> str:
+        if f"verdict_vs_{ref}" not in self.result.data:
+            return ""
         return str(self.result[f"verdict_vs_{ref}"][self.configs.index(label)])
 
     @property
@@ -643,6 +747,50 @@ class SweepResult(View):
         """Each group's share of the run's squared weight movement, None when not stored."""
         v = self.array("movement_share")
         return None if v is None else {g: float(x) for g, x in zip(self.axis("movement_share"), v)}
+
+    # ----------------------------------------------------------------------- KL (--metric kl or both)
+
+    #: The KL attribution arrays, each ``[side, group, bound]`` (``kl_interaction``: ``[side, group, group2, bound]``).
+    KL_ATTRIBUTION = ("kl_group_effect", "kl_main_effect", "kl_shapley")
+
+    @property
+    def sides(self) -> list[str]:
+        """Whose rollouts the KL arrays are over: rl (RL's own), sft (SFT's own); empty without KL."""
+        return self.labels("side") if "side" in self.result.coords else []
+
+    def _kl(self, name: str) -> np.ndarray:
+        if not self.has_kl:
+            raise GraftkitError(f"{self.path or 'this sweep'} holds no KL arrays",
+                                "run the sweep with --metric kl or --metric both")
+        return np.asarray(self.result[name])
+
+    def reproduced(self, label: str, side: str) -> np.ndarray:
+        """(estimate, low, high) of the fraction of the behavioural change configuration ``label`` reproduces on
+        ``side``'s rollouts (:data:`graftkit.graft.kl.REPRODUCED`: 0 for ∅, 1 for the full graft)."""
+        return self._kl("kl_reproduced")[self.configs.index(label), self.sides.index(side)]
+
+    def kl_per_token(self, label: str, side: str) -> float:
+        """KL(π_side‖π_label) per action token of ``side``'s rollouts, pooled (nats)."""
+        return float(self._kl("kl_per_token")[self.configs.index(label), self.sides.index(side)])
+
+    def kl_episode(self, label: str, side: str) -> np.ndarray:
+        """Σ over each episode's action tokens of KL(π_side‖π_label) ``[task, seed, episode]`` (nats)."""
+        return self._kl("kl_episode")[self.configs.index(label), self.sides.index(side)]
+
+    def kl_tokens(self, side: str) -> np.ndarray:
+        """Action tokens per episode of ``side``'s rollouts ``[task, seed, episode]``."""
+        return self._kl("kl_tokens")[self.sides.index(side)]
+
+    def kl_attribution(self, name: str, side: str) -> np.ndarray | None:
+        """A KL attribution array (:attr:`KL_ATTRIBUTION`, or ``kl_interaction``) on ``side``'s rollouts:
+        ``[group, bound]`` (``[group, group2, bound]``); None when the sweep did not store it."""
+        v = self.array(name)
+        return None if v is None else v[self.sides.index(side)]
+
+    def kl_total(self, side: str) -> np.ndarray | None:
+        """(estimate, low, high) of v(N) − v(∅) of the factorial's KL Shapley values on ``side``'s rollouts."""
+        total = self.var_attrs("kl_shapley").get("total_v_all_minus_v_none")
+        return None if not total else np.asarray(total[side], dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -712,5 +860,5 @@ __all__ = [
     "dissociation_result", "expand_sweep", "label_for", "layered_groups", "one_experiment", "plan_sweep",
     "present_groups", "references", "run_graft_sweep", "subset_outcomes", "sweep_result", "SweepResult",
     "DissociationResult", "resume_outcomes", "EpisodeGrid", "SweepUnit", "SweepWorker", "checked_done",
-    "execute_sweep", "plan_units", "play_unit",
+    "execute_sweep", "plan_units", "play_unit", "kl_unit", "METRICS",
 ]

@@ -144,7 +144,9 @@ NAMES: dict[str, str] = {
     "eval": "eval-{label}-{decoding}{obs}",
     "headroom": "headroom-{label}{obs}",
     "graft-dissociation": "graft-dissociation-{a}-vs-{b}",
+    "graft-sweep-kl": "graft-{sweep}-{label}-kl",           # a sweep scored by KL alone (--metric kl)
     "graft-sweep": "graft-{sweep}-{label}",
+    "kl": "kl-{a}-vs-{b}",                                  # graftkit kl: policy a against its base b
     # the label carries the layer selection's tag (layer_tag), which a name cannot tell apart from it: readers
     # key rank results by the model they record
     "rank": "rank-{what}-{label}",
@@ -280,6 +282,17 @@ def headroom_path(results: str | os.PathLike, label: str, obs: str = "text") -> 
 def sweep_path(results: str | os.PathLike, sweep: str, label: str) -> Path:
     """``graftkit graft --sweep SWEEP`` (or ``--eval``: sweep ``eval``) of the RL checkpoint ``label``."""
     return result_path(results, "graft-sweep", sweep=sweep, label=label)
+
+
+def sweep_kl_path(results: str | os.PathLike, sweep: str, label: str) -> Path:
+    """``graftkit graft --sweep SWEEP --metric kl`` of the RL checkpoint ``label`` (``--metric both`` writes
+    :func:`sweep_path`, beside the success arrays)."""
+    return result_path(results, "graft-sweep-kl", sweep=sweep, label=label)
+
+
+def kl_path(results: str | os.PathLike, a: str, b: str) -> Path:
+    """``graftkit kl`` of the policy ``a`` against the policy ``b`` (its base)."""
+    return result_path(results, "kl", a=a, b=b)
 
 
 def dissociation_path(results: str | os.PathLike, a: str, b: str) -> Path:

@@ -7,6 +7,8 @@ What is computed, and where:
 
 - :mod:`.rates`         :func:`wilson_interval` for one rate, :func:`pass_at_k`, :func:`fold_episodes`.
 - :mod:`.clusters`      :func:`cluster_labels`: episodes linked by a shared seed or item, one cluster.
+- :mod:`.means`         :func:`mean_interval` and :func:`ratio_interval`: a mean of real-valued episodes (a KL
+  summed over an episode) and a ratio of sums (per token), with the clustered two-stage bootstrap.
 - :mod:`.paired`        the paired difference: :func:`paired_bootstrap` (two-stage, variance-component
   adjusted), :func:`bayes_paired_interval` (Dirichlet posterior, design effect) and :func:`mcnemar_exact`.
 - :mod:`.verdicts`      :func:`compare` and its verdict by :data:`VERDICT_RULE`, :func:`headroom` (sampled
@@ -52,6 +54,7 @@ References
 
 from .clusters import cluster_labels
 from .correlation import correlation_ci
+from .means import MeanInterval, mean_interval, ratio_interval
 from .paired import MIN_DISCORDANT, bayes_paired_interval, cluster_bootstrap_factors, mcnemar_exact, paired_bootstrap
 from .rates import fold_episodes, pass_at_k, wilson_interval
 from .regimes import regime_interval, regime_tost
@@ -80,5 +83,5 @@ __all__ = [
     "RegimeEquivalence", "DetectableImprovement", "CorrelationInterval", "wilson_interval", "fold_episodes",
     "cluster_labels", "paired_bootstrap", "bayes_paired_interval", "mcnemar_exact", "compare", "headroom",
     "regime_interval", "regime_tost", "detectable_improvement", "pass_at_k", "correlation_ci",
-    "cluster_bootstrap_factors",
+    "cluster_bootstrap_factors", "MeanInterval", "mean_interval", "ratio_interval",
 ]

@@ -27,12 +27,14 @@ from graftkit.results.layout import (  # noqa: E402
     findings_path,
     glob_pattern,
     headroom_path,
+    kl_path,
     parse_result_name,
     rank_path,
     result_files,
     result_path,
     rl_checkpoints,
     study_delta_path,
+    sweep_kl_path,
     sweep_path,
     training_path,
     trajectory_path,
@@ -59,6 +61,8 @@ EXAMPLES = {
     "graft-dissociation": [{"a": a, "b": b} for a in LABELS[:3] for b in LABELS[1:4]],
     "graft-sweep": [{"sweep": s, "label": lab} for s in ("single", "loo", "factorial", "layers", "alpha", "eval")
                     for lab in LABELS],
+    "graft-sweep-kl": [{"sweep": s, "label": lab} for s in ("single", "factorial", "eval") for lab in LABELS],
+    "kl": [{"a": a, "b": b} for a in LABELS[:3] for b in LABELS[1:4]],
     "rank": [{"what": w, "label": lab} for w in ("weights", "delta", "activations") for lab in LABELS],
     "coupling": [{"what": w, "metric": m} for w in ("weights", "activations") for m in ("erank", "stable_rank")],
     "train": [{"kind": k, "label": lab} for k in ("sft", "grpo", "trainer") for lab in LABELS],
@@ -92,6 +96,8 @@ def test_the_names_are_the_ones_runs_hold(tmp_path):
     assert headroom_path(r, "sft") == r / "headroom-sft.h5" and headroom_path(r, "x", "som") == r / "headroom-x-som.h5"
     assert sweep_path(r, "factorial", "degrade-s0") == r / "graft-factorial-degrade-s0.h5"
     assert dissociation_path(r, "degrade-s0", "collapse-s0") == r / "graft-dissociation-degrade-s0-vs-collapse-s0.h5"
+    assert sweep_kl_path(r, "factorial", "degrade-s0") == r / "graft-factorial-degrade-s0-kl.h5"
+    assert kl_path(r, "degrade-s0", "sft") == r / "kl-degrade-s0-vs-sft.h5"
     assert rank_path(r, "weights", "sft") == r / "rank-weights-sft.h5"
     assert rank_path(r, "activations", "sft", "late") == r / "rank-activations-sft-late.h5"
     assert rank_path(r, "delta", "rl", "0,2") == r / "rank-delta-rl-0+2.h5"

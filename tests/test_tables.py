@@ -601,6 +601,77 @@ def test_graft_experiment_tables(cli, policies):
         assert g["difference"][0] == pytest.approx(g["A"][0] - g["B"][0])  # "A − B" is what it says
 
 
+def _nats(cell: str, b) -> bool:
+    """``0.0123 [0.0101, 0.0145]``: (estimate, low, high) in nats."""
+    if b is None or any(v is None or not math.isfinite(v) for v in b):
+        return cell == "—"
+    return shows_all(cell, b, 1.0)
+
+
+def _frac(cell: str, b) -> bool:
+    """``37.5% [20.1, 50.2]``: a fraction and its interval, in percent."""
+    if b is None or any(v is None or not math.isfinite(v) for v in b):
+        return cell == "—"
+    return cell.split()[0].endswith("%") and shows_all(cell, b)
+
+
+def test_kl_tables(cli, policies):
+    j, text = cli("run_kl", "kl", "--model", policies["rl"], "--tasks", ",".join(TASKS), "--seeds", "2",
+                  "--episodes", "1", "--max-new-tokens", "4", "--top", "3", "--n-boot", "300")
+    summary, tokens, actions = parse_tables(text)
+    assert flat(f"{j['model']} (RL) vs {j['base']} (SFT): KL in nats") in flat(summary.above)
+    assert flat(f"({j['seeds']} seeds × {j['episodes']} episodes per task") in flat(summary.above)
+    kl_headers = {"RL tokens": ("rl", "tokens"), "KL(RL‖SFT)/token [95%]": ("rl", "kl_per_token"),
+                  "KL(RL‖SFT)/episode [95%]": ("rl", "kl_per_episode"), "SFT tokens": ("sft", "tokens"),
+                  "KL(SFT‖RL)/token [95%]": ("sft", "kl_per_token"), "KL(SFT‖RL)/episode [95%]": ("sft", "kl_per_episode")}
+    assert summary.headers == ["task", "items", *kl_headers]
+    assert summary.column("task") == [r["task"] for r in j["tasks"]] == [*TASKS, "all"]
+    for row, r in zip(summary.rows, j["tasks"]):
+        assert row["items"] == str(r["items"])
+        for header, (side, key) in kl_headers.items():
+            want = r[side][key]
+            assert row[header] == str(want) if key == "tokens" else _nats(row[header], want), (header, row, want)
+    for t, what in ((tokens, "token"), (actions, "action")):
+        assert t.headers == ["direction", what, "log π_RL − log π_SFT", "count"]
+        want = [{"direction": d, **x} for d in ("gained", "lost") for x in j["top"][what][d]]
+        assert len(t.rows) == len(want) > 0
+        for row, w in zip(t.rows, want):
+            assert row["direction"] == w["direction"] and flat(row[what]) == flat(repr(w["text"]))
+            assert close(row["log π_RL − log π_SFT"], w["log_ratio"]) and row["count"] == str(w["count"])
+            assert (w["log_ratio"] > 0) == (w["direction"] == "gained")
+    assert f"saved {j['file']}" in flat_lines(actions.below)
+
+
+def test_graft_kl_tables(cli, policies):
+    j, text = cli("run_graft", "graft", "--from", policies["rl"], "--sweep", "factorial", "--groups", "attn,mlp",
+                  "--tasks", TASKS[0], "--seeds", "2", "--episodes", "1", "--max-new-tokens", "4", "--metric", "both")
+    run = j["runs"]["A"]
+    success, attribution, configs, kl_attribution = parse_tables(text)
+    assert success.headers[:2] == ["config", "success"] and attribution.headers[0] == "group"  # as with success alone
+    assert flat("fraction of RL's behavioural change each graft reproduces, by KL") in flat(configs.above)
+    assert configs.headers == ["config", "KL(RL‖C)/token", "reproduced RL [95%]", "KL(SFT‖C)/token",
+                               "reproduced SFT [95%]"]
+    assert configs.column("config") == success.column("config") == [c["config"] for c in run["configs"]]
+    for row, c in zip(configs.rows, run["configs"]):
+        for side, p in (("rl", "RL"), ("sft", "SFT")):
+            assert close(row[f"KL({p}‖C)/token"], c["kl"][side]["kl_per_token"]), (row, c)
+            assert _frac(row[f"reproduced {p} [95%]"], c["kl"][side]["reproduced"]), (row, c)
+    assert "reproduced: reproduced_RL(C) = 1 − Σ_e K_e(π_RL‖π_C)" in flat_lines(configs.below)
+    assert attribution.column("group") == kl_attribution.column("group") == list(run["attribution"])
+    sides = run["kl"]["sides"]
+    names = {"group effect": "group_effect", "main effect": "main_effect", "shapley": "shapley"}
+    assert kl_attribution.headers == ["group", *(f"{s.upper()} {n}" for s in sides for n in names)]
+    for row in kl_attribution.rows:
+        for header in kl_attribution.headers[1:]:
+            side, name = header.split(" ", 1)
+            assert _pts(row[header], sides[side.lower()]["attribution"][row["group"]][names[name]]), (header, row)
+    said = dict(line.split(": ", 1) for line in kl_attribution.below.splitlines() if line.startswith("KL "))
+    want = {f"KL interaction {s.upper()} {'×'.join(r['groups'])}": r["interaction"]
+            for s in sides for r in sides[s]["interactions"]}
+    want |= {f"KL Shapley total {s.upper()} (v(all) − v(∅))": sides[s]["shapley_total"] for s in sides}
+    assert set(said) == set(want) and all(_pts(said[k], v) for k, v in want.items())
+
+
 # --------------------------------------------------------------------------------------------------
 # train: the one-line summaries
 
@@ -635,6 +706,49 @@ def heading(fig) -> str:
 def trace(fig, name: str):
     (t,) = [t for t in fig.data if t.name == name]
     return t
+
+
+@dataclass
+class Shown:
+    """What one entry of a figure's menu shows: its label, the traces it makes visible, and the title and axis
+    titles it sets (the figure's own where it sets none)."""
+
+    label: str
+    data: list
+    title: str
+    x: str
+    y: str
+
+    def trace(self, name: str):
+        (t,) = [t for t in self.data if t.name == name]
+        return t
+
+
+def options(fig) -> list[Shown]:
+    """Every entry of a figure's menu (one entry showing everything without a menu). Every trace is shown by
+    exactly one entry of a run menu (a menu of groups may show a trace in several), the first entry's traces
+    are those visible as drawn, and ``layout.meta`` names the same traces as the buttons."""
+    plain = lambda text: " ".join(re.sub(r"<[^>]+>", " ", text or "").split())  # noqa: E731
+    if not fig.layout.updatemenus:
+        return [Shown("", list(fig.data), heading(fig), axis(fig, "x"), axis(fig))]
+    (menu,) = fig.layout.updatemenus
+    out = []
+    for b in menu.buttons:
+        mask = b.args[0]["visible"]
+        assert len(mask) == len(fig.data)
+        changes = b.args[1] if len(b.args) > 1 else {}
+        out.append(Shown(b.label, [t for t, v in zip(fig.data, mask) if v],
+                         plain(changes.get("title.text", fig.layout.title.text)),
+                         changes.get("xaxis.title.text", axis(fig, "x")), changes.get("yaxis.title.text", axis(fig))))
+    meta = fig.layout.meta
+    assert [o["label"] for o in meta["options"]] == [b.label for b in menu.buttons]
+    for o, b in zip(meta["options"], menu.buttons):
+        assert o["traces"] == [i for i, v in enumerate(b.args[0]["visible"]) if v]
+    first = menu.buttons[0].args[0]["visible"]
+    assert [t.visible is not False for t in fig.data] == list(first) and heading(fig) == out[0].title
+    if meta["selector"] != "regime":  # a run menu: each trace belongs to one run
+        assert sum(len(o.data) for o in out) == len(fig.data)
+    return out
 
 
 def in_percent(label: str) -> bool:
@@ -718,14 +832,17 @@ def test_anatomy_figures(trajectory):
     sumsq = np.asarray(res["sumsq_delta"])  # [run, tensor]: every figure below is a function of it
     in_layers = [g for g in groups if ((tg == g) & (tl >= 0)).any()]
     by_axis = {shown.axis: metric for metric, shown in LABELS.items()}
-    for r in range(2):
-        total = sumsq[r].sum()
-        for metric in ("share", "rel_delta"):
-            fig = A.anatomy_heatmap("step", res, r, metric)
-            (hm,) = fig.data
+    runs = [("step-10", res, 0), ("step-20", res, 1)]
+    for metric in ("share", "rel_delta"):
+        # the report's figure: one heatmap per run, a menu of the runs' labels; each entry checked as drawn
+        fig = A.anatomy_heatmaps(runs, metric)
+        assert [o.label for o in options(fig)] == ["step-10", "step-20"]
+        for r, shown in enumerate(options(fig)):
+            (hm,) = shown.data
+            total = sumsq[r].sum()
             named = by_axis[hm.colorbar.title.text]  # the metric the colour bar names
-            assert named == metric and heading(fig).startswith(A.HEATMAPS[metric][1])
-            assert axis(fig, "x") == "parameter group" and axis(fig, "y") == "decoder layer"
+            assert named == metric and shown.title.startswith(f"{A.HEATMAPS[metric][1]} — {shown.label}")
+            assert shown.x == "parameter group" and shown.y == "decoder layer"
             assert list(hm.x) == in_layers and list(hm.y) == list(layers)
             for i, L in enumerate(layers):
                 for k, g in enumerate(in_layers):
@@ -735,10 +852,17 @@ def test_anatomy_figures(trajectory):
                     else:
                         want = math.sqrt(sumsq[r, cell].sum() / np.asarray(res["sumsq_base"])[cell].sum())
                     assert hm.z[i][k] == pytest.approx(LABELS[metric].scale * want, rel=1e-9, abs=1e-12), (metric, L, g)
-        fig = A.top_tensors("step", res, r, n=5)
-        assert by_axis[axis(fig, "x")] == "share" and axis(fig, "y") == "tensor"
-        (bar,) = fig.data
-        names = [str(n) for n in res.coords["tensor"]]
+        # one run alone: its figure, no menu
+        assert not A.anatomy_heatmaps(runs[1:], metric).layout.updatemenus
+    fig = A.top_tensors_by_run(runs, n=5)
+    assert [o.label for o in options(fig)] == ["step-10", "step-20"]
+    names = [str(n) for n in res.coords["tensor"]]
+    for r, shown in enumerate(options(fig)):
+        total = sumsq[r].sum()
+        assert by_axis[shown.x] == "share" and shown.y == "tensor"
+        assert shown.title.startswith(f"Largest movers — {shown.label}")
+        (bar,) = shown.data
+        assert bar.name == shown.label
         want = sorted(sumsq[r] / total, reverse=True)[:5]
         np.testing.assert_allclose(bar.x, [100 * w for w in want], rtol=1e-9)
         assert [sumsq[r, names.index(n)] / total for n in bar.y] == pytest.approx(want, rel=1e-9)
@@ -785,6 +909,66 @@ def graft_results():
     d = GA.dissociation(X.subset_outcomes(exps, sa), X.subset_outcomes(exps, sb), groups, n_boot=200)
     dis = X.dissociation_result(d, {"A": {"path": "/x/a", "label": "a"}, "B": {"path": "/x/b", "label": "b"}})
     return sweep, dis, sa
+
+
+@pytest.fixture(scope="module")
+def graft_pair(graft_results):
+    """Two sweeps and two dissociations (test_report's recipe): a run's and another's, with other outcomes."""
+    from graftkit.graft import attribution as GA
+    from graftkit.graft import experiments as X
+
+    rng = np.random.default_rng(2)
+    groups, present = ["attn", "mlp"], ["embed", "attn", "mlp", "norm"]
+    exps = X.expand_sweep("factorial", groups, present)
+    sb = {e.label: (rng.random((2, 5, 4)) < 0.9 - 0.5 * ("mlp" in e.groups)).astype(np.int8) for e in exps}
+    sweep_b = X.sweep_result("factorial", exps, sb, ["click-button", "enter-text"], list(range(5)), 4, groups,
+                             movement_share={"attn": 0.1, "mlp": 0.6}, n_boot=200)
+    sweep, dis, sa = graft_results
+    d = GA.dissociation(X.subset_outcomes(exps, sb), X.subset_outcomes(exps, sa), groups, n_boot=200)
+    dis_b = X.dissociation_result(d, {"A": {"path": "/x/b", "label": "b"}, "B": {"path": "/x/a", "label": "a"}})
+    return {"a": sweep, "b": sweep_b}, {"a vs b": dis, "b vs a": dis_b}
+
+
+def test_graft_menus_show_each_sweep_as_drawn(graft_pair):
+    """The report's graft figures of several sweeps: each menu entry, named after its sweep, shows that sweep's
+    arrays under that sweep's title."""
+    from graftkit.figures import grafts as G
+
+    sweeps, dissociations = graft_pair
+    est = [str(b) for b in sweeps["a"].coords["bound"]].index("estimate")
+    menus = {build: G.by_sweep([(lab, build(lab, res)) for lab, res in sweeps.items()])
+             for build in (G.graft_effects, G.attribution, G.interaction_heatmap, G.movement_vs_effect)}
+    for build, fig in menus.items():
+        entries = options(fig)
+        assert [o.label for o in entries] == list(sweeps)
+        for o in entries:
+            res = sweeps[o.label]
+            assert o.title.endswith(f"— {o.label}") or f"— {o.label} " in o.title, o.title
+            if build is G.graft_effects:
+                assert o.title.startswith("Graft effects") and o.x == "change in success (percentage points)"
+                for name, array in (("vs base (SFT)", "diff_vs_base"), ("vs RL", "diff_vs_rl")):
+                    assert list(o.trace(name).y) == [str(c) for c in res.coords["config"]]
+                    np.testing.assert_allclose(o.trace(name).x, _in_points(res, array)[:, est])
+            elif build is G.attribution:
+                assert o.y == "contribution to success (percentage points)"
+                for name, array in (("Shapley value", "shapley"), ("main effect", "main_effect")):
+                    np.testing.assert_allclose(o.trace(name).y, _in_points(res, array)[:, est])
+            elif build is G.interaction_heatmap:
+                (hm,) = o.data
+                np.testing.assert_allclose(hm.z, _in_points(res, "interaction")[..., est])
+            else:
+                (t,) = o.data
+                np.testing.assert_allclose(t.x, [100 * res["movement_share"][i] for i in range(2)])
+                np.testing.assert_allclose(t.y, _in_points(res, "shapley")[:, est])
+    fig = G.by_sweep([(lab, G.dissociation(lab, res)) for lab, res in dissociations.items()], "dissociation")
+    assert fig.layout.meta["selector"] == "dissociation"
+    for o in options(fig):
+        res = dissociations[o.label]
+        assert o.title.startswith(f"Double dissociation — {o.label}")
+        eff = _in_points(res, "effect")
+        for k, (run, name) in enumerate(zip("AB", o.label.split(" vs "))):
+            np.testing.assert_allclose(o.trace(f"effect in run {run} ({name})").y, eff[k, :, est])
+        np.testing.assert_allclose(o.trace("difference A − B").y, _in_points(res, "difference")[:, est])
 
 
 def _in_points(res, name: str) -> np.ndarray:
@@ -936,6 +1120,98 @@ def test_training_curve_figures(synthetic):
                 t = trace(fig, name)
                 np.testing.assert_allclose(t.x, res.coords["step"])
                 np.testing.assert_allclose(t.y, fam.scale * np.asarray(res[metric]))
+
+
+def test_training_curves_of_a_study_order_colour_and_filter_by_regime(synthetic):
+    """With the runs' names, the lines come in study order in their run's colour, and each entry of the regime
+    menu shows exactly that regime's runs (every line of them, each still its run's arrays)."""
+    from graftkit.figures import curves as CF
+    from graftkit.figures.runs import run_colours
+
+    grpo, sft = synthetic["train-grpo-rl"], synthetic["train-sft-sft"]
+    names = ["sft", "degrade-s1", "null-s0", "degrade-s0", "collapse-s0"]
+    runs = [(f"{n} ({'SFT' if n == 'sft' else 'GRPO'})", sft if n == "sft" else grpo) for n in names]
+    colours = dict(zip(names, run_colours(names)))
+    for fam in CF.families_present(runs):
+        fig = CF.training_curve(runs, fam, names)
+        drawn = [n for n in ("sft", "null-s0", "degrade-s0", "degrade-s1", "collapse-s0")
+                 if any(m in (sft if n == "sft" else grpo).data for m in fam.metrics)]
+        order = list(dict.fromkeys(t.name.split(" (")[0] for t in fig.data))
+        assert order == drawn
+        for t in fig.data:
+            assert t.line.color == colours[t.name.split(" (")[0]]
+        entries = options(fig)
+        groups = {"all runs": drawn, "null": ["null-s0"], "degrade": ["degrade-s0", "degrade-s1"],
+                  "collapse": ["collapse-s0"], "runs in no regime": ["sft"]}
+        present = [g for g in groups if g == "all runs" or set(groups[g]) & set(drawn)]
+        if len(present) <= 2:  # the runs that logged this family sit in one group: no menu
+            assert [o.label for o in entries] == [""]
+            continue
+        assert [o.label for o in entries] == present
+        for o in entries:
+            assert o.title.startswith(fam.title) and o.x == "optimiser step" and o.y == fam.y_title
+            shown = [t.name.split(" (")[0] for t in o.data]
+            assert list(dict.fromkeys(shown)) == [n for n in drawn if n in groups[o.label]]
+            assert len(shown) == sum(sum(m in (sft if n == "sft" else grpo).data for m in fam.metrics)
+                                     for n in dict.fromkeys(shown))  # every line of each run it shows
+            for t in o.data:
+                res = sft if t.name.startswith("sft ") else grpo
+                metric = t.name.split(" · ")[-1] if len(fam.metrics) > 1 else fam.metrics[0]
+                np.testing.assert_allclose(t.y, fam.scale * np.asarray(res[metric]))
+
+
+def test_summary_figure(tmp_path):
+    """The study at a glance: each regime's diamond is the findings' regime interval of its runs against SFT on
+    its suite, each dot a run's own change, the control row the findings' control, each bar a sweep's Shapley
+    value; every row and axis says which."""
+    from test_report import CONTROL, STUDY_ORDER, STUDY_RUNS, STUDY_SWEPT, write_study_run
+
+    from graftkit import figures as F
+    from graftkit.figures.report import load_run
+    from graftkit.results.store import read_result
+    from graftkit.stats import regime_interval
+
+    run = write_study_run(tmp_path / "demo")
+    fig = F.study_summary([x.path for x in load_run(run) if x.kind in ("eval", "findings", "graft-sweep")])
+    assert heading(fig).startswith("The study at a glance")
+    assert axis(fig, "x") == "change in success vs SFT (percentage points)"
+    assert fig.layout.xaxis2.title.text == "parameter group"
+    assert fig.layout.yaxis2.title.text == "contribution to success (percentage points)"
+    outcomes = {n: np.asarray(read_result(run / "results" / f"eval-{n}-greedy.h5")["success"])
+                for n in ("sft", *STUDY_RUNS)}
+    suites = {"mastered": [0], "headroom": [1, 2]}  # task indices of click-tab; click-button, click-link
+
+    def flat(x, tasks):  # [task, seed, episode, sample] → one entry per episode, clustered by seed
+        x = x[tasks]
+        return x.ravel(), np.broadcast_to(np.arange(x.shape[1])[None, :, None, None], x.shape).ravel().astype(str)
+
+    regimes = {"null": STUDY_ORDER[:2], "degrade": STUDY_ORDER[2:5], "collapse": STUDY_ORDER[5:7],
+               "headroom": STUDY_ORDER[7:]}
+    rows = list(fig.layout.yaxis.ticktext)
+    assert rows == [f"{g} · {len(r)} run{'s' * (len(r) > 1)} · {'headroom' if g == 'headroom' else 'mastered'} suite"
+                    for g, r in regimes.items()] + ["positive control"]
+    for i, (regime, names) in enumerate(regimes.items()):
+        tasks = suites["headroom" if regime == "headroom" else "mastered"]
+        a, clusters = flat(outcomes["sft"], tasks)
+        ri = regime_interval([(a, flat(outcomes[n], tasks)[0], clusters) for n in names])
+        t = trace(fig, regime)
+        assert list(t.y) == [i]
+        np.testing.assert_allclose(t.x, [100 * ri.diff])
+        np.testing.assert_allclose(t.error_x.array, [100 * (ri.high - ri.diff)])
+        np.testing.assert_allclose(t.error_x.arrayminus, [100 * (ri.diff - ri.low)])
+        dots = trace(fig, f"{regime} · runs")
+        assert list(dots.text) == names and all(abs(y - i - 0.3) <= 0.12 + 1e-9 for y in dots.y)
+        np.testing.assert_allclose(dots.x, [100 * (flat(outcomes[n], tasks)[0].mean() - a.mean()) for n in names])
+    t = trace(fig, "positive control")
+    assert list(t.y) == [len(regimes)]
+    np.testing.assert_allclose(t.x, [100 * CONTROL[1]])
+    np.testing.assert_allclose([t.error_x.arrayminus[0], t.error_x.array[0]],
+                               [100 * (CONTROL[1] - CONTROL[2]), 100 * (CONTROL[3] - CONTROL[1])])
+    for k, name in enumerate(STUDY_SWEPT):
+        bar = trace(fig, name)
+        sweep = read_result(run / "results" / f"graft-factorial-{name}.h5")
+        assert bar.xaxis == "x2" and list(bar.x) == [str(g) for g in sweep.coords["group"]]
+        np.testing.assert_allclose(bar.y, 100 * np.asarray(sweep["shapley"])[:, 0])
 
 
 def test_report_tables(synthetic, tmp_path):
