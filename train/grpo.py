@@ -242,11 +242,14 @@ def _mirror(task: str):
 def _prompts(cfg: GRPOConfig, step: int) -> list[tuple[str, int, str]]:
     """The task instances of ``step`` as (task, environment seed, item): tasks cycled in order, each the first
     training item from seed ``GRPO_SEED_BASE + 100000·seed + k`` on (:func:`~graftkit.webenv.items.draw`:
-    an item held out for evaluation is never a prompt)."""
+    an item held out for evaluation is never a prompt); with ``item_pool`` N, the prompt k of a task is its
+    instance k mod N."""
     out = []
     for i in range(cfg.prompts_per_step):
         k = step * cfg.prompts_per_step + i
         task = cfg.tasks[k % len(cfg.tasks)]
+        if cfg.item_pool:  # instance j of this task, j < N: the same few items over and over
+            k = k % len(cfg.tasks) + len(cfg.tasks) * ((k // len(cfg.tasks)) % cfg.item_pool)
         try:
             env_seed, item, _ = draw(_mirror(task), GRPO_SEED_BASE + 100_000 * cfg.seed + k, heldout=False)
         except NoItems:
