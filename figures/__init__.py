@@ -17,10 +17,11 @@ _HOMES = {
     **dict.fromkeys((
         "anatomy_heatmap", "attribution", "both_directions", "coupling_by_layer", "coupling_scatter", "dissociation",
         "graft_effects", "group_shares", "headroom_differences", "headroom_rates", "interactions",
-        "movement_vs_effect", "paired_differences", "rank_by_layer", "success_rates", "top_tensors",
+        "movement_vs_effect", "paired_differences", "rank_by_layer", "study_summary", "success_rates", "top_tensors",
         "training_curves"), "notebook"),
 }
-_SUBMODULES = ("anatomy", "browser", "commands", "curves", "grafts", "notebook", "rank", "report", "success", "tables")
+_SUBMODULES = ("anatomy", "browser", "commands", "curves", "grafts", "notebook", "rank", "report", "runs", "success",
+               "summary", "tables")
 
 
 def __getattr__(name: str):

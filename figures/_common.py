@@ -35,6 +35,13 @@ def esc_all(items: Iterable[object]) -> list[str]:
     return [esc(x) for x in items]
 
 
+def decode_key(res) -> tuple:
+    """How an evaluation decoded (greedy, temperature, top-p, observation, backend), as its result records it:
+    two evaluations are paired only when their keys are equal."""
+    d = res.attrs.get("decode") if isinstance(res.attrs.get("decode"), dict) else {}
+    return (d.get("greedy"), d.get("temperature"), d.get("top_p"), res.attrs.get("obs"), res.attrs.get("backend"))
+
+
 def colour(i: int) -> str:
     return PALETTE[i % len(PALETTE)]
 
@@ -104,3 +111,51 @@ def zero_line(fig: go.Figure, axis: str = "y") -> None:
         fig.add_hline(y=0, line={"color": "#444", "width": 1})
     else:
         fig.add_vline(x=0, line={"color": "#444", "width": 1})
+
+
+#: Layout keys a selector sets for the option it shows (those that name or size what is drawn).
+_PER_OPTION = ("title.text", "height", "xaxis.title.text", "yaxis.title.text")
+
+
+def _layout_value(fig: go.Figure, key: str):
+    node = fig.layout
+    for part in key.split("."):
+        node = getattr(node, part, None)
+        if node is None:
+            return None
+    return node
+
+
+def selector(options: Sequence[tuple[str, go.Figure]], what: str = "run") -> go.Figure:
+    """One figure of several options (``(label, figure)``: one figure per run, each from the same builder), a
+    dropdown menu picking the option shown: its traces become visible, and the title, height and axis titles
+    become that option's own. ``label`` is already escaped. One option is returned as it is (no menu).
+
+    The traces of option k are the traces of its figure, in order; ``layout.meta`` records each option's
+    label and its trace indices (``{"selector": what, "options": [{"label", "traces"}]}``), which is what the
+    buttons show."""
+    if not options:
+        raise ValueError("a selector needs at least one option")
+    if len(options) == 1:
+        return options[0][1]
+    first = options[0][1]
+    if any(f.layout.updatemenus for _, f in options):
+        raise ValueError("a selector's options must not have menus of their own")
+    data, owner = [], []
+    for k, (_, f) in enumerate(options):
+        for t in f.data:
+            data.append({**t.to_plotly_json(), "visible": k == 0})
+            owner.append(k)
+    fig = go.Figure(data=data, layout=first.layout)
+    buttons = []
+    for k, (label, f) in enumerate(options):
+        changes = {key: v for key in _PER_OPTION if (v := _layout_value(f, key)) is not None}
+        buttons.append({"label": label, "method": "update", "args": [{"visible": [o == k for o in owner]}, changes]})
+    fig.update_layout(
+        updatemenus=[{"buttons": buttons, "direction": "down", "x": 1.0, "xanchor": "right", "y": 1.0,
+                      "yanchor": "bottom", "showactive": True, "active": 0, "pad": {"t": 4, "b": 4}}],
+        meta={"selector": what, "options": [{"label": label, "traces": [i for i, o in enumerate(owner) if o == k]}
+                                            for k, (label, _) in enumerate(options)]},
+        margin={"t": max(int(first.layout.margin.t or 60), 60) + 30},
+    )
+    return fig

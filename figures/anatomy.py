@@ -4,7 +4,9 @@ Input: results of kind ``delta`` (graft/anatomy.py ``delta_anatomy``): ``layer_g
 group]`` (fraction of the run's total squared movement ‖Δ‖²_F), ``layer_group_rel_delta`` (‖Δ‖_F/‖W‖_F
 pooled over the cell's tensors), ``group_share[run, group]``; ``tensor_group`` / ``tensor_layer`` say
 which groups have tensors inside the decoder layers (only those get a heatmap column). Every builder
-reads its result through :class:`~graftkit.graft.anatomy.DeltaResult`.
+reads its result through :class:`~graftkit.graft.anatomy.DeltaResult`. The per-run figures (heatmaps, largest
+movers) come one per run and, for the report, as one figure per delta result with a menu picking the run
+(:func:`anatomy_heatmaps`, :func:`top_tensors_by_run`); runs are coloured by regime (figures/runs.py).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import plotly.graph_objects as go
 
 from ..graft.anatomy import LABELS, DeltaResult
 from ..results.store import Result
-from ._common import base_layout, colour, esc, esc_all, integer_axis
+from ._common import base_layout, colour, esc, esc_all, integer_axis, selector
+from .runs import run_colours, study_order
 
 #: Heatmap metrics: (hover format, title) of the layer × group cells; the colour bar and the factor to the
 #: plotted value are the metric's :data:`~graftkit.graft.anatomy.LABELS` entry.
@@ -56,10 +59,28 @@ def anatomy_heatmap(label: str, res: Result, run: int, metric: str = "share") ->
                        "decoder layer", height=max(320, 120 + 22 * len(layers)))
 
 
+def anatomy_heatmaps(runs: Sequence[tuple[str, Result, int]], metric: str = "share") -> go.Figure:
+    """:func:`anatomy_heatmap` of every run ``(label, result, run index)``, one shown at a time, a menu of the
+    runs' labels (in study order, figures/runs.py) picking it (one run: its figure as it is)."""
+    runs = [runs[i] for i in study_order([label for label, _, _ in runs])]
+    return selector([(esc(label), anatomy_heatmap(label, res, r, metric)) for label, res, r in runs])
+
+
+def top_tensors_by_run(runs: Sequence[tuple[str, Result, int]], n: int = 15) -> go.Figure | None:
+    """:func:`top_tensors` of every run that has them, one shown at a time, a menu of the runs' labels picking
+    it (None when no run has a per-tensor share above zero)."""
+    runs = [runs[i] for i in study_order([label for label, _, _ in runs])]
+    options = [(esc(label), fig) for label, res, r in runs if (fig := top_tensors(label, res, r, n)) is not None]
+    return selector(options) if options else None
+
+
 def group_shares(runs: Sequence[tuple[str, Result, int]]) -> go.Figure:
-    """Share of each run's squared movement per parameter group (all layers and outside them)."""
+    """Share of each run's squared movement per parameter group (all layers and outside them); each run in its
+    colour (figures/runs.py: a regime's hue, a shade per seed)."""
     fig = go.Figure()
-    for i, (label, res, r) in enumerate(runs):
+    colours = run_colours([label for label, _, _ in runs])
+    for i in study_order([label for label, _, _ in runs]):
+        label, res, r = runs[i]
         d = DeltaResult.from_result(res)
         groups = d.groups
         share = d.group("share", r).astype(np.float64)
@@ -67,7 +88,8 @@ def group_shares(runs: Sequence[tuple[str, Result, int]]) -> go.Figure:
                     for m in ("rel_delta", "fro_delta"))
         extra = [[f"{float(rel[j]):.4g}", f"{float(fro[j]):.4g}"] for j in range(len(groups))]
         fig.add_trace(go.Bar(
-            x=esc_all(groups), y=LABELS["share"].scale * share, name=esc(label), marker_color=colour(i), customdata=extra,
+            x=esc_all(groups), y=LABELS["share"].scale * share, name=esc(label), marker_color=colours[i],
+            customdata=extra,
             hovertemplate="%{fullData.name} · %{x}<br>share %{y:.4f}%<br>‖Δ‖_F/‖W‖_F %{customdata[0]}"
                           "<br>‖Δ‖_F %{customdata[1]}<extra></extra>",
         ))
@@ -90,7 +112,8 @@ def top_tensors(label: str, res: Result, run: int, n: int = 15) -> go.Figure | N
     rel = d.tensor("rel_delta", run).astype(np.float64) if d.has("rel_delta") else np.full(len(names), np.nan)
     group = d.tensor_group if d.has("tensor_group") else [""] * len(names)
     fig = go.Figure(go.Bar(
-        y=esc_all(names[i] for i in order), x=LABELS["share"].scale * share[order], orientation="h", marker_color=colour(0),
+        y=esc_all(names[i] for i in order), x=LABELS["share"].scale * share[order], orientation="h",
+        marker_color=run_colours([label])[0],
         customdata=[[esc(group[i]), f"{rel[i]:.4g}"] for i in order], name=esc(label),
         hovertemplate="%{y}<br>group %{customdata[0]}<br>share %{x:.4f}%<br>‖Δ‖_F/‖W‖_F %{customdata[1]}"
                       "<extra></extra>",

@@ -2,7 +2,8 @@
 
 Input: results of kind ``train-sft`` / ``train-grpo`` (one array per metric over ``step``, written by
 training.py from ``train_log.jsonl``), read through :class:`~graftkit.train.commands.TrainingCurves`. A family
-is drawn when at least one run logged one of its metrics.
+is drawn when at least one run logged one of its metrics. Given the runs' names, the runs are ordered and
+coloured by study regime and a menu shows one regime's runs at a time (figures/runs.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import plotly.graph_objects as go
 from ..results.store import Result
 from ..train.commands import TrainingCurves
 from ._common import base_layout, colour, esc
+from .runs import regime_groups, run_colours, study_order
 
 
 @dataclass(frozen=True)
@@ -54,10 +56,21 @@ def families_present(runs: Sequence[tuple[str, Result]]) -> list[CurveFamily]:
     return [f for f in FAMILIES if any(TrainingCurves.from_result(r).has(m) for _, r in runs for m in f.metrics)]
 
 
-def training_curve(runs: Sequence[tuple[str, Result]], family: CurveFamily) -> go.Figure:
-    """One line per (run, metric of the family) against the optimiser step."""
+def training_curve(runs: Sequence[tuple[str, Result]], family: CurveFamily,
+                   names: Sequence[str] | None = None) -> go.Figure:
+    """One line per (run, metric of the family) against the optimiser step.
+
+    ``names``: each run's name (the report's: its label without the algorithm), which orders and colours the
+    runs by study regime (figures/runs.py) and, when they fall in two or more groups, adds a menu showing all
+    runs or one regime's; without names, the runs in order in the plain palette."""
     fig = go.Figure()
-    for i, (label, res) in enumerate(runs):
+    if names is not None and len(names) != len(runs):
+        raise ValueError(f"{len(names)} names for {len(runs)} training runs")
+    order = study_order(names) if names is not None else list(range(len(runs)))
+    colours = run_colours(names) if names is not None else [colour(i) for i in range(len(runs))]
+    owner = []  # run index of each trace
+    for i in order:
+        label, res = runs[i]
         c = TrainingCurves.from_result(res)
         for j, metric in enumerate(m for m in family.metrics if c.has(m)):
             y = c.values(metric) * family.scale
@@ -65,12 +78,13 @@ def training_curve(runs: Sequence[tuple[str, Result]], family: CurveFamily) -> g
             name = esc(label) + (f" · {metric}" if len(family.metrics) > 1 else "")
             unit = "%" if family.scale == 100.0 else ""
             window = smoothing_window(len(y))
-            line = {"color": colour(i), "dash": _DASH[j % len(_DASH)]}
+            line = {"color": colours[i], "dash": _DASH[j % len(_DASH)]}
             fig.add_trace(go.Scatter(
                 x=step, y=y, mode="lines", name=name, line={**line, "width": 1}, opacity=0.35 if window else 1.0,
                 legendgroup=f"{i}-{j}",
                 hovertemplate=f"%{{fullData.name}}<br>step %{{x}}<br>{metric} %{{y:{family.hover}}}{unit}<extra></extra>",
             ))
+            owner.append(i)
             if window:
                 fig.add_trace(go.Scatter(
                     x=step, y=moving_mean(y, window), mode="lines", name=f"{name} · mean of {window} steps",
@@ -78,10 +92,29 @@ def training_curve(runs: Sequence[tuple[str, Result]], family: CurveFamily) -> g
                     hovertemplate=f"%{{fullData.name}}<br>step %{{x}}<br>{metric} %{{y:{family.hover}}}{unit}"
                                   "<extra></extra>",
                 ))
+                owner.append(i)
     sub = f"{len(runs)} run(s), one colour per run" + (
         "; faint: every step, solid: centred moving mean" if any(smoothing_window(len(TrainingCurves.from_result(r).steps))
                                                               for _, r in runs) else "")
-    return base_layout(fig, family.title, sub, "optimiser step", family.y_title, legend_title="run")
+    # the regimes of the runs that logged this family (a run without its metrics draws nothing)
+    groups = [(g, members) for g, members in (regime_groups(names) if names is not None else [])
+              if set(members) & set(owner)]
+    if len(groups) > 1:
+        sub += "; the menu shows one regime's runs"
+        options = [("all runs", list(range(len(runs))))] + [(esc(g), members) for g, members in groups]
+        fig.update_layout(
+            updatemenus=[{"buttons": [{"label": label, "method": "restyle",
+                                       "args": [{"visible": [o in members for o in owner]}]}
+                                      for label, members in options],
+                          "direction": "down", "x": 1.0, "xanchor": "right", "y": 1.0, "yanchor": "bottom",
+                          "showactive": True, "active": 0, "pad": {"t": 4, "b": 4}}],
+            meta={"selector": "regime", "options": [{"label": label, "traces": [k for k, o in enumerate(owner)
+                                                                                 if o in members]}
+                                                    for label, members in options]})
+    fig = base_layout(fig, family.title, sub, "optimiser step", family.y_title, legend_title="run")
+    if len(groups) > 1:
+        fig.update_layout(margin={"t": 110})
+    return fig
 
 
 def smoothing_window(n: int) -> int:

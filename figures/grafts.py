@@ -9,17 +9,22 @@ estimate/low/high; ``diff_vs_base[config, bound]``, ``diff_vs_rl[config, bound]`
 ``difference[group, bound]``, ``verdict[group]``). Differences are success-rate fractions (shown in
 percentage points) unless the array's attrs give ``unit`` "points"/"pp". Every optional array that is
 missing only removes its figure. Results are read through :class:`~graftkit.graft.experiments.SweepResult`
-and :class:`~graftkit.graft.experiments.DissociationResult`.
+and :class:`~graftkit.graft.experiments.DissociationResult`. The report draws each measure once, a menu picking
+the swept run (:func:`by_sweep`). A sweep's attribution of the KL divergence per group is read through the
+view's :data:`KL_ATTRIBUTION` accessor when the view has one (:func:`kl_per_group`).
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import numpy as np
 import plotly.graph_objects as go
 
 from ..graft.experiments import DissociationResult, SweepResult
 from ..results.store import Result
-from ._common import base_layout, bounds, colour, esc, esc_all, interval_error, verdict_colour, zero_line
+from ._common import base_layout, bounds, colour, esc, esc_all, interval_error, selector, verdict_colour, zero_line
+from .runs import study_order
 
 
 def _scale(v: SweepResult | DissociationResult, name: str) -> float:
@@ -32,8 +37,9 @@ def _iv(e: float, lo: float, hi: float) -> str:
     return f"{e:+.2f} [{lo:+.2f}, {hi:+.2f}]" if np.isfinite(e) else "undefined"
 
 
-def graft_effects(label: str, res: Result) -> go.Figure:
-    """Per grafted configuration: success change vs the base (filled, coloured by verdict) and vs RL."""
+def graft_effects(label: str, res: Result) -> go.Figure | None:
+    """Per grafted configuration: success change vs the base (filled, coloured by verdict) and vs RL (None for
+    a sweep with neither: scored by KL only)."""
     v = SweepResult.from_result(res)
     configs = v.configs
     n = len(configs)
@@ -61,6 +67,8 @@ def graft_effects(label: str, res: Result) -> go.Figure:
                           "α %{customdata[2]}<br>change %{customdata[4]} points (95% interval)"
                           "<br>%{customdata[3]}<extra></extra>",
         ))
+    if not fig.data:
+        return None
     zero_line(fig, "x")
     fig.update_yaxes(autorange="reversed", type="category")
     return base_layout(fig, f"Graft effects — {esc(label)}",
@@ -150,6 +158,44 @@ def effect_per_group(res: Result) -> tuple[str, list[str], np.ndarray, np.ndarra
         return None
     idx = list(found.values())
     return "single-group graft vs base", list(found), s * e[idx], s * lo[idx], s * hi[idx]
+
+
+#: How a sweep's KL attribution is read (graft/kl.py: per group, the share of RL's behavioural change, by KL on
+#: fixed rollouts, that grafting the group reproduces): the :class:`~graftkit.graft.experiments.SweepResult`
+#: method ``KL_ACCESSOR(name, side)`` → ``[group, bound]`` or None, the arrays tried in order, and the side
+#: (whose rollouts: RL's own). A view without the method, or a sweep without KL, has no KL side.
+KL_ACCESSOR = "kl_attribution"
+KL_ARRAYS = (("kl_shapley", "Shapley value"), ("kl_main_effect", "main effect"), ("kl_group_effect", "group effect"))
+KL_SIDE = "rl"
+
+
+def kl_per_group(res: Result, side: str = KL_SIDE
+                 ) -> tuple[str, list[str], np.ndarray, np.ndarray, np.ndarray, str] | None:
+    """A sweep's KL attribution per group as (source, groups, estimate, low, high, unit) — a fraction stored
+    as such is shown in % of RL's behavioural change — or None when the sweep view exposes none."""
+    v = SweepResult.from_result(res)
+    get = getattr(v, KL_ACCESSOR, None)
+    if not callable(get) or not getattr(v, "has_kl", False) or side not in getattr(v, "sides", ()):
+        return None
+    for name, what in KL_ARRAYS:
+        arr = get(name, side)
+        if arr is None:
+            continue
+        unit = str(v.var_attrs(name).get("unit", ""))
+        scale, shown = (100.0, "% of RL's behavioural change") if unit == "fraction" else (1.0, unit or "as stored")
+        e, lo, hi = bounds(np.asarray(arr, dtype=np.float64), v.bound_names)
+        groups = v.axis(name, 1) if name in v.result.data else v.groups  # [side, group, bound] over the sweep's groups
+        if len(groups) != len(e):
+            raise ValueError(f"{name}: {len(e)} values for {len(groups)} groups")
+        return f"KL {what} ({side} rollouts)", groups, scale * e, scale * lo, scale * hi, shown
+    return None
+
+
+def by_sweep(figures: Sequence[tuple[str, go.Figure]], what: str = "swept run") -> go.Figure:
+    """One measure's figures of several sweeps (or dissociations), ``(label, figure)``: one shown at a time, a
+    menu of their labels picking it, swept runs in study order (figures/runs.py; one: its figure as it is)."""
+    order = study_order([label for label, _ in figures])
+    return selector([(esc(figures[i][0]), figures[i][1]) for i in order], what)
 
 
 def movement_vs_effect(label: str, res: Result) -> go.Figure | None:

@@ -5,10 +5,13 @@ Each function takes results — a :class:`~graftkit.results.store.Result`, a typ
 function returns (``gk.eval``, ``gk.headroom``, ``gk.train_grpo``, a summary dict with a ``result_file``),
 or the path of a result file — and returns the ``plotly.graph_objects.Figure`` the report draws for the
 same results: it calls the builder the report calls (figures/success.py, anatomy.py, grafts.py, rank.py,
-curves.py) with the arguments the report passes. Series are labelled as in the report
-(report.base_label: an eval's model folder, a training or rank result's model folder, any other result's
-file stem; a label two results of one kind share gets the file stem appended); ``label=`` / ``labels=``
-override it. A result of the wrong kind, or one that lacks the arrays a figure needs, raises a
+curves.py, summary.py) with the arguments the report passes. A per-run figure draws every run of its result
+with a menu picking the run, as the report does (``run=`` draws one); a graft figure of several sweeps is one
+figure with a menu picking the swept run. Series are labelled as in the report (report.base_label: an eval's
+model folder, a training or rank result's model folder, a graft sweep's swept run, any other result's file
+stem; a label two results of one kind share gets the file stem appended) and coloured as in the report, by
+the regime a run's name puts it in (figures/runs.py); ``label=`` / ``labels=`` override the labels. A result
+of the wrong kind, or one that lacks the arrays a figure needs, raises a
 :class:`~graftkit.core.errors.GraftkitError` naming the file and the command that writes what is missing
 (where the report would leave the figure out, or write a note).
 """
@@ -27,8 +30,9 @@ from ..evaluation.commands import EvalResult, EvalRun, HeadroomRun
 from ..graft.anatomy import DeltaResult
 from ..results.store import Result, View, read_result
 from ..train.commands import TrainingCurves
-from . import anatomy, curves, grafts, rank, success
+from . import anatomy, curves, grafts, rank, success, summary
 from .report import base_label, decode_key, delta_label, distinct_labels, training_label
+from .runs import study_in
 
 #: What every function here accepts as one result.
 ResultLike = Union[Result, View, EvalResult, EvalRun, HeadroomRun, Mapping[str, Any], str, os.PathLike]
@@ -50,6 +54,8 @@ class _Item:
     result: Result
     path: Path | None
     label: str
+    #: The run-wide label, before the section's own suffix (the run's name, for colours and regimes).
+    base: str = ""
 
     @property
     def kind(self) -> str:
@@ -110,11 +116,11 @@ def _items(results: ResultLike | Sequence[ResultLike], kinds: Sequence[str], lab
         if isinstance(labels, str) or len(labels) != len(opened):
             raise GraftkitError(f"labels={labels!r}: {len(opened)} result(s) need one label each",
                                 "pass a list of labels as long as the list of results")
-        names = [str(x) for x in labels]
+        bases = names = [str(x) for x in labels]
     else:
-        names = distinct_labels([(r.kind, base_label(p, r.kind, r), p) for r, p in opened])
-        names = [label_of(n, r.kind) for n, (r, _) in zip(names, opened)]
-    return [_Item(r, p, n) for (r, p), n in zip(opened, names)]
+        bases = distinct_labels([(r.kind, base_label(p, r.kind, r), p) for r, p in opened])
+        names = [label_of(n, r.kind) for n, (r, _) in zip(bases, opened)]
+    return [_Item(r, p, n, b) for (r, p), n, b in zip(opened, names, bases)]
 
 
 def _one(result: ResultLike, kinds: Sequence[str], label: str | None) -> _Item:
@@ -217,21 +223,35 @@ def _run_index(x: _Item, run: int | str) -> tuple[int, str]:
     return run % len(runs), runs[run]
 
 
-def anatomy_heatmap(result: ResultLike, run: int | str = 0, metric: str = "share",
-                    label: str | None = None) -> go.Figure:
-    """One RL run's decoder layer × parameter group heatmap of ``metric``: "share" (of its squared weight
-    movement) or "rel_delta" (‖Δ‖_F/‖W‖_F). The default label is the run's name, as in the report of a run
-    with one delta file."""
+def _runs_of(x: _Item, run: int | str | None, label: str | Sequence[str] | None) -> list[tuple[str, Result, int]]:
+    """``(label, result, run index)`` of the delta result's run ``run`` (None: every run), labelled as the
+    report labels the runs of one delta file, or by ``label`` (one per run drawn)."""
+    runs = DeltaResult.from_result(x.result, x.path).runs
+    picked = [_run_index(x, run)] if run is not None else list(enumerate(runs))
+    if label is None:
+        return [(delta_label(name, x.path, 1), x.result, r) for r, name in picked]
+    given = [label] if isinstance(label, str) else [str(lab) for lab in label]
+    if len(given) != len(picked):
+        raise GraftkitError(f"label={label!r}: {len(picked)} run(s) drawn, one label each",
+                            "pass run= to draw one run, or one label per run")
+    return [(lab, x.result, r) for lab, (r, _) in zip(given, picked)]
+
+
+def anatomy_heatmap(result: ResultLike, run: int | str | None = None, metric: str = "share",
+                    label: str | Sequence[str] | None = None) -> go.Figure:
+    """The decoder layer × parameter group heatmap of ``metric``: "share" (of the run's squared weight
+    movement) or "rel_delta" (‖Δ‖_F/‖W‖_F), of one RL run (``run``: its index or name) or, by default, of
+    every run of the delta result with a menu picking the run (the report's figure). Runs are labelled by
+    their names, as in the report of a run with one delta file (``label``: one per run drawn)."""
     if metric not in anatomy.HEATMAPS:
         raise GraftkitError(f"metric={metric!r}: no such heatmap", f"use one of {', '.join(anatomy.HEATMAPS)}")
     x = _one(result, ("delta",), None)
-    r, name = _run_index(x, run)
+    runs = _runs_of(x, run, label)
     d = DeltaResult.from_result(x.result, x.path)
     if not (d.has(f"layer_group_{metric}") and len(d.layers)):
         raise GraftkitError(f"{x.name}: no layer_group_{metric} over decoder layers",
                             "rewrite it with `graftkit delta`")
-    lab = label if label is not None else delta_label(name, x.path, 1)
-    return _guarded(x, lambda: anatomy.anatomy_heatmap(lab, x.result, r, metric))
+    return _guarded(x, lambda: anatomy.anatomy_heatmaps(runs, metric))
 
 
 def group_shares(results: ResultLike | Sequence[ResultLike], labels: Sequence[str] | None = None) -> go.Figure:
@@ -251,50 +271,62 @@ def group_shares(results: ResultLike | Sequence[ResultLike], labels: Sequence[st
     return anatomy.group_shares(bars)
 
 
-def top_tensors(result: ResultLike, run: int | str = 0, n: int = 15, label: str | None = None) -> go.Figure:
-    """The ``n`` tensors with the largest share of one RL run's squared weight movement."""
+def top_tensors(result: ResultLike, run: int | str | None = None, n: int = 15,
+                label: str | Sequence[str] | None = None) -> go.Figure:
+    """The ``n`` tensors with the largest share of an RL run's squared weight movement: of one run (``run``)
+    or, by default, of every run with any movement, a menu picking the run (the report's figure)."""
     x = _one(result, ("delta",), None)
-    r, name = _run_index(x, run)
-    lab = label if label is not None else delta_label(name, x.path, 1)
-    return _optional(x, lambda: anatomy.top_tensors(lab, x.result, r, n), f"run {name!r} has no per-tensor share of "
-                 "movement above zero")
+    runs = _runs_of(x, run, label)
+    return _optional(x, lambda: anatomy.top_tensors_by_run(runs, n),
+                     f"no run of {', '.join(lab for lab, _, _ in runs)} has a per-tensor share of movement above zero")
 
 
 # --------------------------------------------------------------------------------------------------
 # Graft effects and attribution (report section "grafts")
 
 
-def graft_effects(result: ResultLike, label: str | None = None) -> go.Figure:
-    """Success change of each grafted configuration against the base and against the RL model."""
-    x = _one(result, ("graft-sweep",), label)
-    return _guarded(x, lambda: grafts.graft_effects(x.label, x.result))
+def _per_sweep(results, kinds: Sequence[str], labels, build, missing: str, what: str = "swept run") -> go.Figure:
+    """``build(label, result)`` of each sweep (or dissociation); several: one figure, a menu picking the sweep
+    (the report's figure). A sweep without the figure's arrays raises, naming it."""
+    items = _items(results, kinds, labels)
+    figs = [(x.label, _optional(x, lambda x=x: build(x.label, x.result), missing)) for x in items]
+    return grafts.by_sweep(figs, what)
 
 
-def attribution(result: ResultLike, label: str | None = None) -> go.Figure:
+def _labels(label: str | Sequence[str] | None) -> Sequence[str] | None:
+    return [label] if isinstance(label, str) else label
+
+
+def graft_effects(results: ResultLike | Sequence[ResultLike], label: str | Sequence[str] | None = None) -> go.Figure:
+    """Success change of each grafted configuration against the base and against the RL model; several
+    sweeps: one figure, a menu picking the swept run."""
+    return _per_sweep(results, ("graft-sweep",), _labels(label), grafts.graft_effects,
+                      "no diff_vs_base or diff_vs_rl array (a sweep scored by KL only)")
+
+
+def attribution(results: ResultLike | Sequence[ResultLike], label: str | Sequence[str] | None = None) -> go.Figure:
     """Shapley values and main effects of each parameter group on success, with 95% intervals."""
-    x = _one(result, ("graft-sweep",), label)
-    return _optional(x, lambda: grafts.attribution(x.label, x.result),
-                 "no shapley, main_effect or group_effect array (a factorial sweep writes them)")
+    return _per_sweep(results, ("graft-sweep",), _labels(label), grafts.attribution,
+                      "no shapley, main_effect or group_effect array (a factorial sweep writes them)")
 
 
-def interactions(result: ResultLike, label: str | None = None) -> go.Figure:
+def interactions(results: ResultLike | Sequence[ResultLike], label: str | Sequence[str] | None = None) -> go.Figure:
     """Pairwise interactions of grafting two groups together (factorial sweeps)."""
-    x = _one(result, ("graft-sweep",), label)
-    return _optional(x, lambda: grafts.interaction_heatmap(x.label, x.result),
-                 "no interaction array (a factorial sweep writes it)")
+    return _per_sweep(results, ("graft-sweep",), _labels(label), grafts.interaction_heatmap,
+                      "no interaction array (a factorial sweep writes it)")
 
 
-def movement_vs_effect(result: ResultLike, label: str | None = None) -> go.Figure:
+def movement_vs_effect(results: ResultLike | Sequence[ResultLike], label: str | Sequence[str] | None = None
+                       ) -> go.Figure:
     """Each group's share of squared weight movement against its effect on success."""
-    x = _one(result, ("graft-sweep",), label)
-    return _optional(x, lambda: grafts.movement_vs_effect(x.label, x.result),
-                 "no movement_share array, or no per-group effect (attribution or single-group grafts)")
+    return _per_sweep(results, ("graft-sweep",), _labels(label), grafts.movement_vs_effect,
+                      "no movement_share array, or no per-group effect (attribution or single-group grafts)")
 
 
-def dissociation(result: ResultLike, label: str | None = None) -> go.Figure:
+def dissociation(results: ResultLike | Sequence[ResultLike], label: str | Sequence[str] | None = None) -> go.Figure:
     """Per group, its effect in RL run A and in RL run B and their difference (double dissociation)."""
-    x = _one(result, ("graft-dissociation",), label)
-    return _guarded(x, lambda: grafts.dissociation(x.label, x.result))
+    return _per_sweep(results, ("graft-dissociation",), _labels(label), grafts.dissociation,
+                      "could not be drawn", "dissociation")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -333,6 +365,25 @@ def both_directions(result: ResultLike, label: str | None = None) -> go.Figure:
 
 
 # --------------------------------------------------------------------------------------------------
+# The study at a glance (report section "summary")
+
+
+def study_summary(results: Sequence[ResultLike], labels: Sequence[str] | None = None) -> go.Figure:
+    """The figure the report opens with (figures/summary.py): each regime's change in greedy success against
+    SFT with its 95% interval and its runs, the findings' positive control, and per parameter group the graft
+    sweeps' attribution of success (and of KL). ``results``: a study's eval results (SFT's, labelled "sft",
+    and the runs', labelled by their names), its findings result (its recorded config says which run is in
+    which regime; without it, the runs' names ``<regime>-s<seed>`` do) and its graft sweeps."""
+    items = _items(results, ("eval", "findings", "graft-sweep"), labels)
+    inputs = summary.summary_inputs([(x.label, x.kind, x.result) for x in items], study_in(x.result for x in items))
+    if not inputs.drawable:
+        raise GraftkitError("no regime to draw: no SFT evaluation beside evaluations of runs in a regime (named "
+                            "<regime>-s<seed>), and no positive control in the findings",
+                            "pass the study's eval results (SFT's and every run's) and its findings result")
+    return summary.study_summary(inputs)
+
+
+# --------------------------------------------------------------------------------------------------
 # Training curves (report section "training")
 
 
@@ -346,14 +397,15 @@ def training_curves(results: ResultLike | Sequence[ResultLike], family: str = "l
         raise GraftkitError(f"family={family!r}: no such curve family", f"use one of {', '.join(fams)}")
     items = _items(results, ("train-sft", "train-grpo"), labels, training_label)
     runs = [(x.label, x.result) for x in items]
+    names = [x.base for x in items]
     present = [f.key for f in curves.families_present(runs)]
     if family not in present:
         raise GraftkitError(f"no run logged {', '.join(fams[family].metrics)}",
                             f"pick a family the runs logged: {', '.join(present) or 'none'}")
-    return curves.training_curve(runs, fams[family])
+    return curves.training_curve(runs, fams[family], names)
 
 
 __all__ = ["ResultLike", "success_rates", "paired_differences", "headroom_rates", "headroom_differences",
            "anatomy_heatmap", "group_shares", "top_tensors", "graft_effects", "attribution", "interactions",
            "movement_vs_effect", "dissociation", "rank_by_layer", "coupling_by_layer", "coupling_scatter",
-           "both_directions", "training_curves"]
+           "both_directions", "study_summary", "training_curves"]

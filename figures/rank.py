@@ -18,6 +18,7 @@ from ..rank.coupling import CouplingResult
 from ..rank.results import RankResult
 from ..results.store import Result
 from ._common import base_layout, bounds, colour, esc, esc_all, integer_axis, interval_error, title, zero_line
+from .runs import membership, run_colours, study_order
 
 TARGETS = {
     "rank-weights": ("weights", "decoder layer"),
@@ -58,9 +59,13 @@ def _convention(results: Sequence[tuple[str, Result]], metric: str) -> str:
 
 
 def rank_by_layer(kind: str, results: Sequence[tuple[str, Result]]) -> go.Figure:
-    """One line per checkpoint over layers; a menu picks the metric (first metric shown)."""
+    """One line per checkpoint over layers, in its run's colour (figures/runs.py); a menu picks the metric (first
+    metric shown)."""
     target, x_title = TARGETS.get(kind, (kind, "layer"))
+    order = study_order([label for label, _ in results])
+    results = [results[i] for i in order]
     per = [(label, *layer_values(res)) for label, res in results]
+    colours = run_colours([label for label, _ in results])
     metrics: list[str] = []
     for _, _, ms, _ in per:
         metrics += [m for m in ms if m not in metrics]
@@ -73,7 +78,7 @@ def rank_by_layer(kind: str, results: Sequence[tuple[str, Result]]) -> go.Figure
                 continue
             fig.add_trace(go.Scatter(
                 x=layers, y=v[:, ms.index(m)], mode="lines+markers", name=esc(label), visible=m == metrics[0],
-                line={"color": colour(i)}, legendgroup=str(i), meta=esc(m),
+                line={"color": colours[i]}, legendgroup=str(i), meta=esc(m),
                 hovertemplate="%{fullData.name}<br>layer %{x}<br>%{meta} %{y:.6g}<extra></extra>",
             ))
             owner.append(m)
@@ -151,7 +156,8 @@ def coupling_scatter(label: str, res: Result) -> go.Figure | None:
         kw["error_y"] = interval_error(e, lo, hi, 100.0)
     fig = go.Figure(go.Scatter(
         x=x, y=y, mode="markers+text", text=runs, textposition="top center", textfont={"size": 10},
-        marker={"size": 11, "color": colour(0)}, name="checkpoint", **kw,
+        marker={"size": 11, "color": run_colours(view.runs) if any(map(membership, view.runs)) else colour(0)},
+        name="checkpoint", **kw,
         hovertemplate="%{text}<br>late-band rank %{x:.6g}<br>success %{y:.2f}%<extra></extra>",
     ))
     if view.has("corr_band") and "late" in view.bands:

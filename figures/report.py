@@ -8,8 +8,12 @@ script that draws them. Nothing in the page refers to the network. Text from res
 the page and entity-escaped inside figures (figures/_common.py says why).
 
 Sections, in order, each present when its results exist and otherwise a one-line note naming the command
-that adds them: findings, training curves, success with intervals, headroom, delta anatomy, graft
-effects, rank by layer, rank–success coupling, then the list of result files (provenance). A result file
+that adds them: the study at a glance (figures/summary.py: each regime's change against SFT with its
+interval, the positive control, success and KL attribution per group), findings, training curves, success
+with intervals, headroom, delta anatomy, graft effects, rank by layer, rank–success coupling, then the list
+of result files (provenance). Each measure is one figure: a figure drawn per run (anatomy heatmaps, largest
+movers) or per graft sweep is one figure per result with a menu picking the run (``_common.selector``),
+and every run has one colour throughout, its regime's hue in its seed's shade (figures/runs.py). A result file
 that cannot be read (truncated, garbled attributes) is named with the reason in a notice at the top of the
 page and in the report's notes; every section is drawn from the rest.
 """
@@ -36,8 +40,9 @@ from ..stats import Comparison
 from ..core.files import write_atomic
 from ..results.layout import REPORT, result_labels
 from ..results.store import DamagedResult, Result, scan_results
-from . import anatomy, curves, grafts, rank, success
-from ._common import fmt
+from . import anatomy, curves, grafts, rank, success, summary
+from ._common import decode_key, fmt
+from .runs import regime_groups, study_in, study_order
 
 
 @dataclass(frozen=True)
@@ -88,7 +93,8 @@ def _model_path(attrs: dict) -> str | None:
 def base_label(path: Path | None, kind: str, res: Result) -> str:
     """The label a result's series carry in figures: an eval or headroom result's recorded label or model
     folder name (`` (sampled)`` / `` [som]`` marked), a training or rank result's label or model folder
-    name, anything else its file's stem (its kind when it has no file)."""
+    name, a graft sweep's swept run (its recorded ``rl_label``; `` (KL)`` marks a sweep scored by KL only),
+    anything else its file's stem (its kind when it has no file)."""
     model = _model_path(res.attrs)
     named = res.attrs.get("label") if isinstance(res.attrs.get("label"), str) and res.attrs.get("label") else None
     if kind in ("eval", "headroom") and (named or model):
@@ -101,6 +107,9 @@ def base_label(path: Path | None, kind: str, res: Result) -> str:
         return label
     if kind.startswith(("train-", "rank-")) and (named or model):
         return named or result_labels([model])[0]
+    swept = res.attrs.get("rl_label")
+    if kind == "graft-sweep" and isinstance(swept, str) and swept:
+        return swept + (" (KL)" if res.attrs.get("metric") == "kl" else "")
     return path.stem if path is not None else kind
 
 
@@ -160,6 +169,29 @@ def _guard(section: Section, item: Loaded, build: Callable[[], None]) -> None:
 # Sections (plan: results → panels)
 
 
+def _summary(loaded: Sequence[Loaded]) -> Section:
+    sec = Section("summary", "The study at a glance",
+                  "no study regimes in this run (runs named <regime>-s<seed> evaluated beside an SFT evaluation, or "
+                  "the findings' positive control) — run `graftkit demo` to add them")
+    try:
+        inputs = summary.summary_inputs([(x.label, x.kind, x.result) for x in loaded],
+                                        study_in(x.result for x in loaded))
+    except (KeyError, IndexError, ValueError, GraftkitError) as exc:
+        sec.notes.append(f"the summary could not be drawn ({type(exc).__name__}: {exc})")
+        return sec
+    sec.notes.extend(inputs.notes)
+    if inputs.drawable:
+        sec.present = True
+        sec.panels.append(Panel(summary.study_summary(inputs),
+                                "Each regime's mean change in greedy success against the SFT policy over its runs, "
+                                "with the 95% interval of the findings (hierarchical bootstrap, the training seed a "
+                                "random effect; one run: conditional on its seed); dots: each run's own change; "
+                                "the positive control when the findings have one. Beside it, per parameter group, "
+                                "what grafting the group contributes to success (and to KL, where the sweeps record "
+                                "it) in each swept run. Colours: a regime's hue, a shade per seed, in every figure."))
+    return sec
+
+
 def _findings(loaded: Sequence[Loaded]) -> Section:
     sec = Section("findings", "Findings", "no findings results in this run — run `graftkit demo` to add them")
     for item in _of(loaded, "findings"):
@@ -191,11 +223,16 @@ def _estimate_text(f) -> str:
 def _training(loaded: Sequence[Loaded]) -> Section:
     sec = Section("training", "Training curves",
                   "no training-curve results in this run — run `graftkit train sft` or `graftkit train grpo` to add them")
-    runs = [(training_label(x.label, x.kind), x.result) for x in _of(loaded, "train-sft", "train-grpo", "train-trainer")]
+    items = _of(loaded, "train-sft", "train-grpo", "train-trainer")
+    runs = [(training_label(x.label, x.kind), x.result) for x in items]
+    names = [x.label for x in items]
     sec.present = bool(runs)
+    menu = ("; a study's runs in their regime's colour, a shade per seed, and the menu shows one regime's runs"
+            if len(regime_groups(names)) > 1 else "")
     for fam in curves.families_present(runs):
-        sec.panels.append(Panel(curves.training_curve(runs, fam),
-                                f"{fam.title} per optimiser step, one line per training run ({', '.join(fam.metrics)})."))
+        sec.panels.append(Panel(curves.training_curve(runs, fam, names),
+                                f"{fam.title} per optimiser step, one line per training run ({', '.join(fam.metrics)})"
+                                f"{menu}."))
     return sec
 
 
@@ -208,11 +245,6 @@ def _is_sft(item: Loaded, sft_paths: set[str]) -> bool:
 
 def _resolved(path: str) -> str:
     return str(Path(path).resolve())
-
-
-def decode_key(res: Result) -> tuple:
-    d = res.attrs.get("decode") if isinstance(res.attrs.get("decode"), dict) else {}
-    return (d.get("greedy"), d.get("temperature"), d.get("top_p"), res.attrs.get("obs"), res.attrs.get("backend"))
 
 
 def _success(loaded: Sequence[Loaded]) -> Section:
@@ -307,21 +339,21 @@ def _anatomy(loaded: Sequence[Loaded]) -> Section:
                                   "‖Δ‖_F of each decoder layer's tensors from the base at every saved checkpoint.")):
                     if fig is not None:
                         sec.panels.append(Panel(fig, cap))
-            for r, run in enumerate(d.runs):
-                label = delta_label(run, item.path, len(items))
-                bars.append((label, item.result, r))
-                if d.has("layer_group_share") and len(d.layers):
-                    sec.panels.append(Panel(anatomy.anatomy_heatmap(label, item.result, r, "share"),
-                                            f"Share of {label}'s total squared weight movement in each decoder layer "
-                                            "× parameter group (cells of one run sum to the in-layer share)."))
-                if d.has("layer_group_rel_delta") and len(d.layers):
-                    sec.panels.append(Panel(anatomy.anatomy_heatmap(label, item.result, r, "rel_delta"),
-                                            f"Relative change ‖Δ‖_F/‖W‖_F of {label} per decoder layer × parameter "
-                                            "group, pooled over the cell's tensors."))
-                fig = anatomy.top_tensors(label, item.result, r)
-                if fig is not None:
-                    sec.panels.append(Panel(fig, f"The tensors of {label} with the largest share of its squared "
-                                                 "weight movement."))
+            runs = [(delta_label(run, item.path, len(items)), item.result, r) for r, run in enumerate(d.runs)]
+            bars.extend(runs)
+            whose = _whose([label for label, _, _ in runs])
+            if d.has("layer_group_share") and len(d.layers):
+                sec.panels.append(Panel(anatomy.anatomy_heatmaps(runs, "share"),
+                                        f"Share of {whose} total squared weight movement in each decoder layer × "
+                                        "parameter group (cells of one run sum to the in-layer share)."))
+            if d.has("layer_group_rel_delta") and len(d.layers):
+                sec.panels.append(Panel(anatomy.anatomy_heatmaps(runs, "rel_delta"),
+                                        f"Relative change ‖Δ‖_F/‖W‖_F of {whose} weights per decoder layer × "
+                                        "parameter group, pooled over the cell's tensors."))
+            fig = anatomy.top_tensors_by_run(runs)
+            if fig is not None:
+                sec.panels.append(Panel(fig, f"The tensors with the largest share of {whose} squared weight "
+                                             "movement."))
 
         _guard(sec, item, build)
     if bars:
@@ -334,35 +366,60 @@ def _anatomy(loaded: Sequence[Loaded]) -> Section:
     return sec
 
 
+def _listed(labels: Sequence[str]) -> str:
+    """The labels of a menu, in its order (figures/runs.py ``study_order``), when there are few enough to read."""
+    ordered = [labels[i] for i in study_order(labels)]
+    return f": {', '.join(ordered)}" if len(ordered) <= 8 else ""
+
+
+def _whose(labels: Sequence[str]) -> str:
+    """A caption's owner of a per-run figure: the one run's label, or every run's with the menu that picks one."""
+    if len(labels) == 1:
+        return f"{labels[0]}'s"
+    return f"each of {len(labels)} runs' (the menu at the top right picks the run{_listed(labels)})"
+
+
+def _owner(labels: Sequence[str]) -> str:
+    """A caption's subject of a figure with one option per result: the one label, or the menu and its labels."""
+    return labels[0] if len(labels) == 1 else f"The menu at the top right picks one of {len(labels)}{_listed(labels)}"
+
+
 def _grafts(loaded: Sequence[Loaded]) -> Section:
     sec = Section("grafts", "Graft effects and attribution",
                   "no graft-experiment results in this run — run `graftkit graft --from RL --sweep factorial` to add them")
     sweeps, dissoc = _of(loaded, "graft-sweep"), _of(loaded, "graft-dissociation")
     sec.present = bool(sweeps or dissoc)
+    # measure → (builder, caption); each measure is one figure, a menu picking the swept run
+    measures = {
+        "effects": (grafts.graft_effects, "success change of each grafted configuration against the base (SFT) and "
+                                          "against the RL model, on identical episodes, with 95% paired intervals."),
+        "attribution": (grafts.attribution, "the success change attributed to each parameter group (Shapley values "
+                                            "and main effects over the factorial), 95% intervals."),
+        "interaction": (grafts.interaction_heatmap, "pairwise interaction of grafting two groups together."),
+        "movement": (grafts.movement_vs_effect, "how much each group moved (share of squared movement) against what "
+                                                "it did to success; movement is not effect."),
+    }
+    figs: dict[str, list[tuple[str, go.Figure]]] = {k: [] for k in measures}
     for item in sweeps:
         def build(item=item):
-            lab, res = item.label, item.result
-            sec.panels.append(Panel(grafts.graft_effects(lab, res),
-                                    f"{lab}: success change of each grafted configuration against the base (SFT) "
-                                    "and against the RL model, on identical episodes, with 95% paired intervals."))
-            fig = grafts.attribution(lab, res)
-            if fig is not None:
-                sec.panels.append(Panel(fig, f"{lab}: the success change attributed to each parameter group "
-                                             "(Shapley values and main effects over the factorial), 95% intervals."))
-            fig = grafts.interaction_heatmap(lab, res)
-            if fig is not None:
-                sec.panels.append(Panel(fig, f"{lab}: pairwise interaction of grafting two groups together."))
-            fig = grafts.movement_vs_effect(lab, res)
-            if fig is not None:
-                sec.panels.append(Panel(fig, f"{lab}: how much each group moved (share of squared movement) "
-                                             "against what it did to success; movement is not effect."))
+            built = {k: build_(item.label, item.result) for k, (build_, _) in measures.items()}
+            for k, fig in built.items():  # only once every builder has read the sweep
+                if fig is not None:
+                    figs[k].append((item.label, fig))
 
         _guard(sec, item, build)
+    for k, (_, caption) in measures.items():
+        if figs[k]:
+            fig = grafts.by_sweep(figs[k])
+            sec.panels.append(Panel(fig, f"{_owner([lab for lab, _ in figs[k]])}: {caption}"))
+    drawn = []
     for item in dissoc:
-        _guard(sec, item, lambda item=item: sec.panels.append(Panel(
-            grafts.dissociation(item.label, item.result),
-            f"{item.label}: per group, the effect on success in RL run A and in RL run B and their difference "
-            "(95% intervals); the verdict says which run's change the group carries.")))
+        _guard(sec, item, lambda item=item: drawn.append((item.label, grafts.dissociation(item.label, item.result))))
+    if drawn:
+        fig = grafts.by_sweep(drawn, "dissociation")
+        sec.panels.append(Panel(fig, f"{_owner([lab for lab, _ in drawn])}: per group, the effect on success in RL "
+                                     "run A and in RL run B and their difference (95% intervals); the verdict says "
+                                     "which run's change the group carries."))
     return sec
 
 
@@ -410,7 +467,7 @@ def _coupling(loaded: Sequence[Loaded]) -> Section:
 
 
 SECTIONS: tuple[Callable[[Sequence[Loaded]], Section], ...] = (
-    _findings, _training, _success, _headroom, _anatomy, _grafts, _rank, _coupling,
+    _summary, _findings, _training, _success, _headroom, _anatomy, _grafts, _rank, _coupling,
 )
 
 

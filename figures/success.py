@@ -18,6 +18,7 @@ from ..evaluation.commands import EvalResult, HeadroomResult
 from ..stats import Comparison, HeadroomTable, RateInterval, compare, wilson_interval
 from ..results.store import Result
 from ._common import base_layout, colour, esc, esc_all, fmt, interval_error, pct, verdict_colour, zero_line
+from .runs import run_colours, study_order
 
 #: Category label of the pooled rate over every task of a result.
 ALL_TASKS = "all tasks"
@@ -85,12 +86,12 @@ def headroom_of(res: Result, level: float = 0.95) -> HeadroomTable | None:
 # Figures
 
 
-def _rate_bar(name: str, i: int, cats: list[str], rates: dict[str, RateInterval]) -> go.Bar:
+def _rate_bar(name: str, colour_: str, cats: list[str], rates: dict[str, RateInterval]) -> go.Bar:
     keys = [c for c in cats if c in rates]
     r = [rates[c] for c in keys]
     est, low, high = ([getattr(x, f) for x in r] for f in ("rate", "low", "high"))
     return go.Bar(
-        x=[esc(c) for c in keys], y=100 * np.asarray(est), name=name, marker_color=colour(i),
+        x=[esc(c) for c in keys], y=100 * np.asarray(est), name=name, marker_color=colour_,
         error_y=interval_error(est, low, high, 100.0),
         customdata=[[f"{x.successes}/{x.n}", pct(x.low), pct(x.high)] for x in r],
         hovertemplate="%{fullData.name}<br>%{x}<br>success %{y:.2f}% (%{customdata[0]})"
@@ -99,7 +100,8 @@ def _rate_bar(name: str, i: int, cats: list[str], rates: dict[str, RateInterval]
 
 
 def success_rates(evals: Sequence[tuple[str, Result]]) -> go.Figure:
-    """Success per task (and pooled) for every evaluated model, with 95% Wilson intervals."""
+    """Success per task (and pooled) for every evaluated model, with 95% Wilson intervals; each model in its
+    run's colour (figures/runs.py: a regime's hue, a shade per seed)."""
     cats: list[str] = []
     per = []
     for _, res in evals:
@@ -107,16 +109,21 @@ def success_rates(evals: Sequence[tuple[str, Result]]) -> go.Figure:
         per.append(rates)
         cats += [t for t in rates if t not in cats and t != ALL_TASKS]
     cats.append(ALL_TASKS)
-    fig = go.Figure([_rate_bar(esc(label), i, cats, rates) for i, ((label, _), rates) in enumerate(zip(evals, per))])
+    colours = run_colours([label for label, _ in evals])
+    fig = go.Figure([_rate_bar(esc(evals[i][0]), colours[i], cats, per[i])
+                     for i in study_order([label for label, _ in evals])])
     fig.update_layout(barmode="group", yaxis_range=[0, 105])
     return base_layout(fig, "Success rate per task", "bars: successes / episodes; whiskers: 95% Wilson interval",
                        "task", "success rate (%)", legend_title="model")
 
 
 def paired_differences(reference: str, rows: Sequence[tuple[str, dict[str, Comparison]]]) -> go.Figure:
-    """Per task, success(model) − success(reference) in points with the paired bootstrap interval."""
+    """Per task, success(model) − success(reference) in points with the paired bootstrap interval; marker fill
+    by verdict, outline and whiskers in the model's run colour."""
     fig = go.Figure()
-    for i, (label, comps) in enumerate(rows):
+    colours = run_colours([label for label, _ in rows])
+    for i in study_order([label for label, _ in rows]):
+        label, comps = rows[i]
         keys = list(comps)
         c = [comps[k] for k in keys]
         est = [x.diff for x in c]
@@ -124,8 +131,8 @@ def paired_differences(reference: str, rows: Sequence[tuple[str, dict[str, Compa
         fig.add_trace(go.Scatter(
             x=[esc(k) for k in keys], y=100 * np.asarray(est), mode="markers", name=esc(label),
             marker={"color": [verdict_colour(x.verdict) for x in c], "size": 11, "symbol": i % 20,
-                    "line": {"color": colour(i), "width": 2}},
-            error_y={**interval_error(est, low, high, 100.0), "color": colour(i)},
+                    "line": {"color": colours[i], "width": 2}},
+            error_y={**interval_error(est, low, high, 100.0), "color": colours[i]},
             customdata=[[f"{100 * x.bootstrap.low:+.2f}", f"{100 * x.bootstrap.high:+.2f}",
                          f"{100 * x.bayes.low:+.2f}", f"{100 * x.bayes.high:+.2f}", fmt(x.mcnemar.p_value, ".3g"),
                          x.verdict, pct(x.rate_a.rate), pct(x.rate_b.rate), esc(reference)] for x in c],
@@ -148,7 +155,7 @@ def headroom_rates(label: str, res: Result) -> go.Figure:
         raise KeyError("greedy_success")
     sampled, greedy = _rates(view.tasks, view.success, 0.95), _rates(view.tasks, view.greedy, 0.95)
     cats = [t for t in sampled]
-    fig = go.Figure([_rate_bar("greedy", 0, cats, greedy), _rate_bar("sampled", 1, cats, sampled)])
+    fig = go.Figure([_rate_bar("greedy", colour(0), cats, greedy), _rate_bar("sampled", colour(1), cats, sampled)])
     k = view.k
     fig.update_layout(barmode="group", yaxis_range=[0, 105])
     return base_layout(fig, f"Greedy vs sampled success — {esc(label)}",

@@ -25,11 +25,36 @@ from graftkit.results.store import Result, list_results, read_result, write_resu
 EVIL = "<script>alert(1)</script><img src=x onerror=\"window.__pwned=1\">"
 EVIL_DIR = "run<img src=x onerror=window.__pwned=1><script>alert(1)"  # a folder name cannot hold '/'
 BOUND = np.array(["estimate", "low", "high"], dtype=object)
-ALL_SECTIONS = ("findings", "training", "success", "headroom", "anatomy", "grafts", "rank", "coupling")
+ALL_SECTIONS = ("summary", "findings", "training", "success", "headroom", "anatomy", "grafts", "rank", "coupling")
+#: The sections of a run of arbitrary results (write_run): every one but the study's summary.
+PLAIN = ALL_SECTIONS[1:]
 
 
 def _s(*xs) -> np.ndarray:
     return np.array(list(xs), dtype=object)
+
+
+def graft_sweep(tasks: np.ndarray, tag: str, shift: float, attrs: dict) -> Result:
+    """A factorial graft sweep over attn and mlp with known differences (``shift`` added to the attribution)."""
+    S, E = 6, 5
+    configs = _s("∅ (base)", "attn" + tag, "mlp", "attn+mlp", "all (rl)")
+    g2 = _s("attn" + tag, "mlp")
+    est = np.array([0.0, -0.1, -0.05, -0.2, -0.25])
+    diff = np.stack([est, est - 0.05, est + 0.05], -1)
+    return Result(
+        "graft-sweep", {"config": configs, "task": tasks, "seed": np.arange(S), "episode": np.arange(E),
+                        "group": g2, "group2": g2, "bound": BOUND},
+        {"success": (("config", "task", "seed", "episode"), np.zeros((5, len(tasks), S, E), np.int8)),
+         "diff_vs_base": (("config", "bound"), diff), "diff_vs_rl": (("config", "bound"), diff + 0.25),
+         "verdict_vs_base": (("config",), _s("no credible change", "credibly worse" + tag, "no credible change",
+                                              "credibly worse", "credibly worse")),
+         "config_groups": (("config",), _s("", "attn" + tag, "mlp", "attn" + tag + ",mlp", "all")),
+         "config_layers": (("config",), _s("all", "all", "all", "all", "all")),
+         "config_alpha": (("config",), np.ones(5)),
+         "main_effect": (("group", "bound"), np.array([[-0.12, -0.2, -0.04], [-0.07, -0.15, 0.01]]) + shift),
+         "shapley": (("group", "bound"), np.array([[-0.13, -0.2, -0.05], [-0.07, -0.14, 0.0]]) + shift),
+         "interaction": (("group", "group2", "bound"), np.zeros((2, 2, 3)) + [[[0, 0, 0]], [[-0.05, -0.1, 0.0]]]),
+         "movement_share": (("group",), np.array([0.25, 0.25]))}, attrs)
 
 
 def write_run(run: Path, evil: bool = False, kinds: tuple[str, ...] | None = None) -> Path:
@@ -107,24 +132,8 @@ def write_run(run: Path, evil: bool = False, kinds: tuple[str, ...] | None = Non
              "layer_group_share": (("run", "layer", "group"), lg),
              "layer_group_rel_delta": (("run", "layer", "group"), lg / 10)}, {"tol": 1e-5}))
     if want("graft"):
-        configs = _s("∅ (base)", "attn" + tag, "mlp", "attn+mlp", "all (rl)")
         g2 = _s("attn" + tag, "mlp")
-        est = np.array([0.0, -0.1, -0.05, -0.2, -0.25])
-        diff = np.stack([est, est - 0.05, est + 0.05], -1)
-        write_result(res_dir / "graft-factorial-rl.h5", Result(
-            "graft-sweep", {"config": configs, "task": tasks, "seed": np.arange(S), "episode": np.arange(E),
-                            "group": g2, "group2": g2, "bound": BOUND},
-            {"success": (("config", "task", "seed", "episode"), np.zeros((5, 2, S, E), np.int8)),
-             "diff_vs_base": (("config", "bound"), diff), "diff_vs_rl": (("config", "bound"), diff + 0.25),
-             "verdict_vs_base": (("config",), _s("no credible change", "credibly worse" + tag, "no credible change",
-                                                  "credibly worse", "credibly worse")),
-             "config_groups": (("config",), _s("", "attn" + tag, "mlp", "attn" + tag + ",mlp", "all")),
-             "config_layers": (("config",), _s("all", "all", "all", "all", "all")),
-             "config_alpha": (("config",), np.ones(5)),
-             "main_effect": (("group", "bound"), np.array([[-0.12, -0.2, -0.04], [-0.07, -0.15, 0.01]])),
-             "shapley": (("group", "bound"), np.array([[-0.13, -0.2, -0.05], [-0.07, -0.14, 0.0]])),
-             "interaction": (("group", "group2", "bound"), np.zeros((2, 2, 3)) + [[[0, 0, 0]], [[-0.05, -0.1, 0.0]]]),
-             "movement_share": (("group",), np.array([0.25, 0.25]))}, {"sweep": "factorial"}))
+        write_result(res_dir / "graft-factorial-rl.h5", graft_sweep(tasks, tag, 0.0, {"sweep": "factorial"}))
         write_result(res_dir / "graft-dissociation-rl.h5", Result(
             "graft-dissociation", {"group": g2, "run": _s("A", "B"), "bound": BOUND},
             {"effect": (("run", "group", "bound"), np.array([[[-0.1, -0.2, 0.0], [0.0, -0.1, 0.1]],
@@ -160,6 +169,90 @@ def write_run(run: Path, evil: bool = False, kinds: tuple[str, ...] | None = Non
              "frac_layer": (("layer", "direction", "bound"), np.zeros((3, 2, 3)) + [0.5, 0.1, 0.9]),
              "verdict_layer": (("layer",), _s("does not track", "does not track", "does not track" + tag))},
             {"metric": "erank", "what": "weights"}))
+    return run
+
+
+#: The runs of a study (the grid of study/pipeline.py for STUDY_GRID): name → success rate on its suite.
+STUDY_RUNS = {"null-s0": 0.9, "null-s1": 0.85, "degrade-s0": 0.55, "degrade-s1": 0.6, "collapse-s0": 0.1,
+              "collapse-s1": 0.15, "init-b-degrade": 0.5, "headroom-s0": 0.7}
+#: The StudyConfig fields whose grid is STUDY_RUNS (the suites are the study's defaults: click-tab mastered,
+#: click-button and click-link headroom).
+#: The order figures list them in: by regime (a variant in the regime it counts in), then by seed.
+STUDY_ORDER = ["null-s0", "null-s1", "degrade-s0", "degrade-s1", "init-b-degrade", "collapse-s0", "collapse-s1",
+               "headroom-s0"]
+STUDY_GRID = dict(seeds=(0, 1), degrade_seeds=(0, 1), variants=("init-b-degrade",), headroom_seeds=(0,))
+STUDY_TASKS = _s("click-tab", "click-button", "click-link")
+STUDY_SWEPT = ("degrade-s0", "collapse-s0")
+CONTROL = ("the pipeline learns where reward is reachable", 0.3, 0.12, 0.46)
+
+
+def study_outcomes(name: str, rng) -> np.ndarray:
+    """success[task, seed, episode, sample] of one policy of the study: SFT 0.9 on the mastered suite and 0.3 on
+    the headroom suite; a run its STUDY_RUNS rate on the suite it trained on, SFT's on the other."""
+    rate = STUDY_RUNS.get(name)
+    p = np.array([0.9, 0.3, 0.3])
+    if rate is not None:
+        if name.startswith("headroom"):
+            p[1:] = rate
+        else:
+            p[0] = rate
+    return (rng.random((3, 10, 2, 1)) < p[:, None, None, None]).astype(np.int8)
+
+
+def write_study_run(run: Path, evil: str = "") -> Path:
+    """A study's run folder: the findings with their positive control and the recorded config, the greedy eval
+    of SFT and of every run, every run's training curves, the delta of every run, graft sweeps of STUDY_SWEPT.
+    ``evil``: markup planted in one more delta run's name (a run in no regime)."""
+    from graftkit.study.pipeline import StudyConfig
+
+    res_dir = run / "results"
+    rng = np.random.default_rng(7)
+    cfg = StudyConfig(out=str(run), **STUDY_GRID)
+    nums = _s("1", "2", "3", "4", "control")
+    write_result(res_dir / "findings.h5", Result(
+        "findings", {"finding": nums},
+        {"claim": (("finding",), _s("one", "two", "three", "four", CONTROL[0])),
+         "statement": (("finding",), _s("s1", "s2", "s3", "s4", "GRPO on a reachable task raised success")),
+         "estimate": (("finding",), np.array([0.0, 0.1, np.nan, np.nan, CONTROL[1]])),
+         "low": (("finding",), np.array([-0.1, 0.0, np.nan, np.nan, CONTROL[2]])),
+         "high": (("finding",), np.array([0.1, 0.2, np.nan, np.nan, CONTROL[3]])),
+         "verdict": (("finding",), _s("reproduced", "partly reproduced", "not measured", "not measured",
+                                      "reproduced"))},
+        {"config": cfg.as_dict(), "units": "success-rate difference (fraction)"}))
+    coords = {"task": STUDY_TASKS, "seed": np.arange(10), "episode": np.arange(2), "sample": np.arange(1)}
+    for name in ("sft", *STUDY_RUNS):
+        write_result(res_dir / f"eval-{name}-greedy.h5", Result(
+            "eval", coords, {"success": (("task", "seed", "episode", "sample"), study_outcomes(name, rng))},
+            {"model": {"path": str(run / name), "kind": "hf", "sha256": "0" * 64},
+             "decode": {"greedy": True, "temperature": 1.0, "top_p": 1.0}, "backend": "py", "obs": "text"}))
+    steps = np.arange(1, 13)
+    for name in ("sft", *STUDY_RUNS):
+        kind = "train-sft" if name == "sft" else "train-grpo"
+        write_result(res_dir / f"{kind}-{name}.h5", Result(
+            kind, {"step": steps}, {"loss": (("step",), rng.random(12)),
+                                    **({} if name == "sft" else {"success": (("step",), rng.random(12))})},
+            {"model": str(run / name)}))
+    names = [*STUDY_RUNS] + ([f"odd{evil}"] if evil else [])
+    groups, layers = _s("embed", "attn", "mlp"), np.arange(3)
+    tensors = _s("model.embed_tokens.weight", *(f"model.layers.{i}.{m}.weight" for i in layers
+                                                  for m in ("self_attn.q_proj", "mlp.up_proj")))
+    tgroup, tlayer = _s("embed", *(["attn", "mlp"] * 3)), np.array([-1, 0, 0, 1, 1, 2, 2])
+    share = rng.random((len(names), 7))
+    share /= share.sum(1, keepdims=True)
+    lg = np.zeros((len(names), 3, 3))
+    for t in range(1, 7):
+        lg[:, tlayer[t], list(groups).index(tgroup[t])] += share[:, t]
+    gshare = np.stack([share[:, tgroup == g].sum(1) for g in groups], 1)
+    write_result(res_dir / "delta.h5", Result(
+        "delta", {"run": _s(*names), "tensor": tensors, "group": groups, "layer": layers},
+        {"tensor_group": (("tensor",), tgroup), "tensor_layer": (("tensor",), tlayer),
+         "share": (("run", "tensor"), share), "rel_delta": (("run", "tensor"), share / 7),
+         "group_share": (("run", "group"), gshare), "group_rel_delta": (("run", "group"), gshare / 7),
+         "layer_group_share": (("run", "layer", "group"), lg),
+         "layer_group_rel_delta": (("run", "layer", "group"), lg / 7)}, {"tol": 1e-5}))
+    for k, name in enumerate(STUDY_SWEPT):
+        write_result(res_dir / f"graft-factorial-{name}.h5", graft_sweep(STUDY_TASKS, "", -0.1 * (k + 1),
+                                                                         {"sweep": "factorial", "rl_label": name}))
     return run
 
 
@@ -228,7 +321,7 @@ def full_run(tmp_path_factory) -> tuple[Path, str]:
 def test_every_section_present_with_its_figures(full_run):
     run, page = full_run
     rep = make_report(run)
-    assert rep.sections == ALL_SECTIONS and rep.absent == () and rep.notes == ()
+    assert rep.sections == PLAIN and rep.absent == ("summary",) and rep.notes == ()  # no study: no summary
     titles = [re.sub(r"<[^>]+>", "", f["figure"]["layout"]["title"]["text"]) for f in _figures(page)]
     assert len(titles) == rep.n_figures
     expected = {
@@ -259,7 +352,8 @@ def test_absent_sections_say_which_command_adds_them(tmp_path):
     page = build_report(run)
     rep = make_report(run)
     assert rep.sections == ("training",)
-    for key, command in (("findings", "graftkit demo"), ("success", "graftkit eval"), ("headroom", "graftkit headroom"),
+    for key, command in (("summary", "graftkit demo"), ("findings", "graftkit demo"),
+                         ("success", "graftkit eval"), ("headroom", "graftkit headroom"),
                          ("anatomy", "graftkit delta"), ("grafts", "graftkit graft"), ("rank", "graftkit rank"),
                          ("coupling", "graftkit couple")):
         html_ = _section(page, key)
@@ -356,6 +450,188 @@ def test_optional_arrays_missing_only_drop_their_figures(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------------
+# A study: the summary first, one figure per measure, one colour per run
+
+
+@pytest.fixture(scope="module")
+def study_run(tmp_path_factory) -> tuple[Path, str]:
+    run = write_study_run(tmp_path_factory.mktemp("runs") / "demo")
+    return run, build_report(run)
+
+
+def _menu(fig: dict) -> list[tuple[str, list[int]]]:
+    """(label, indices of the traces it shows) of each entry of a figure's one menu."""
+    (menu,) = fig["layout"]["updatemenus"]
+    return [(b["label"], [i for i, v in enumerate(b["args"][0]["visible"]) if v]) for b in menu["buttons"]]
+
+
+def _section_figures(page: str, key: str) -> list[dict]:
+    figs = _figures(page)
+    return [figs[int(i.split("-")[1]) - 1]["figure"] for i in re.findall(r"id='(fig-\d+)'", _section(page, key))]
+
+
+def test_study_report_opens_with_the_summary_and_draws_one_figure_per_measure(study_run):
+    run, page = study_run
+    rep = make_report(run)
+    assert rep.sections[0] == "summary" and rep.notes == ()
+    assert page.index("<section id='summary'>") < page.index("<section id='findings'>")
+    (fig,) = _section_figures(page, "summary")
+    assert fig["layout"]["title"]["text"].startswith("<b>The study at a glance")
+    assert _figures(page)[0]["id"] == "fig-1" and _figures(page)[0]["figure"] == fig  # the page's first figure
+    # 8 runs in one delta result, 2 sweeps: each measure once, a menu of the runs' labels picking the run
+    runs = STUDY_ORDER
+    anatomy = _section_figures(page, "anatomy")
+    assert len(anatomy) == 4
+    for fig in anatomy[:3]:  # share, relative change, largest movers
+        menu = _menu(fig)
+        assert [label for label, _ in menu] == runs
+        assert all(len(shown) == 1 for _, shown in menu)
+        assert sorted(i for _, shown in menu for i in shown) == list(range(len(fig["data"])))
+        assert [t.get("visible") for t in fig["data"]] == [True] + [False] * (len(runs) - 1)
+    grafts = _section_figures(page, "grafts")
+    assert len(grafts) == 4 and all([label for label, _ in _menu(f)] == list(STUDY_SWEPT) for f in grafts)
+    # the training curves: one figure per family, a menu showing all runs or one regime's
+    training = _section_figures(page, "training")
+    assert len(training) == 2
+    regimes = ["all runs", "null", "degrade", "collapse", "headroom"]
+    assert [label for label, _ in _menu(training[0])] == regimes  # success: GRPO runs only
+    assert [label for label, _ in _menu(training[1])] == regimes + ["runs in no regime"]  # loss: and SFT
+    assert rep.n_figures == 1 + 2 + 2 + 4 + 4  # summary, training, success, anatomy, grafts
+    # a run more or less changes no count
+    more = write_study_run(run.parent / "more", evil="x")
+    assert make_report(more).n_figures == rep.n_figures
+
+
+def _run_colour(trace: dict) -> list[tuple[str, str]]:
+    """(run label, colour) pairs a trace draws: its name and its marker/line colour, or per point its text."""
+    marker, line = trace.get("marker", {}), trace.get("line", {})
+    c = marker.get("color") if trace.get("type") == "bar" else line.get("color") or marker.get("line", {}).get("color")
+    if isinstance(marker.get("color"), list) and isinstance(trace.get("text"), list):  # one dot per run
+        return list(zip(trace["text"], marker["color"]))
+    name = str(trace.get("name", "")).split(" (")[0]
+    return [(name, c)] if isinstance(c, str) else []
+
+
+def test_every_run_has_one_colour_in_every_figure_its_regimes_hue(study_run):
+    from graftkit.figures.runs import REFERENCE, REGIME_COLOURS, run_colours
+
+    _, page = study_run
+    seen: dict[str, set] = {}
+    for f in _figures(page):
+        for t in f["figure"]["data"]:
+            for name, c in _run_colour(t):
+                if name in STUDY_RUNS or name == "sft":
+                    seen.setdefault(name, set()).add(c)
+    assert set(seen) == {*STUDY_RUNS, "sft"}
+    assert all(len(c) == 1 for c in seen.values()), seen
+    colours = {n: next(iter(c)) for n, c in seen.items()}
+    assert colours == dict(zip(seen, run_colours(list(seen))))
+    assert len(set(colours.values())) == len(colours)  # every run its own shade
+    assert colours["sft"] == REFERENCE
+    for regime in ("null", "degrade", "collapse", "headroom"):
+        assert colours[f"{regime}-s0"] == REGIME_COLOURS[regime]  # seed 0: the regime's hue itself
+    # the variant counts in the regime its VARIANTS entry names: a shade of degrade's hue
+    from graftkit.figures.runs import membership
+
+    assert membership("init-b-degrade").regime == "degrade"
+
+
+def test_run_colours_without_a_study_keep_the_palette():
+    from graftkit.figures._common import colour
+    from graftkit.figures.runs import OTHER, REFERENCE, membership, run_colours, study_order
+
+    assert run_colours(["rl", "sft", "grpo-lora-checkpoint-6"]) == [colour(0), colour(1), colour(2)]
+    assert run_colours(["x", "sft", "degrade-s1", "y"])[::3] == [OTHER[0], OTHER[1]]
+    assert run_colours(["sft", "lr1e-3-s0"])[0] == REFERENCE and membership("lr1e-3-s0").regime == "lr1e-3"
+    assert study_order(["b", "a"]) == [0, 1]
+    assert study_order(["x", "collapse-s0", "sft", "null-s1", "null-s0"]) == [2, 4, 3, 1, 0]
+
+
+def test_regimes_come_from_the_recorded_study_config_else_the_run_names(study_run):
+    from graftkit.figures.runs import Membership, membership, study_in
+
+    run, _ = study_run
+    study = study_in([read_result(run / "results" / "findings.h5")])
+    assert study.regimes == ("null", "degrade", "collapse", "headroom") and study.variants == ("init-b-degrade",)
+    assert study.suites["headroom"] == ("click-button", "click-link")
+    assert membership("headroom-s0", study) == Membership("headroom", 0, "headroom", 0)
+    assert membership("degrade-s1", study) == Membership("degrade", 1, "mastered", 1)
+    assert membership("init-b-degrade", study).suite == "mastered"
+    # a name the study does not know, or no study: the name alone, no suite
+    assert membership("lr1-s2", study) == Membership("lr1", 2, None, 2) == membership("lr1-s2")
+    assert membership("sft", study) is None and membership("rl") is None
+    # a findings result without a study's config (another producer, an older run): no study, names decide
+    for attrs in ({}, {"config": {"command": "eval", "regimes": {"a": 1}}}, {"config": {"regimes": [1]}},
+                  {"config": {"regimes": {"a": 1}, "suites": {}, "variants": 3}}):
+        assert study_in([Result("findings", {"finding": _s("1")}, {}, attrs)]) is None
+
+
+def test_kl_attribution_drawn_beside_success_when_the_sweep_exposes_it(tmp_path, monkeypatch):
+    """A run's KL-scored sweep (its own file, --metric kl) beside its success sweep: the summary draws the KL
+    attribution per group beside the success attribution, both named and coloured after the swept run; a sweep
+    view without the KL accessor draws no KL side."""
+    from graftkit.figures import grafts as G
+    from graftkit.graft.experiments import SweepResult
+
+    run = write_study_run(tmp_path / "demo")
+    for name in STUDY_SWEPT:  # the KL sweep: configurations only, no success arrays
+        res = read_result(run / "results" / f"graft-factorial-{name}.h5")
+        write_result(run / "results" / f"graft-factorial-{name}-kl.h5", Result(
+            res.kind, res.coords, {k: v for k, v in res.data.items() if k.startswith("config_")},
+            {**res.attrs, "metric": "kl"}))
+    monkeypatch.setattr(SweepResult, G.KL_ACCESSOR, None, raising=False)
+    page = build_report(run)
+    (fig,) = _section_figures(page, "summary")
+    assert "KL attribution per group" not in [a["text"] for a in fig["layout"]["annotations"]]
+    assert all([label for label, _ in _menu(f)] == list(STUDY_SWEPT) for f in _section_figures(page, "grafts"))
+    kl = {"degrade-s0": np.array([[0.6, 0.4, 0.8], [0.3, 0.1, 0.5]]), "collapse-s0": np.array([[0.2, 0.0, 0.4],
+                                                                                                 [0.9, 0.7, 1.0]])}
+
+    def kl_attribution(self, name, side):
+        return kl[self.attrs["rl_label"]] if name == "kl_shapley" and side == "rl" else None
+
+    monkeypatch.setattr(SweepResult, G.KL_ACCESSOR, kl_attribution, raising=False)
+    monkeypatch.setattr(SweepResult, "has_kl", property(lambda self: self.attrs.get("metric") == "kl"), raising=False)
+    monkeypatch.setattr(SweepResult, "sides", property(lambda self: ["rl", "sft"]), raising=False)
+    monkeypatch.setattr(SweepResult, "var_attrs", lambda self, name: {"unit": "fraction"} if name == "kl_shapley"
+                        else self.result.var_attrs.get(name, {}))
+    (fig,) = _section_figures(build_report(run), "summary")
+    assert [a["text"] for a in fig["layout"]["annotations"]][:3] == [
+        "regimes against SFT", "success attribution per group", "KL attribution per group"]
+    assert fig["layout"]["yaxis3"]["title"]["text"] == "contribution to KL (% of RL's behavioural change)"
+    success = [t for t in fig["data"] if t.get("xaxis") == "x2"]
+    bars = [t for t in fig["data"] if t.get("xaxis") == "x3"]
+    assert [t["name"] for t in success] == [t["name"] for t in bars] == list(STUDY_SWEPT)
+    assert all(t["showlegend"] for t in success) and not any(t["showlegend"] for t in bars)
+    assert [t["marker"]["color"] for t in success] == [t["marker"]["color"] for t in bars]
+    for t in bars:
+        np.testing.assert_allclose(_decode(t["y"]), 100 * kl[t["name"]][:, 0])
+        assert t["x"] == ["attn", "mlp"]
+
+
+def test_notebook_study_summary_is_the_reports(study_run):
+    from graftkit import figures as F
+    from graftkit.core.errors import GraftkitError
+    from graftkit.figures.report import load_run
+
+    run, page = study_run
+    (want,) = _section_figures(page, "summary")
+    files = [x.path for x in load_run(run) if x.kind in ("eval", "findings", "graft-sweep")]
+    got = json.loads(F.study_summary(files).to_json())
+    assert got["data"] == json.loads(json.dumps(want["data"])) and got["layout"]["title"] == want["layout"]["title"]
+    with pytest.raises(GraftkitError, match="no regime to draw"):
+        F.study_summary([run / "results" / "eval-sft-greedy.h5"])
+    # per-run figures: every run of the result with a menu, or the run asked for
+    delta = run / "results" / "delta.h5"
+    assert [b.label for b in F.anatomy_heatmap(delta).layout.updatemenus[0].buttons] == STUDY_ORDER
+    assert not F.anatomy_heatmap(delta, run="degrade-s1").layout.updatemenus
+    title = F.anatomy_heatmap(delta, run=2).layout.title.text
+    assert title.startswith("<b>Share of squared weight movement — degrade-s0")
+    sweeps = [run / "results" / f"graft-factorial-{n}.h5" for n in STUDY_SWEPT]
+    assert [b.label for b in F.graft_effects(sweeps[::-1]).layout.updatemenus[0].buttons] == list(STUDY_SWEPT)
+
+
+# --------------------------------------------------------------------------------------------------
 # Self-contained and escaped
 
 
@@ -401,6 +677,18 @@ def test_planted_markup_is_inert(tmp_path):
         assert s in allowed, s
 
 
+def test_planted_markup_in_a_menu_is_inert(tmp_path):
+    run = write_study_run(tmp_path / EVIL_DIR, evil=EVIL)
+    page = build_report(run)
+    data_text = [t for a, t in _parse(page).scripts if a.get("type") == "application/json"][0]
+    assert "<" not in data_text and ">" not in data_text
+    figs = json.loads(data_text)
+    labels = [b["label"] for f in figs for m in f["figure"]["layout"].get("updatemenus", []) for b in m["buttons"]]
+    assert "odd&lt;script&gt;alert(1)&lt;/script&gt;&lt;img src=x onerror=\"window.__pwned=1\"&gt;" in labels
+    blob = json.dumps(figs, ensure_ascii=False)
+    assert set(re.findall(r"<(/?[a-zA-Z]+)", blob)) <= {"b", "/b", "br", "sup", "/sup", "extra", "/extra"}
+
+
 # --------------------------------------------------------------------------------------------------
 # CLI: report and results
 
@@ -412,7 +700,7 @@ def test_cli_report_writes_the_page_and_lists_sections(full_run, tmp_path):
     assert r.exit_code == 0, r.output
     info = json.loads(r.stdout)
     assert info["path"] == str(out) and out.is_file()
-    assert info["sections"] == list(ALL_SECTIONS) and info["absent"] == []
+    assert info["sections"] == list(PLAIN) and info["absent"] == ["summary"]
     assert info["figures"] == len(_figures(out.read_text()))
     # Default output: RUN/report.html, and the plain summary names it.
     r = CliRunner().invoke(app, ["report", str(run)])
@@ -585,6 +873,57 @@ def test_report_renders_in_chromium_without_errors(tmp_path):
         assert f["plotly"] and f["traces"] > 0 and f["drawn"] > 0 and f["area"] > 0, f
     # Plotly shows the planted markup as literal text.
     assert "enter-text<script>alert(1)</script>" in state["text"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not browser_available(), reason="needs selenium, chromium and chromium-driver")
+def test_study_report_menus_switch_the_run_in_chromium(tmp_path):
+    """A user's clicks: open each figure's menu, pick its second entry; that entry's traces, and only they, are
+    drawn, and the title and the menu name it. No script error, the planted run name inert."""
+    from selenium.webdriver.common.by import By
+
+    from graftkit.figures.browser import chromium, wait_rendered
+
+    run = write_study_run(tmp_path / EVIL_DIR, evil=EVIL)
+    out = tmp_path / "report.html"
+    rep = write_report(run, out)
+    driver = chromium()
+    try:
+        driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": (
+            "window.__errors = []; window.addEventListener('error', function (e) { window.__errors.push(String("
+            "e.message)); }); window.addEventListener('unhandledrejection', function (e) { "
+            "window.__errors.push(String(e.reason)); });")})
+        driver.get(out.resolve().as_uri())
+        assert wait_rendered(driver) == rep.n_figures
+        menus = driver.execute_script("""
+            return Array.from(document.querySelectorAll('.graph')).filter(function (g) {
+              return (g.layout.updatemenus || []).length; }).map(function (g) {
+              return {id: g.id, buttons: g.layout.updatemenus[0].buttons.map(function (b) {
+                return {label: b.label, visible: b.args[0].visible}; })}; });""")
+        assert len(menus) == 3 + 4 + 2  # anatomy (share, relative change, movers), grafts, training
+        for m in menus:
+            graph = driver.find_element(By.ID, m["id"])
+            driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", graph)
+            graph.find_element(By.CSS_SELECTOR, ".updatemenu-header").click()
+            graph.find_elements(By.CSS_SELECTOR, ".updatemenu-dropdown-button")[1].click()
+            state = driver.execute_script("""
+                var g = document.getElementById(arguments[0]);
+                var drawn = 0;
+                g.querySelectorAll('.cartesianlayer .trace, .cartesianlayer .hm').forEach(function (t) {
+                  var b = t.getBoundingClientRect(); if (b.width > 0 && b.height > 0) { drawn++; } });
+                return {visible: g._fullData.map(function (t) { return t.visible === true; }), drawn: drawn,
+                        header: g.querySelector('.updatemenu-header text').textContent,
+                        title: g.querySelector('.gtitle').textContent};""", m["id"])
+            picked = m["buttons"][1]
+            assert state["visible"] == picked["visible"], m["id"]
+            assert state["header"] == picked["label"] and state["drawn"] > 0
+            if picked["label"] in STUDY_ORDER:  # a run: the title names it
+                assert picked["label"] in state["title"]
+        errors = driver.execute_script("return {errors: window.__errors, pwned: typeof window.__pwned};")
+        severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        driver.quit()
+    assert errors == {"errors": [], "pwned": "undefined"} and severe == []
 
 
 def test_long_curves_get_a_moving_mean_beside_the_raw_steps():
