@@ -1,8 +1,10 @@
-"""The four findings' rules on planted outcomes, each of their verdicts, and the findings result's view.
+"""The four findings' rules and the positive control on planted outcomes, each of their verdicts (finding 3 on
+success and on KL, finding 4 against success and against KL from SFT), and the findings result's view.
 
-Outcomes are planted through the classes the study writes (eval and headroom results, graft sweeps, the
-coupling result). Every model of a test plays the same episodes and meets them in one fixed order per task,
-so a model with a higher planted rate succeeds on a superset of the episodes (changes are exact)."""
+Outcomes are planted through the classes the study writes (eval and headroom results, graft sweeps with their KL
+arrays, the coupling result). Every model of a test plays the same episodes and meets them in one fixed order per
+task, so a model with a higher planted rate succeeds on a superset of the episodes (changes are exact); a planted
+KL fraction is exact too (the per-episode noise around it sums to zero)."""
 
 from __future__ import annotations
 
@@ -14,10 +16,12 @@ from graftkit.agent.rollout import Decode
 from graftkit.core.errors import GraftkitError
 from graftkit.evaluation.commands import EvalResult, eval_result
 from graftkit.study.findings import (
-    MIN_RUNS_PER_DIRECTION, NOT_MEASURED, NOT_REPRODUCED, NOT_TESTABLE, PARTLY, REPRODUCED, Finding,
-    FindingsResult, RLRun, finding_1, finding_2, finding_3, finding_4, findings_result, suite_episodes,
+    CONTROL_FAILS, CONTROL_LEARNS, CONTROL_SFT, KL_INERT_MARGIN, MIN_RUNS_PER_DIRECTION, NOT_MEASURED, NOT_REPRODUCED,
+    NOT_TESTABLE, PARTLY, REPRODUCED, VERDICTS, Finding, FindingsResult, RLRun, control_learnt, finding_1, finding_2,
+    finding_3, finding_4, finding_control, findings_result, suite_episodes,
 )
-from graftkit.graft.experiments import SweepResult, expand_sweep, label_for, sweep_result
+from graftkit.graft.experiments import BASE_LABEL, RL_LABEL, SweepResult, expand_sweep, label_for, sweep_result
+from graftkit.graft.kl import SweepKL
 from graftkit.rank.coupling import CouplingResult, both_directions, coupling, coupling_result
 from graftkit.stats import BETTER, NO_CHANGE, WORSE, wilson_interval
 from graftkit.results.store import Result, read_result, write_result
@@ -27,6 +31,7 @@ from graftkit.study.pipeline import StudyConfig
 S, E = 25, 8
 #: The suites the rules are planted on, fixed here so the planted outcomes do not depend on the shipped suites.
 MASTERED, HEADROOM = ("enter-text", "click-tab", "click-checkboxes"), ("click-button", "click-link")
+CONTROL_TASKS = (MASTERED[1],)  # the control suite: a mastered task under a planted position bias
 TASKS = [*MASTERED, *HEADROOM]
 
 
@@ -34,6 +39,7 @@ TASKS = [*MASTERED, *HEADROOM]
 def planted_suites(monkeypatch):
     monkeypatch.setitem(SUITES, "mastered", MASTERED)
     monkeypatch.setitem(SUITES, "headroom", HEADROOM)
+    monkeypatch.setitem(SUITES, "control", CONTROL_TASKS)
 
 
 # ------------------------------------------------------------------------------------------ planting
@@ -201,6 +207,70 @@ def test_finding_2_not_testable_without_headroom_and_not_measured_without_its_in
     assert finding_2(evals, [r for r in runs if r.suite != "headroom"], headroom_of(0.3, 0.6)).verdict == NOT_MEASURED
 
 
+# ---------------------------------------------------------------------------------- positive control
+
+
+def control_study(rate: float, changes: list[float], with_sft_control: bool = True):
+    """The study's SFT and runs plus the positive control: ``sft-control`` at greedy ``rate`` on the control task
+    (SFT's elsewhere) and runs ``control-s<i>`` changing it by ``changes[i]`` (decoy runs, as the pipeline sets)."""
+    evals, runs = study(SFT, {})
+    if with_sft_control:
+        evals[CONTROL_SFT] = eval_of(SFT | {CONTROL_TASKS[0]: rate}, CONTROL_SFT)
+    for i, d in enumerate(changes):
+        runs.append(RLRun(f"control-s{i}", "control", "control", 3e-4, i, decoy=True))
+        evals[f"control-s{i}"] = eval_of(SFT | {CONTROL_TASKS[0]: rate + d}, f"control-s{i}")
+    return evals, runs
+
+
+@pytest.mark.parametrize("changes, verdict", [
+    ([0.40, 0.35, 0.45], CONTROL_LEARNS),
+    ([0.0, 0.0, -0.01], CONTROL_FAILS),
+    ([-0.20, -0.25, -0.15], CONTROL_FAILS),  # unlearning is no learning
+])
+def test_finding_control_learns_only_on_a_credible_gain_over_its_own_sft(changes, verdict):
+    evals, runs = control_study(0.30, changes)
+    f = finding_control(evals, runs)
+    assert f.number == "control" and f.verdict == verdict, f.statement
+    assert control_learnt(f) is (verdict == CONTROL_LEARNS)
+    assert f.estimate == pytest.approx(np.mean(changes), abs=0.01) and (f.low > 0) == (verdict == CONTROL_LEARNS)
+    assert f"{CONTROL_SFT}, the control's SFT policy" in f.statement and "planted position bias, a decoy" in f.statement
+    assert "30.0%" in f.statement and "the study's SFT policy 90.0%" in f.statement and "over 3 runs" in f.statement
+    assert "Trained with decoys (planted headroom): control-s0, control-s1, control-s2 (the positive control's runs, "\
+           f"trained from {CONTROL_SFT}" in f.statement
+
+
+def test_finding_control_not_testable_at_a_ceiling_and_not_measured_without_its_inputs():
+    evals, runs = control_study(1.0, [0.0, 0.0])
+    f = finding_control(evals, runs)
+    assert f.verdict == NOT_TESTABLE and "nothing to raise" in f.statement and control_learnt(f) is None
+    evals, runs = control_study(0.3, [])
+    assert finding_control(evals, runs).verdict == NOT_MEASURED  # no control run
+    evals, runs = control_study(0.3, [0.4, 0.4], with_sft_control=False)
+    f = finding_control(evals, runs)
+    assert f.verdict == NOT_MEASURED and CONTROL_SFT in f.statement and control_learnt(f) is None
+    assert control_learnt(None) is None
+    # control runs are named as decoy-trained whatever their flag: they start from the biased SFT
+    evals, runs = control_study(0.3, [0.4])
+    plain = [RLRun(r.name, r.suite, r.regime, r.lr, r.seed) for r in runs]
+    assert "control-s0 (the positive control's runs" in finding_control(evals, plain).statement
+
+
+def test_findings_1_and_2_cite_the_positive_control():
+    ctrl_evals, ctrl_runs = control_study(0.30, [0.0, 0.0, -0.01])
+    fails = finding_control(ctrl_evals, ctrl_runs)
+    learns = finding_control(*control_study(0.30, [0.4, 0.4, 0.4]))
+    evals, runs = _f2_runs(0.0, 0.0)
+    f = finding_2(evals, runs, headroom_of(0.3, 0.6), control=fails)
+    assert f.verdict == NOT_REPRODUCED and "own positive control does not learn" in f.statement, f.statement
+    assert "so a gain that is not credible says nothing about GRPO" in f.statement
+    f = finding_2(evals, runs, headroom_of(0.3, 0.6), control=learns)
+    assert f.verdict == NOT_REPRODUCED and "positive control learns (+40.0 points" in f.statement
+    assert "positive control" not in finding_2(evals, runs, headroom_of(0.3, 0.6)).statement
+    evals, runs = study(SFT, mastered_grid(GRID))
+    f = finding_1(evals, runs, control=fails)
+    assert f.verdict == REPRODUCED and "so 'no run improves' says nothing about GRPO" in f.statement, f.statement
+
+
 # ----------------------------------------------------------------------------------------- finding 3
 
 GROUPS4 = ("embed", "attn", "mlp", "norm")
@@ -208,20 +278,48 @@ SW_S, SW_E = 25, 4
 
 
 def sweep_of(effect, groups=GROUPS4, present=GROUPS4, *, name="degrade-s0", movement=None, base=0.95,
-             kind="factorial", full=False) -> SweepResult:
+             kind="factorial", full=False, kl=None, metric=None) -> SweepResult:
     """A graft sweep of run ``name`` whose configuration S succeeds at ``base + effect(S)`` on every task
-    (``full``: with the comparisons and attribution the study's sweeps store; the rules read neither)."""
+    (``full``: with the comparisons and attribution the study's sweeps store; the rules read neither); with ``kl``
+    (S → planted fraction of the behavioural change) also scored by KL (:func:`planted_kl`), ``metric`` "both",
+    or "kl" for a sweep scored by KL alone."""
     exps = expand_sweep(kind, groups, present)
     order = np.random.default_rng(1).permutation(len(MASTERED) * SW_S * SW_E).reshape(len(MASTERED), SW_S, SW_E)
 
     def outcomes(gs):
         return (order < round((base + effect(frozenset(gs))) * order.size)).astype(np.int8)
 
-    success = {e.label: outcomes(e.groups) for e in exps}
+    metric = metric or ("both" if kl is not None else "success")
+    success = {e.label: outcomes(e.groups) for e in exps} if metric != "kl" else {}
     share = {"embed": 0.8, "attn": 0.1, "mlp": 0.08, "norm": 0.02} if movement is None else movement
     res = sweep_result(kind, exps, success, MASTERED, range(SW_S), SW_E, groups, movement_share=share,
-                       attrs={"rl_label": name}, n_boot=200, compare_configs=full)
+                       attrs={"rl_label": name}, n_boot=200, compare_configs=full, metric=metric,
+                       kl=None if kl is None else planted_kl(exps, kl))
     return SweepResult.from_result(res)
+
+
+def planted_kl(exps, fraction, noise: float = 0.2) -> SweepKL:
+    """Per-episode KL whose reproduced fractions are exactly ``fraction(S)`` on both sides (0 at ∅, 1 at the full
+    graft): on RL's rollouts K_e(π_RL‖π_S) = (1 − f(S))·d_e·(1 + noise·u_e), on SFT's K_e(π_SFT‖π_S) = f(S)·d'_e·(1 +
+    noise·u'_e), with the references d, d' > 0 and each configuration's own noise u centred so that Σ_e d_e·u_e = 0."""
+    rng = np.random.default_rng(5)
+    shape = (len(MASTERED), SW_S, SW_E)
+    ref = {side: rng.gamma(4.0, 0.5, shape) for side in ("rl", "sft")}
+
+    def wobble(d):
+        u = rng.uniform(-1, 1, shape)
+        return 1 + noise * (u - (d * u).sum() / d.sum())
+
+    kl = np.zeros((len(exps), 2, *shape))
+    for i, e in enumerate(exps):
+        f = 0.0 if e.role == "base" else 1.0 if e.role == "rl" else fraction(frozenset(e.groups))
+        if e.role != "rl":
+            kl[i, 0] = (1 - f) * ref["rl"] * (wobble(ref["rl"]) if e.role == "graft" else 1)
+        if e.role != "base":
+            kl[i, 1] = f * ref["sft"] * (wobble(ref["sft"]) if e.role == "graft" else 1)
+    items = np.array([[[f"{s:04x}{k}" for k in range(SW_E)] for s in range(SW_S)]] * len(MASTERED), dtype=object)
+    return SweepKL(tuple(e.label for e in exps), BASE_LABEL, RL_LABEL, MASTERED, tuple(range(SW_S)), SW_E, kl,
+                   np.full((2, *shape), 6), items, np.ones((2, *shape), np.int8), {}, 0)
 
 
 def attn_mlp(s):
@@ -307,6 +405,77 @@ def test_finding_3_not_measured_without_sweeps_and_partly_measured_from_single_g
     assert "Trained with decoys (planted headroom): degrade-s0." in f.statement
 
 
+def kl_attn_mlp(s):
+    """Behaviour: attn and mlp carry 90% of RL's change, the norms 10%, the embedding none."""
+    return 0.45 * ("attn" in s) + 0.45 * ("mlp" in s) + 0.1 * ("norm" in s)
+
+
+def kl_spread(s):
+    """Behaviour: every group carries a quarter, so no single group is sufficient or necessary."""
+    return len(s & set(GROUPS4)) / 4
+
+
+def test_finding_3_reproduced_when_success_and_kl_agree():
+    f = finding_3([sweep_of(attn_mlp, kl=kl_attn_mlp), sweep_of(attn_mlp, name="degrade-s1", kl=kl_attn_mlp)],
+                  [sweep_of(spread, name="collapse-s0", kl=kl_spread)])
+    assert f.verdict == REPRODUCED, f.statement
+    assert f.statement.count("holds on both measures") == 3 and "KL not measured" not in f.statement
+    assert "degrade-s0: the attn+mlp graft reproduces 90% [" in f.statement  # the planted fractions, exactly
+    assert "reverting attn+mlp leaves 10% [" in f.statement and "(SFT side 90%)" in f.statement
+    assert "the strongest single-group graft (embed) reproduces 25% [" in f.statement
+    assert f"within ±{100 * KL_INERT_MARGIN:.0f}%" in f.statement
+    assert "dominant yet behaviourally inert in every swept run" in f.statement
+
+
+def test_finding_3_without_kl_is_decided_on_success_and_says_kl_was_not_measured():
+    f = finding_3([sweep_of(attn_mlp)], [sweep_of(spread, name="collapse-s0")])
+    assert f.verdict == REPRODUCED and "KL not measured" in f.statement and "on KL" not in f.statement, f.statement
+
+
+@pytest.mark.parametrize("degrade, collapse, says", [
+    # success localises the degrade regime to attn+mlp, behaviour to the norms
+    ((attn_mlp, lambda s: 1.0 * ("norm" in s)), (spread, kl_spread),
+     "the measures disagree: it holds on success only"),
+    # behaviour localises it to attn+mlp, success to the norms
+    ((lambda s: -0.3 * ("norm" in s), kl_attn_mlp), (spread, kl_spread), "the measures disagree: it holds on KL only"),
+    # the mlp alone carries the collapse's behaviour
+    ((attn_mlp, kl_attn_mlp), (spread, lambda s: 1.0 * ("mlp" in s)), "not shown untraceable in every swept run"),
+    # the embed-only graft reproduces a tenth of the behavioural change: not inert on KL
+    ((attn_mlp, lambda s: 0.5 * ("attn" in s) + 0.4 * ("mlp" in s) + 0.1 * ("embed" in s)), (spread, kl_spread),
+     f"not within ±{100 * KL_INERT_MARGIN:.0f}%"),
+])
+def test_finding_3_is_partly_reproduced_when_kl_disagrees_with_success(degrade, collapse, says):
+    f = finding_3([sweep_of(degrade[0], kl=degrade[1])], [sweep_of(collapse[0], name="collapse-s0", kl=collapse[1])])
+    assert f.verdict == PARTLY and says in f.statement, f.statement
+
+
+def test_finding_3_not_reproduced_when_neither_measure_shows_any_sub_rule():
+    f = finding_3([sweep_of(lambda s: -0.3 * ("norm" in s) - 0.1 * ("embed" in s),
+                            kl=lambda s: 0.8 * ("norm" in s) + 0.2 * ("embed" in s))],
+                  [sweep_of(lambda s: -0.8 * ("mlp" in s), name="collapse-s0", kl=lambda s: 1.0 * ("mlp" in s))])
+    assert f.verdict == NOT_REPRODUCED and f.statement.count("holds on neither measure") == 3, f.statement
+
+
+def test_finding_3_kl_must_hold_in_every_swept_run_and_be_measured_in_all():
+    collapse = [sweep_of(spread, name="collapse-s0", kl=kl_spread)]
+    one_off = [sweep_of(attn_mlp, kl=kl_attn_mlp), sweep_of(attn_mlp, name="degrade-s1", kl=lambda s: 1.0 * ("norm" in s))]
+    f = finding_3(one_off, collapse)
+    assert f.verdict == PARTLY and "not shown localised to attn+mlp in every swept run" in f.statement, f.statement
+    unscored = [sweep_of(attn_mlp, kl=kl_attn_mlp), sweep_of(attn_mlp, name="degrade-s1")]
+    f = finding_3(unscored, collapse)
+    assert f.verdict == PARTLY and "not scored by KL with these grafts: degrade-s1" in f.statement, f.statement
+    assert "holds on success, not measured on KL" in f.statement
+
+
+def test_finding_3_reads_a_runs_success_and_kl_sweeps_as_two_files_or_kl_alone():
+    two_files = [sweep_of(attn_mlp), sweep_of(attn_mlp, kl=kl_attn_mlp, metric="kl")]
+    f = finding_3(two_files, [sweep_of(spread, name="collapse-s0", kl=kl_spread)])
+    assert f.verdict == REPRODUCED and "Degrade regime (1 swept run)" in f.statement, f.statement
+    f = finding_3(two_files[1:], [sweep_of(spread, name="collapse-s0", kl=kl_spread, metric="kl")])
+    assert f.verdict == PARTLY and np.isnan(f.estimate), f.statement  # success not measured: never reproduced
+    assert f.statement.count("holds on KL, not measured on success") == 3
+
+
 # ----------------------------------------------------------------------------------------- finding 4
 
 
@@ -357,6 +526,74 @@ def test_finding_4_not_measured_without_coupling_or_both_directions():
     assert "up0." in finding_4(coupling_of(*_grid4(5, 5)), runs=runs).statement
 
 
+def kl_from(success: dict[str, float], tracks: bool = True) -> dict[str, tuple[float, float, float]]:
+    """KL(π_RL‖π_SFT) per token of each run: rising with |Δsuccess| (so with |Δ late rank|), or falling with it."""
+    out = {}
+    for n, s_ in success.items():
+        kl = 0.02 + abs(s_ - 0.6) if tracks else 0.01 / (0.01 + abs(s_ - 0.6))
+        out[n] = (kl, 0.9 * kl, 1.1 * kl)
+    return out
+
+
+@pytest.mark.parametrize("grid, tracks, verdict, says", [
+    (_grid4(5, 5), True, REPRODUCED, "tracks behavioural change"),
+    (_grid4(5, 5), False, PARTLY, "does not credibly track behavioural change"),  # rank tracks success, not KL
+    (_grid4(5, 5, -1.0, -1.0), True, PARTLY, "tracks behavioural change"),        # KL only: |Δrank| still tracks it
+    (_grid4(5, 5, -1.0, -1.0), False, NOT_REPRODUCED, "does not credibly track"),
+    (_grid4(3, 8), True, NOT_TESTABLE, "tracks behavioural change"),             # too few improved: KL still stated
+])
+def test_finding_4_against_success_and_against_kl_from_sft(grid, tracks, verdict, says):
+    f = finding_4(coupling_of(*grid), kl_from_sft=kl_from(grid[0], tracks))
+    assert f.verdict == verdict and says in f.statement, f.statement
+    assert f"across {len(grid[0])} runs" in f.statement and "On KL: Spearman ρ of |Δ late-band erank|" in f.statement
+
+
+def test_finding_4_kl_with_too_few_runs_is_not_measured_and_keeps_it_from_reproduced():
+    grid = _grid4(5, 5)
+    f = finding_4(coupling_of(*grid), kl_from_sft=dict(list(kl_from(grid[0]).items())[:2]))
+    assert f.verdict == PARTLY and "2 run(s) with both (a correlation needs 3), so not measured" in f.statement
+    assert "On KL" not in finding_4(coupling_of(*grid)).statement
+
+
+def coupling_with_control(control_parent: str):
+    """The coupling of SFT, the control's SFT (its own parent SFT: credibly worse, as the decoy made it) and the
+    runs: 3 improved and 5 degraded mastered runs against SFT, and 2 control runs that credibly improved against
+    ``control_parent`` (their own SFT, or the study's), each paired with it as the coupling records."""
+    rows = {"sft": (0.6, 10.0, "sft", "reference (SFT)"), CONTROL_SFT: (0.3, 4.0, "sft", WORSE)}
+    rows |= {f"up{i}": (0.65 + 0.04 * i, 11.0 + 0.8 * i, "sft", BETTER) for i in range(3)}
+    rows |= {f"down{i}": (0.5 - 0.06 * i, 8.0 - 1.2 * i, "sft", WORSE) for i in range(5)}
+    rows |= {f"control-s{i}": (0.7 + 0.05 * i, 12.0 + i, control_parent, BETTER) for i in range(2)}
+    names = list(rows)
+    s_ = np.array([v[0] for v in rows.values()])
+    R = np.stack([np.array([v[1] for v in rows.values()]) + 0.01 * j for j in range(6)], axis=1)  # [run, layer]
+    parent = [names.index(v[2]) for v in rows.values()]
+    kw = dict(runs=names, layers=list(range(6)), n_layers=6, conventions={"metric": "erank"})
+    corr = coupling(R, s_, n_boot=2000, **kw)
+    bd = both_directions(R, s_, R[parent], s_[parent], [v[3] for v in rows.values()], **kw)
+    runs = [RLRun(n, "control" if n.startswith("control") else "mastered", "control" if n.startswith("control")
+                  else "degrade", 1e-3, i, decoy=n.startswith("control")) for i, n in enumerate(names[2:])]
+    return CouplingResult.from_result(coupling_result(corr, bd)), runs
+
+
+def test_finding_4_counts_control_runs_paired_with_their_own_sft():
+    res, runs = coupling_with_control(CONTROL_SFT)
+    f = finding_4(res, runs=runs)
+    assert f.verdict == REPRODUCED, f.statement
+    # sft-control is coupled (credibly worse than SFT) but is no run: only the 5 degraded runs count
+    assert f"5 credibly improved (2 of them control runs, against {CONTROL_SFT}) and 5 credibly degraded" in f.statement
+    assert "control-s0, control-s1 (the positive control's runs" in f.statement
+
+
+def test_finding_4_leaves_out_control_runs_paired_with_the_studys_sft():
+    res, runs = coupling_with_control("sft")
+    assert int(res.both("total", "band")[-1][0]) == 5  # the coupling itself counted them improved
+    f = finding_4(res, runs=runs)
+    assert f.verdict == NOT_TESTABLE and "3 credibly improved and 5 credibly degraded" in f.statement, f.statement
+    assert f"the coupling paired them with another policy than their own SFT ({CONTROL_SFT}): control-s0, control-s1" \
+        in f.statement
+    assert finding_4(res).verdict != NOT_TESTABLE  # without the study's runs: the coupling's own counts
+
+
 # ------------------------------------------------------------------------------------------- episodes
 
 
@@ -386,12 +623,15 @@ def test_findings_cluster_by_item_and_leave_out_tasks_the_evaluation_lacks():
 
 
 def test_findings_view_round_trips(tmp_path):
-    found = [Finding(2, "claim two", "stated <b>", 0.1, 0.05, 0.15, "reproduced"),
+    found = [Finding("control", "the pipeline learns", "stated", 0.4, 0.3, 0.5, CONTROL_LEARNS),
+             Finding(2, "claim two", "stated <b>", 0.1, 0.05, 0.15, "reproduced"),
              Finding(1, "claim one", "stated", -0.2, -0.3, -0.1, "not reproduced")]
-    path = write_result(tmp_path / "findings.h5", findings_result(found, StudyConfig()))
+    res = findings_result(found, StudyConfig())
+    path = write_result(tmp_path / "findings.h5", res)
     view = FindingsResult.from_result(read_result(path))
-    assert view.has_claim and view.findings == tuple(sorted(found, key=lambda f: f.number))
+    assert view.has_claim and view.findings == (found[2], found[1], found[0])  # numbered first, then the control
     assert "paired bootstrap" in view.notes
+    assert {CONTROL_LEARNS, CONTROL_FAILS} <= set(VERDICTS) and res.attrs["verdicts"] == list(VERDICTS)
 
 
 def test_finding_3_reads_sweeps_as_written(tmp_path):
