@@ -54,7 +54,7 @@ MODE_FIELDS: dict[str, frozenset[str]] = {
     "export": frozenset({"layers", "alpha", "reverse", "out_dir", "force", "max_shard_size"}),
     "eval": frozenset({"layers", "alpha", "reverse", "metric", *EPISODE_FIELDS}),
     "sweep": frozenset({"layers", "alphas", "metric", *EPISODE_FIELDS}),
-    "dissociation": frozenset({"layers", "vs", *EPISODE_FIELDS}),
+    "dissociation": frozenset({"layers", "vs", "metric", *EPISODE_FIELDS}),
 }
 #: Each mode as the error messages name it.
 MODE_NAMES = {"export": "an export", "eval": "--eval", "sweep": "--sweep", "dissociation": "--vs"}
@@ -182,6 +182,9 @@ class GraftConfig(ReadOptions, RunOption, DeviceOption, ExecutorOption):
         if self.kind not in X.GROUP_EFFECT:
             raise GraftkitError(f"--vs needs --sweep single, loo or factorial (got {self.kind})",
                                 "pass e.g. --sweep single --vs RL2")
+        if self.metric == "kl":  # the test compares success effects; each run's sweep may carry KL beside them
+            raise GraftkitError("--vs tests a double dissociation of success effects, which --metric kl does not play",
+                                "pass --metric both (each run's sweep scored by KL as well) or drop --metric")
         self._check_sweep()
 
     def _check_mode_fields(self) -> None:

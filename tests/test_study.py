@@ -40,7 +40,10 @@ def test_presets_and_runs():
     assert quick.quick and quick.grpo_steps < full.grpo_steps and quick.eval_seeds < full.eval_seeds
     assert full.eval_seeds == 25 and len(full.seeds) >= 2 and len(quick.seeds) >= 2
     runs = rl_runs(full)
-    assert {r.regime for r in runs} == {"null", "degrade", "collapse", "recipe", "headroom"}
+    assert {r.regime for r in runs} == {"null", "degrade", "collapse", "recipe", "headroom", "control"}
+    control = [r for r in runs if r.suite == "control"]
+    assert len(control) == 3 and all(r.decoy and r.lr == full.headroom_lr for r in control)  # the positive control
+    assert {r.lr for r in runs if r.suite == "headroom"} == {full.headroom_lr}  # the same recipe as the control
     mastered = [r for r in runs if r.suite == "mastered"]
     assert len(mastered) == 18  # the control grid as the study ran it: lr x seeds, 6 seeds at the middle lr, knobs
     assert sum(r.regime == "degrade" and r.name.startswith("degrade-s") for r in runs) == 6

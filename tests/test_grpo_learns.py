@@ -1,0 +1,173 @@
+"""GRPO learns what it must, and a broken GRPO does not.
+
+The positive control of the study (``study/design.py`` CONTROL, with its HEADROOM_RECIPE): a micro policy fine-tuned on click-tab
+with a planted position bias (its demonstrator sends 60% of its clicks to the first tab), so its greedy policy
+clicks the first tab and fails on most items while sampling still reaches the target. GRPO on training items
+must remove the bias: greedy success on held-out items (never a prompt) rises credibly (a paired bootstrap
+interval over items excluding zero). The same test fails for a trainer whose advantage sign is flipped, whose
+optimiser does nothing, or whose loss credits the wrong tokens: each is planted below by patching one function
+of ``train/grpo.py``, and each must show no credible gain.
+
+Then the RL version of "overfit one batch": GRPO restricted to a handful of training items (``item_pool``)
+drives their greedy and sampled success to 100% — on a web task and a verifiable one, on the micro policy and on
+a chat-templated model with a byte-level BPE tokenizer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from graftkit.agent import load_policy
+from graftkit.agent.evaluate import evaluate
+from graftkit.agent.rollout import Decode, rollout
+from graftkit.stats import paired_bootstrap
+from graftkit.study.design import HEADROOM_RECIPE
+from graftkit.train import grpo as G
+from graftkit.train.configs import GRPOConfig, SFTConfig
+from graftkit.train.sft import run_sft
+
+pytestmark = pytest.mark.slow
+
+HELD_OUT_SEEDS = list(range(40))  # 40 held-out click-tab items, one episode each
+
+
+@pytest.fixture(scope="module")
+def biased_sft(tmp_path_factory):
+    """A micro policy trained on click-tab demonstrations, 60% of whose first clicks go to the first tab."""
+    out = tmp_path_factory.mktemp("biased") / "sft"
+    return run_sft(SFTConfig(out=out, tasks="click-tab", decoys=("click-tab=0.6",), steps=120, threads=1, seed=0))
+
+
+def _greedy(path) -> np.ndarray:
+    policy = load_policy(path)
+    with torch.no_grad():
+        return evaluate(policy, ["click-tab"], HELD_OUT_SEEDS, 1, Decode(greedy=True)).success[0, :, :, 0]
+
+
+def _grpo(init, out, **kw):
+    cfg = GRPOConfig(init=str(init), out=str(out), tasks="click-tab", steps=kw.pop("steps", 8),
+                     lr=HEADROOM_RECIPE["lr"], temperature=HEADROOM_RECIPE["temperature"], prompts_per_step=4,
+                     group_size=8, seed=0, **kw)
+    return G.run_grpo(cfg, force=True)
+
+
+def _flipped(monkeypatch):
+    """The advantage's sign flipped: failures reinforced, successes suppressed."""
+    real = G.row_advantages
+
+    def flipped(cfg, episodes, rows):
+        adv, weight, stats = real(cfg, episodes, rows)
+        return -adv, weight, stats
+
+    monkeypatch.setattr(G, "row_advantages", flipped)
+
+
+def _no_op(monkeypatch):
+    """An optimiser whose step does nothing (gradients computed, never applied)."""
+    real = G.setup
+
+    def setup(cfg):
+        tr = real(cfg)
+        tr.opt.step = lambda closure=None: None
+        return tr
+
+    monkeypatch.setattr(G, "setup", setup)
+
+
+def _wrong_tokens(monkeypatch):
+    """The loss's mask on the wrong tokens: each turn's last prompt tokens (as many as its action has) are
+    trained on in place of the action."""
+    real = G.episode_rows
+
+    def rows(episodes, pad):
+        shifted = []
+        for ep in episodes:
+            turns = []
+            for t in ep.turns:
+                n = len(t.action_ids)
+                turns.append(dataclasses.replace(t, prompt_ids=list(t.prompt_ids[:-n]),
+                                                 action_ids=list(t.prompt_ids[-n:])))
+            shifted.append(dataclasses.replace(ep, turns=turns))
+        return real(shifted, pad)
+
+    monkeypatch.setattr(G, "episode_rows", rows)
+
+
+def test_the_planted_bias_leaves_reward_reachable(biased_sft):
+    """The control's precondition: greedy fails on most held-out items, sampling often succeeds."""
+    policy = load_policy(biased_sft)
+    greedy = evaluate(policy, ["click-tab"], HELD_OUT_SEEDS, 1, Decode(greedy=True)).rate()
+    sampled = evaluate(policy, ["click-tab"], HELD_OUT_SEEDS, 1, Decode(greedy=False, temperature=1.0), samples=8)
+    pass_at_8 = sampled.success.any(-1).mean()
+    assert greedy < 0.6 and pass_at_8 > greedy + 0.3, (greedy, pass_at_8)
+
+
+@pytest.mark.parametrize("broken", [None, _flipped, _no_op, _wrong_tokens],
+                         ids=["grpo", "flipped-advantage", "no-op-optimiser", "wrong-tokens"])
+def test_grpo_learns_where_reward_is_reachable(biased_sft, tmp_path, monkeypatch, broken):
+    """A credible gain on held-out items for GRPO as it is; none for each broken trainer."""
+    before = _greedy(biased_sft)
+    if broken is not None:
+        broken(monkeypatch)
+    after = _greedy(_grpo(biased_sft, tmp_path / "rl"))
+    ci = paired_bootstrap(before, after)  # [item, 1]: items as clusters, one episode each
+    if broken is None:
+        assert ci.low > 0 and after.mean() >= 0.9, ci
+    else:
+        assert not ci.low > 0, (broken.__name__, ci)
+
+
+def _overfit(init, tasks: str, out, steps: int, **kw) -> tuple[float, float, float, float]:
+    """(greedy, sampled) success on the pool's items before and after GRPO on ``item_pool`` 4 of them."""
+    cfg = GRPOConfig(init=str(init), out=str(out), tasks=tasks, steps=steps, item_pool=4, prompts_per_step=4,
+                     group_size=8, temperature=1.0, seed=0, **kw)
+    jobs = [(t, seed, 0) for t, seed, _ in G._prompts(cfg, 0)]
+
+    def rates(path):
+        policy = load_policy(path)
+        with torch.no_grad():
+            greedy = np.mean([e.success for e in rollout(policy, jobs, Decode(greedy=True))])
+            samples = [(t, s, k) for t, s, _ in jobs for k in range(8)]
+            sampled = np.mean([e.success for e in rollout(policy, samples, Decode(greedy=False, temperature=1.0))])
+        return float(greedy), float(sampled)
+
+    return (*rates(init), *rates(G.run_grpo(cfg, force=True)))
+
+
+def test_grpo_overfits_a_few_web_items(biased_sft, tmp_path):
+    g0, s0, g1, s1 = _overfit(biased_sft, "click-tab", tmp_path / "rl", steps=24, lr=3e-4)
+    assert g0 < 1.0 and s0 < 0.8 and g1 == 1.0 and s1 >= 0.8, (g0, s0, g1, s1)
+
+
+@pytest.fixture(scope="module")
+def multiples_sft(tmp_path_factory):
+    """A micro policy taught a verifiable task (multiples) in part: sampling solves some of its items."""
+    out = tmp_path_factory.mktemp("multiples") / "sft"
+    return run_sft(SFTConfig(out=out, tasks="multiples", steps=300, threads=1, seed=0))
+
+
+def test_grpo_overfits_a_few_verifiable_items(multiples_sft, tmp_path):
+    g0, s0, g1, s1 = _overfit(multiples_sft, "multiples", tmp_path / "rl", steps=20, lr=1e-3, max_new_tokens=12)
+    assert (g0 < 1.0 or s0 < 0.8) and g1 == 1.0 and s1 >= 0.8, (g0, s0, g1, s1)
+
+
+@pytest.fixture(scope="module")
+def chat_sft(tmp_path_factory):
+    """A tiny Llama with a byte-level BPE tokenizer and ChatML's template, fine-tuned on click-tab demonstrations
+    with the planted position bias: the policy reads the chat-templated prompt and ends its action with
+    <|im_end|>."""
+    from chat_models import chat_model_folder
+
+    root = tmp_path_factory.mktemp("chat")
+    init = chat_model_folder(root / "init", "chatml", hidden=64, layers=2)
+    return run_sft(SFTConfig(out=root / "sft", init=init, tasks="click-tab", decoys=("click-tab=0.6",), steps=150,
+                             threads=1, seed=0))
+
+
+def test_grpo_overfits_a_few_items_on_a_chat_templated_model(chat_sft, tmp_path):
+    g0, s0, g1, s1 = _overfit(chat_sft, "click-tab", tmp_path / "rl", steps=24, lr=3e-4)
+    assert g0 < 1.0 and s0 < 0.8 and g1 == 1.0 and s1 >= 0.8, (g0, s0, g1, s1)
