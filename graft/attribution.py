@@ -17,10 +17,11 @@ seed stays the cluster). For k groups N, with 0/1 coding of "grafted or not":
 Intervals: the two-stage paired bootstrap of :func:`graftkit.stats.paired_bootstrap` — evaluation seeds
 with replacement, then episodes within each chosen seed, the same resampled positions for every
 configuration (so contrasts stay paired), variance-component adjusted by (c, k) and read at the expanded
-percentiles of the same function (see its docstring). The only difference: a contrast's per-episode
-value d = Σ_C w_C x_C[s, e] is real-valued rather than in {−1, 0, 1}, so episode indices are drawn
-directly. For a two-configuration contrast b − a it is the same estimator as ``paired_bootstrap(a, b)``
-(the tests check its interval against that one's).
+percentiles (t_df tails). Two differences: a contrast's per-episode value d = Σ_C w_C x_C[s, e] is
+real-valued rather than in {−1, 0, 1}, so episode indices are drawn directly; and the percentiles are not
+bias-corrected and accelerated (``paired_bootstrap`` reads its own at BCa-adjusted levels, for the skew of a
+0/1 greedy outcome against a mean of samples). For a two-configuration contrast b − a the resamples are the
+same as ``paired_bootstrap(a, b)``'s (the tests check the intervals agree on planted grafts).
 
 Double dissociation between RL runs A and B (same base, same episodes): per group, effect_A(g),
 effect_B(g) (single-group or Shapley, as recorded) and their difference, each with an interval from one
@@ -46,7 +47,7 @@ BOUNDS = ("estimate", "low", "high")
 INTERVAL_METHOD = (
     "two-stage paired bootstrap over evaluation seeds then episodes (tasks folded into episodes), the same "
     "resampled positions for every configuration, variance-component adjusted (c, k) with expanded "
-    "percentiles as graftkit.stats.paired_bootstrap"
+    "percentiles (t_df tails; no BCa adjustment)"
 )
 MAIN_EFFECT = "2^-(k-1) Σ_{S⊆N∖g} [v(S∪g) − v(S)]: success with g minus without, averaged over the other groups"
 INTERACTION = ("2^-(k-2) Σ_{S⊆N∖{g,h}} [v(S∪gh) − v(S∪g) − v(S∪h) + v(S)]: mean difference of differences "

@@ -31,7 +31,7 @@ from .paired import _cluster_factors
 from .quantiles import expanded_tail
 
 MEAN_METHOD = ("two-stage cluster bootstrap (clusters, then episodes within each), variance-component adjusted "
-               "(c, k) with expanded percentiles, as graftkit.stats.paired_bootstrap; real-valued episodes")
+               "(c, k) with expanded percentiles (t_df tails; no BCa adjustment); real-valued episodes")
 RATIO_METHOD = ("Σa/Σb through its linearisation u_e = R + (a_e − R·b_e)/mean(b) (ratio estimator, Cochran 1977 "
                 "ch. 6), interval of mean(u) by " + MEAN_METHOD)
 

@@ -19,16 +19,20 @@ VERDICT_RULE = (
 _BOOT_METHOD = (
     "two-stage bootstrap: clusters with replacement, then episodes within each chosen cluster with "
     "replacement (pairs kept together), variance-component adjusted (c, k), clusters weighted by size; "
-    "expanded percentile interval (t_df calibration), clipped to [−1, 1]"
+    "expanded BCa interval: percentiles Φ(z0 + (z0 + z)/(1 − a(z0 + z))) at z = ±Φ⁻¹(Φ(−t_df((1 + level)/2))), "
+    "z0 from the resamples, a = Σu³/(6(Σu²)^1.5) over the influence values of the clusters (or episodes) "
+    "the variance rests on (Efron 1987); clipped to [−1, 1]"
+)
+_BAYES_METHOD = (
+    "posterior over the paired cells under the prior Dirichlet(α) × σ_d(p) (the probability-matching factor "
+    "for Δ, Datta & Ghosh 1995), likelihood counts / D, D the design effect of the clustering (Rao & Scott "
+    "1992), D ~ D̂·df/χ²_df; Dirichlet(α + counts / D) Monte Carlo draws weighted by σ_d(p), equal-tailed "
+    "weighted interval"
 )
 _BOOT_FALLBACK = (
     "Bayesian posterior interval in place of the bootstrap: fewer than MIN_DISCORDANT discordant pairs "
-    "(Dirichlet(1 + counts / D) over the paired cells, D the design effect; see bayes_paired_interval), "
-    "widened where needed to contain the observed difference"
-)
-_BAYES_METHOD = (
-    "Dirichlet(prior + counts / D) posterior over the paired cells, D the design effect of the clustering "
-    "(Rao & Scott 1992), D ~ D̂·df/χ²_df; Monte Carlo draws, equal-tailed interval"
+    "(α = 1; see bayes_paired_interval: " + _BAYES_METHOD + "), widened where needed to contain the observed "
+    "difference"
 )
 
 
@@ -66,7 +70,8 @@ class BootstrapInterval:
     episode_scale: float | None
     #: Degrees of freedom of the variance the interval rests on: S − 1 (clustered) or N − 1 (pooled).
     df: int | None
-    #: The percentiles read off: (tail, 1 − tail), tail = Φ(−t_df((1 + level)/2)).
+    #: The expanded tail Φ(−t_df((1 + level)/2)): the percentiles (tail, 1 − tail) a symmetric bootstrap
+    #: distribution is read at; BCa moves them to ``percentiles``.
     tail: float
     method: str = _BOOT_METHOD
     #: Discordant pairs n01 + n10 (Σ|b − a| over episodes with several samples per episode).
@@ -75,6 +80,14 @@ class BootstrapInterval:
     source: str = "bootstrap"
     #: Episodes per cluster, in cluster order (first appearance of each label).
     cluster_sizes: tuple[int, ...] = ()
+    #: BCa acceleration â = Σu³ / (6 (Σu²)^{3/2}) of the influence values u of the clusters (or, when the
+    #: episodes carry the variance, of the episodes): γ̂/(6√n) for n units of skewness γ̂. Reported either way.
+    acceleration: float = 0.0
+    #: BCa bias correction ẑ0 = Φ⁻¹(share of resamples below diff, ties half); None for the posterior.
+    z0: float | None = None
+    #: The percentiles of the resamples read as (low, high): :func:`~graftkit.stats.quantiles.bca_levels` of
+    #: (tail, z0, acceleration); None for the posterior.
+    percentiles: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +114,9 @@ class BayesInterval:
     method: str = _BAYES_METHOD
     #: Samples per episode k (1: one outcome each); a side with k samples has k + 1 levels, else 2.
     samples: int = 1
+    #: Effective number of the weighted draws, (Σ σ_d)² / Σ σ_d² (≤ n_draws; the Monte Carlo error of the
+    #: bounds is that of this many independent draws).
+    effective_draws: float | None = None
 
 
 @dataclass(frozen=True)

@@ -160,6 +160,22 @@ def headroom(
     samples, and below :data:`MIN_DISCORDANT` (here Σ_e |d_e|) it takes the posterior's interval: at most
     2.5% a side in the same simulation.
 
+    Calibration at a high baseline, side by side: even with the episode as the unit, d_e is right-skewed
+    when greedy rarely fails (a rare large d when it does, many small negative ones from the sampled
+    failures), and intervals accurate to first order only then say "sampling credibly worse" more often
+    than "headroom" with no true effect. At p0 = 0.9, k = 8, with seed- and item-level random effects
+    (tests/test_stats_coverage.py, 1600 datasets), the expanded percentile bootstrap alone lay below 0 in
+    2.9% (25 seeds × 4 episodes, finding 2's layout) and 3.6% (100 × 1) of datasets and above it in 0.9%
+    and 1.6%; the verdict said worse in 1.7% and 2.4%, headroom in 0.9% and 1.5%; with equal rates and
+    no random effects at 25 × 2 episodes, worse in 2.5% and headroom in 0.0% (600 datasets). Both
+    intervals are now second-order accurate (:func:`paired_bootstrap`'s BCa reading,
+    :func:`bayes_paired_interval`'s matching factor), and the sides agree: headroom / worse 1.8% / 1.8%
+    (100 × 1), 1.0% / 1.1% (25 × 4), 0.5% / 1.5% (25 × 2, equal rates). Where both sides stay below 2.5%
+    the design holds too few greedy failures for more: at 25 × 2 episodes and p0 = 0.9 about 5 are
+    expected, and even an exact test of greedy's 50 outcomes against a known sampled rate could say worse
+    only on none (P = 0.5%; one or none has P = 3.4% > 2.5%); at 25 × 4 the posterior's prior and the
+    design-effect floor keep both sides near 1%, as they do at p0 = 0.5, where d is symmetric.
+
     A task has headroom when the verdict is "credibly better" (both intervals above zero,
     :data:`VERDICT_RULE`). ``rate_a`` is over the S·E greedy episodes, ``rate_b`` over the S·E·k samples;
     McNemar pairs each sample with its episode's greedy outcome (see :func:`mcnemar_exact`: it ignores

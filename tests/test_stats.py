@@ -9,8 +9,9 @@ test is deterministic. Coverage at the ceiling and over training seeds is in tes
 
 Beyond coverage: equal clusters against a direct reference implementation (to 1e-12, same random
 stream), unequal clusters against the cluster-robust variance, cluster_labels against a graph search,
-the posterior fallback with few discordant pairs, headroom's layouts, regimes against their two-way
-variance formula, equivalence verdicts, and the detectable improvement.
+the posterior fallback with few discordant pairs, the BCa pieces, the posterior's matching factor against
+Jeffreys' posterior for one proportion, headroom's layouts, regimes against their two-way variance formula,
+equivalence verdicts, and the detectable improvement.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import pytest
 
 from graftkit import stats
 from graftkit.stats.correlation import _average_ranks
-from graftkit.stats.quantiles import t_cdf, t_quantile
+from graftkit.stats.quantiles import acceleration, bca_levels, bias_correction, t_cdf, t_quantile, weighted_percentile
 from graftkit.stats.results import _BOOT_FALLBACK
 from graftkit.stats.verdicts import _verdict
 from graftkit.core.errors import GraftkitError
@@ -127,6 +128,30 @@ def test_t_cdf_matches_integrated_density(df):
         assert t_cdf(-t, df) == pytest.approx(0.5 - area, abs=1e-9)
 
 
+def test_bca_pieces():
+    """BCa levels reduce to (tail, 1 − tail) with ẑ0 = â = 0, follow Efron's formula, and reach 0 or 1 at the
+    pole; â of a mean is the units' skewness / (6√n); ẑ0 counts ties half; equal weights give Hazen's
+    quantiles."""
+    assert bca_levels(0.02, 0.0, 0.0) == (0.02, 0.98)
+    z = NormalDist().inv_cdf(0.025)
+    want = [NormalDist().cdf(0.1 + (0.1 + q) / (1 - 0.05 * (0.1 + q))) for q in (z, -z)]
+    assert bca_levels(0.025, 0.1, 0.05) == pytest.approx(want, abs=1e-15)
+    low, high = bca_levels(0.025, 0.1, 0.05)
+    assert 0.025 < low and 0.975 < high  # right skew: both percentiles move up
+    assert bca_levels(1e-12, 0.0, 0.15)[1] == 1.0  # z = 7.03 lies past the pole at 1/â = 6.7
+    x = np.random.default_rng(0).exponential(size=400)
+    u = x - x.mean()
+    gamma = (u**3).mean() / (u**2).mean() ** 1.5
+    assert acceleration(u) == pytest.approx(gamma / (6 * math.sqrt(x.size)), rel=1e-12)
+    assert acceleration(np.zeros(5)) == 0.0
+    assert bias_correction(np.array([-1.0, 0.0, 0.0, 1.0]), 0.0) == 0.0
+    assert bias_correction(np.array([-1.0, -0.5, 0.0, 1.0]), 0.0) == pytest.approx(NormalDist().inv_cdf(5 / 8))
+    assert bias_correction(np.ones(10), 0.0) == pytest.approx(NormalDist().inv_cdf(1 / 20))  # held inside
+    draws = np.random.default_rng(1).normal(size=1001)
+    assert weighted_percentile(draws, np.ones_like(draws), 0.9) == pytest.approx(
+        tuple(np.quantile(draws, [0.05, 0.95], method="hazen")), abs=1e-12)
+
+
 def test_identical_agents_give_a_zero_difference_and_an_interval_around_it():
     """No discordant pair: the difference is 0, and the interval is the posterior's, not [0, 0]."""
     a = (np.random.default_rng(0).random((6, 9)) < 0.4).astype(int)
@@ -135,24 +160,54 @@ def test_identical_agents_give_a_zero_difference_and_an_interval_around_it():
     assert boot.low < 0 < boot.high and boot.low == pytest.approx(-boot.high, abs=0.01)
     bayes = stats.bayes_paired_interval(a, a.copy(), n_draws=20_000)
     assert (boot.low, boot.high) == pytest.approx((bayes.low, bayes.high))  # same prior, draws and seed
-    assert bayes.mean == 0.0 and bayes.low < 0 < bayes.high and bayes.low == pytest.approx(-bayes.high, abs=0.01)
+    assert bayes.mean == pytest.approx(0.0, abs=1e-3)  # symmetric posterior; its mean is a Monte Carlo one
+    assert bayes.low < 0 < bayes.high and bayes.low == pytest.approx(-bayes.high, abs=0.01)
     assert stats.mcnemar_exact(a, a).p_value == 1.0
 
 
-def test_bayes_posterior_is_the_conjugate_dirichlet_without_clustering():
-    """One seed: D = 1, posterior mean (α01 + n01 − α10 − n10) / (Σα + N), draws match it."""
+def test_bayes_posterior_is_the_reweighted_conjugate_dirichlet_without_clustering():
+    """One seed: D = 1, and the posterior is the conjugate Dirichlet(α + n) reweighted by the matching
+    factor σ_d(p) = √(p01 + p10 − Δ²): against a large independent draw (numpy's dirichlet, another
+    stream), its mean, bounds and P(Δ > 0). The factor moves the conjugate mean (α01 + n01 − α10 − n10) /
+    (Σα + N) by O(1/N) only."""
     a, b = cells_to_arrays(30, 25, 10, 35)
     res = stats.bayes_paired_interval(a, b, prior=0.5, n_draws=200_000, seed=4)
     assert res.design_effect == 1.0 and res.design_effect_df is None
     assert res.counts == (30, 25, 10, 35) and res.prior == (0.5,) * 4
-    assert res.mean == pytest.approx((25.5 - 10.5) / 102)
-    alpha = np.array([30.5, 25.5, 10.5, 35.5])
-    a0 = alpha.sum()
-    var = (alpha[1] * (a0 - alpha[1]) + alpha[2] * (a0 - alpha[2]) + 2 * alpha[1] * alpha[2]) / (a0**2 * (a0 + 1))
-    z = 1.959963984540054
-    assert res.low == pytest.approx(res.mean - z * math.sqrt(var), abs=0.006)
-    assert res.high == pytest.approx(res.mean + z * math.sqrt(var), abs=0.006)
-    assert 0.98 < res.p_positive <= 1.0
+    p = np.random.default_rng(99).dirichlet([30.5, 25.5, 10.5, 35.5], 1_000_000)
+    delta = p[:, 1] - p[:, 2]
+    w = np.sqrt(p[:, 1] + p[:, 2] - delta**2)
+    order = np.argsort(delta)
+    cdf = np.cumsum(w[order]) / w.sum()
+    low, high = delta[order][np.searchsorted(cdf, [0.025, 0.975])]
+    assert res.mean == pytest.approx(w @ delta / w.sum(), abs=0.001)
+    assert (res.low, res.high) == pytest.approx((low, high), abs=0.003)
+    assert res.p_positive == pytest.approx(w @ (delta > 0) / w.sum(), abs=0.002)
+    assert res.mean == pytest.approx((25.5 - 10.5) / 102, abs=0.01)
+    assert 0.95 * 200_000 < res.effective_draws <= 200_000
+
+
+def beta_quantiles(a, b, probs, grid=2_000_001):
+    """Quantiles of Beta(a, b) by the trapezoid rule on a fine grid (a, b ≥ 1/2)."""
+    x = np.linspace(0.0, 1.0, grid)[1:-1]
+    log_f = (a - 1) * np.log(x) + (b - 1) * np.log1p(-x)
+    f = np.exp(log_f - log_f.max())
+    cdf = np.concatenate([[0.0], np.cumsum((f[1:] + f[:-1]) / 2)])
+    return np.interp(probs, cdf / cdf[-1], x)
+
+
+@pytest.mark.parametrize("n01, n00", [(3, 47), (12, 38), (1, 9)])
+def test_matching_factor_turns_the_haldane_dirichlet_into_jeffreys_for_one_proportion(n01, n00):
+    """a always fails, so Δ = p01 − p10 with p10 → 0 and σ_d(p) → √(p01(1 − p01)): a near-zero Dirichlet
+    prior times the matching factor is Beta(n01 + ½, n00 + ½), Jeffreys' posterior — the prior that is
+    probability-matching for one proportion (Welch & Peers 1963)."""
+    a = np.zeros((1, n01 + n00), dtype=np.int8)
+    b = np.zeros_like(a)
+    b[0, :n01] = 1
+    res = stats.bayes_paired_interval(a, b, prior=1e-6, n_draws=400_000, seed=3)
+    low, high = beta_quantiles(n01 + 0.5, n00 + 0.5, [0.025, 0.975])
+    assert (res.low, res.high) == pytest.approx((low, high), abs=0.003)
+    assert res.mean == pytest.approx((n01 + 0.5) / (n01 + n00 + 1), abs=0.002)
 
 
 def test_results_are_deterministic_and_inputs_untouched():
@@ -483,8 +538,15 @@ def reference_two_stage(a, b, level, n_boot, seed):
     u = rng.random((n_boot, n_seeds))
     m_star = ((cdf[pick] <= u[..., None]).sum(axis=-1) - n_eps) / n_eps
     theta = m_bar + (c * (m[pick] - m_bar) + k * (m_star - m[pick])).mean(axis=1)
+    # Expanded BCa: the t_{S−1} tail, z0 from the resamples, â from the seed means' skewness.
     tail = NormalDist().cdf(-t_quantile((1 + level) / 2, n_seeds - 1))
-    return m_bar, c, k, np.quantile(theta, [tail, 1 - tail])
+    tie = np.abs(theta - m_bar) <= 1e-9 * max(abs(m_bar), theta.max() - theta.min())  # equal up to rounding
+    z0 = NormalDist().inv_cdf((~tie & (theta < m_bar)).mean() + 0.5 * tie.mean())
+    u = m - m_bar
+    accel = (u**3).sum() / (6 * (u**2).sum() ** 1.5)
+    levels = [NormalDist().cdf(z0 + (z0 + z) / (1 - accel * (z0 + z))) for z in (NormalDist().inv_cdf(tail),
+                                                                              NormalDist().inv_cdf(1 - tail))]
+    return m_bar, c, k, np.quantile(theta, levels)
 
 
 def reference_posterior(a, b, level, n_draws, seed, alpha=1.0):
@@ -497,8 +559,12 @@ def reference_posterior(a, b, level, n_draws, seed, alpha=1.0):
     draws = deff * (n_seeds - 1) / rng.chisquare(n_seeds - 1, n_draws) if deff > 1 else np.full(n_draws, deff)
     post = alpha + np.bincount((2 * a + b).ravel(), minlength=4) / draws[:, None]
     gam = rng.standard_gamma(post)
-    delta = (gam[:, 1] - gam[:, 2]) / gam.sum(axis=1)
-    return deff, np.quantile(delta, [(1 - level) / 2, (1 + level) / 2])
+    p = gam / gam.sum(axis=1, keepdims=True)
+    delta = p[:, 1] - p[:, 2]
+    w = np.sqrt(p[:, 1] + p[:, 2] - delta**2)  # the matching factor σ_d(p)
+    order = np.argsort(delta)
+    cum = np.cumsum(w[order])
+    return deff, np.interp([(1 - level) / 2, (1 + level) / 2], (cum - w[order] / 2) / cum[-1], delta[order])
 
 
 def seed_effect_pairs(rng, n_seeds, n_eps, p_a=0.45, lift=0.12, sd=0.3):
@@ -776,9 +842,12 @@ def test_headroom_posterior_over_joint_outcomes():
     prior = np.array([[1, 0.5, 0], [1, 0.5, 0]]) + np.array([[0, 0.5, 1], [0, 0.5, 1]])  # α00/α01 (row 0), α10/α11
     prior = prior * 4 / 6
     post = prior + counts
-    value = np.arange(3)[None, :] / 2 - np.arange(2)[:, None]
+    value = (np.arange(3)[None, :] / 2 - np.arange(2)[:, None]).ravel()
     assert res.design_effect == 1.0 and prior.sum() == pytest.approx(4.0)
-    assert res.mean == pytest.approx((post * value).sum() / post.sum(), abs=1e-12)
+    p = np.random.default_rng(98).dirichlet(post.ravel(), 1_000_000)  # the conjugate posterior, reweighted
+    delta = p @ value
+    w = np.sqrt(p @ value**2 - delta**2)
+    assert res.mean == pytest.approx(w @ delta / w.sum(), abs=0.002)
 
 
 def test_headroom_verdicts_on_planted_tasks():
