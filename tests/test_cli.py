@@ -18,6 +18,7 @@ import torch  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from graftkit.cli import app  # noqa: E402
+from graftkit.graft.experiments import SweepResult  # noqa: E402
 from graftkit.results.store import read_result  # noqa: E402
 from graftkit.weights import band_rule  # noqa: E402
 
@@ -117,14 +118,17 @@ def test_quick_demo_then_graft_and_rank_as_written(tmp_path):
     demo = run("demo", "--quick", "--json", "--out", tmp_path / "runs" / "d")
     assert demo.returncode == 0, demo.stderr
     info = _strict(demo.stdout)
-    assert [f["number"] for f in info["findings"]] == [1, 2, 3, 4]
+    assert [f["number"] for f in info["findings"]] == ["control", 1, 2, 3, 4]  # the positive control first
     for f in info["findings"]:
-        assert f["verdict"] in ("reproduced", "partly reproduced", "not reproduced", "not testable here", "not measured"), f
+        assert f["verdict"] in ("reproduced", "partly reproduced", "not reproduced", "not testable here", "not measured",
+                                "learns", "does not learn"), f
         assert f["statement"]
     assert Path(info["report"]).is_file()
     kinds = {read_result(p).kind for p in (tmp_path / "runs" / "d" / "results").glob("*.h5")}
     assert {"train-sft", "train-grpo", "headroom", "eval", "delta", "graft-sweep", "graft-dissociation",
-            "rank-weights", "rank-delta", "rank-activations", "coupling", "findings"} <= kinds
+            "rank-weights", "rank-delta", "rank-activations", "coupling", "findings", "kl"} <= kinds
+    sweeps = [SweepResult.read(p) for p in (tmp_path / "runs" / "d" / "results").glob("graft-factorial-*.h5")]
+    assert sweeps and all(sw.has_kl and sw.has_success for sw in sweeps)  # scored by both, after the --vs test too
     # a run stopped mid-way resumes without redoing finished work: drop the last stages' results, rerun
     results = tmp_path / "runs" / "d" / "results"
     dropped = [p for p in results.glob("*.h5") if p.name.startswith(("coupling-", "findings"))]

@@ -9,8 +9,10 @@ optimiser does nothing, or whose loss credits the wrong tokens: each is planted 
 of ``train/grpo.py``, and each must show no credible gain.
 
 Then the RL version of "overfit one batch": GRPO restricted to a handful of training items (``item_pool``)
-drives their greedy and sampled success to 100% — on a web task and a verifiable one, on the micro policy and on
-a chat-templated model with a byte-level BPE tokenizer.
+drives their greedy and sampled success to 100% — on a web task and a verifiable one, on the micro policy; and on
+a chat-templated model with a byte-level BPE tokenizer, whose rows hold exactly its sampled action tokens at their
+sampling log-probabilities, one item (that tiny model does not read the instruction, so several items share one
+learnable answer at most).
 """
 
 from __future__ import annotations
@@ -121,9 +123,9 @@ def test_grpo_learns_where_reward_is_reachable(biased_sft, tmp_path, monkeypatch
         assert not ci.low > 0, (broken.__name__, ci)
 
 
-def _overfit(init, tasks: str, out, steps: int, **kw) -> tuple[float, float, float, float]:
-    """(greedy, sampled) success on the pool's items before and after GRPO on ``item_pool`` 4 of them."""
-    cfg = GRPOConfig(init=str(init), out=str(out), tasks=tasks, steps=steps, item_pool=4, prompts_per_step=4,
+def _overfit(init, tasks: str, out, steps: int, pool: int = 4, **kw) -> tuple[float, float, float, float]:
+    """(greedy, sampled) success on the pool's items before and after GRPO on ``item_pool`` of them."""
+    cfg = GRPOConfig(init=str(init), out=str(out), tasks=tasks, steps=steps, item_pool=pool, prompts_per_step=4,
                      group_size=8, temperature=1.0, seed=0, **kw)
     jobs = [(t, seed, 0) for t, seed, _ in G._prompts(cfg, 0)]
 
@@ -168,6 +170,28 @@ def chat_sft(tmp_path_factory):
                              threads=1, seed=0))
 
 
-def test_grpo_overfits_a_few_items_on_a_chat_templated_model(chat_sft, tmp_path):
-    g0, s0, g1, s1 = _overfit(chat_sft, "click-tab", tmp_path / "rl", steps=24, lr=3e-4)
+def test_grpo_credits_a_chat_models_own_action_tokens(chat_sft):
+    """On a chat-templated policy the trainer scores what the sampler drew: each row's targets are the generated
+    action tokens, <|im_end|> last, and their log-probabilities under training equal the sampling ones."""
+    policy = load_policy(chat_sft)
+    cfg = GRPOConfig(init=str(chat_sft), out="unused", tasks="click-tab", item_pool=4, prompts_per_step=4,
+                     group_size=8)
+    episodes = rollout(policy, [(t, s, k) for t, s, _ in G._prompts(cfg, 0) for k in range(8)],
+                       Decode(greedy=False, temperature=1.0, seed=1))
+    rows = G.episode_rows(episodes, policy.pad_id)
+    with torch.no_grad():
+        logp, _ = G.action_logp(policy.model, rows, 1.0)
+    end = policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    turns = [t for e in episodes for t in e.turns]
+    for r, t in enumerate(turns):
+        n = len(t.action_ids)
+        assert rows.targets[r, :n].tolist() == t.action_ids and t.action_ids[-1] == end
+        assert rows.mask[r].sum() == n
+        assert torch.allclose(logp[r, :n], torch.tensor(t.logprobs), atol=1e-5)
+
+
+def test_grpo_overfits_one_item_on_a_chat_templated_model(chat_sft, tmp_path):
+    """This tiny chat model does not read the instruction (its sampled tab is the same for every item), so on
+    several items GRPO can only learn their most rewarded tab; on one item it must learn that item's."""
+    g0, s0, g1, s1 = _overfit(chat_sft, "click-tab", tmp_path / "rl", steps=60, lr=3e-4, num_iterations=2, pool=1)
     assert g0 < 1.0 and s0 < 0.8 and g1 == 1.0 and s1 >= 0.8, (g0, s0, g1, s1)
