@@ -19,17 +19,19 @@ from ..core.suites import register_suites
 # --- the web study on the embedded policy --------------------------------------------------------------------------
 
 #: The three named suites of web tasks, set by measurement on held-out items of the study's SFT policy
-#: (:data:`STUDY_SFT`; ``graftkit headroom --seeds 25 --episodes 2 --k 8``, 50 held-out items per task).
-#: ``mastered``: a task the SFT policy solves greedily below the ceiling — click-tab 96% (sampled 75%); the SFT
+#: (:data:`STUDY_SFT`; ``graftkit headroom --seeds 25 --episodes 4 --k 8``, 100 held-out items per task).
+#: ``mastered``: a task the SFT policy solves greedily below the ceiling — click-tab 92% (sampled 75%); the SFT
 #: trains until its greedy success on training items reaches 93%, so the held-out baseline sits in 90–97% and an
-#: improvement could show. ``headroom``: tasks it has learnt in part, whose reward sampling reaches (pass@8 92% and
-#: 76% against greedy 22% and 44%); whether its sampled policy beats its greedy one there is measured by every study,
-#: not assumed. ``control``: the positive control's task (:data:`CONTROL`): the mastered task under a planted
-#: position bias, where greedy fails and sampling succeeds, so a GRPO recipe that learns must raise it. Tasks with
-#: one or a few distinct items (focus-text, focus-text-2) cannot be held out and are in no suite.
+#: improvement could show (the full study plays 100 items per task, where +8 points is detectable). ``headroom``: a
+#: task it has learnt in part, whose reward sampling reaches and whose sampled policy beats its greedy one
+#: (click-button: greedy 27%, sampled 36.5%, pass@8 91%: credible headroom); click-link (greedy 28%, sampled 29%,
+#: pass@8 81%) has none, so it is in no suite. Whether the sampled policy beats the greedy one is measured again by
+#: every study, not assumed. ``control``: the positive control's task (:data:`CONTROL`): the mastered task under a
+#: planted position bias, where greedy fails and sampling succeeds, so a GRPO recipe that learns must raise it.
+#: Tasks with one or a few distinct items (focus-text, focus-text-2) cannot be held out and are in no suite.
 SUITES: dict[str, tuple[str, ...]] = {
     "mastered": ("click-tab",),
-    "headroom": ("click-button", "click-link"),
+    "headroom": ("click-button",),
     "control": ("click-tab",),
 }
 # The commands' task names (``--tasks mastered``) read these suites; graftkit/__init__.py imports this module first.
@@ -42,8 +44,9 @@ register_suites(SUITES)
 #: A tiny policy learns click-tab in a jump (from one tab for every item, ≈ 30%, to the rule), so the first stage
 #: comes first — a policy stopped inside the jump from scratch samples unparseable actions (93% at T 1) — and the
 #: second runs at a third of the first's rate, so the jump takes several steps. Measured (seed 0): stage 1 150 steps;
-#: stage 2 stopped at step 183 with 60/64 training items (93.8%); held-out greedy click-tab 96%, click-button 22%
-#: (sampled 35.5%: headroom), click-link 44% (sampled 31%); unparseable samples 0–2%.
+#: stage 2 stopped at step 183 with 60/64 training items (93.8%); on 100 held-out items greedy click-tab 92%,
+#: click-button 27% (sampled 36.5%: headroom), click-link 28% (sampled 29%); unparseable samples 0–2%. Stopped at
+#: 90% instead (step 177), click-tab is 85% held out: the jump is that steep.
 STUDY_SFT: dict[str, dict] = {
     "stage1": dict(suites=("headroom",), steps=150, lr=3e-3),
     "stage2": dict(suites=("mastered", "headroom"), steps=600, lr=1e-3, until="mastered=0.93", check_every=1,
@@ -60,14 +63,15 @@ CONTROL: dict[str, float] = {"decoy": 0.6, "steps": 60, "lr": 1e-3}
 
 #: GRPO on the headroom and control suites: one recipe (learning rate, temperature; steps, group size and prompts
 #: as the grid's; no KL), chosen on TRAINING items of the control task (``eval --items train``), where it must learn.
-HEADROOM_RECIPE: dict[str, float] = {"lr": 3e-4, "temperature": 1.0}
-HEADROOM_CALIBRATION = ("GRPO from the control SFT policy on click-tab (seed 0, 4 prompts x 8, T 1.0), greedy success on "
-                        "40 training items: lr 1e-4 35% -> 65% by step 10 (65% at 20); 3e-4 -> 65% by step 5, 100% at "
-                        "20; 1e-3 on click-button from a policy stopped early collapses (reward 0 by step 10)")
+HEADROOM_RECIPE: dict[str, float] = {"lr": 1e-4, "temperature": 1.0}
+HEADROOM_CALIBRATION = ("GRPO from the control SFT policy on click-tab (4 prompts x 8, T 1.0), greedy success on 50 "
+                        "training items (eval --items train; the control SFT 18%), seeds 0/1/2: lr 1e-4, 40 steps -> "
+                        "98%, 96%, 96%; 3e-4, 20 steps -> 94%, 0% (action format lost), 98%; 3e-4, 40 steps -> seed 1 "
+                        "loses the format too")
 
 #: GRPO learning-rate regimes of the mastered-suite grid (40 steps, temperature 1.5), chosen on TRAINING items
 #: (``graftkit eval --items train``, so the evaluation items never informed them): see ``REGIME_CALIBRATION``.
-REGIMES: dict[str, float] = {"null": 1e-4, "degrade": 2e-3, "collapse": 1e-2}  # unchanged by the new SFT policy
+REGIMES: dict[str, float] = {"null": 1e-4, "degrade": 2e-3, "collapse": 1e-2}
 
 #: How the regimes were chosen (recorded in every study's config so a reader can check it).
 REGIME_CALIBRATION = ("GRPO runs of the study's SFT policy (seed 0, 40 steps, T 1.5) on the mastered suite, evaluated "
@@ -93,7 +97,7 @@ EMBEDDED_PRESETS: dict[str, dict] = {
     "quick": dict(sft_steps=600, grpo_steps=12, seeds=(0, 1), degrade_seeds=(0, 1), variants=("init-b-degrade",),
                   sft_b_steps=40, swept_seeds=1, headroom_seeds=(0,), control_seeds=(0,), eval_seeds=6, eval_episodes=1,
                   headroom_k=4, kl_seeds=4, graft_groups=("embed", "attn", "mlp", "lm_head"), graft_seeds=6, probes=16),
-    "full": {},
+    "full": dict(eval_episodes=4),
 }
 
 # --- the web study on a pretrained chat model ----------------------------------------------------------------------

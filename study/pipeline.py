@@ -139,7 +139,7 @@ class StudyConfig(DeviceOption):
     """How the headroom recipe was chosen."""
     headroom_seeds: tuple[int, ...] = opt((0, 1, 2), cli=False)
     """Training seeds of GRPO on the headroom suite."""
-    control_seeds: tuple[int, ...] = opt((0, 1, 2), cli=False)
+    control_seeds: tuple[int, ...] = opt((0, 1, 2, 3), cli=False)
     """Training seeds of the positive control (GRPO with the headroom recipe on the control suite, from the SFT
     policy with a planted position bias); none without a ``control`` suite."""
     control: Mapping[str, float] = opt(default_factory=lambda: dict(CONTROL), cli=False)

@@ -51,7 +51,7 @@ def _greedy(path) -> np.ndarray:
 
 
 def _grpo(init, out, **kw):
-    cfg = GRPOConfig(init=str(init), out=str(out), tasks="click-tab", steps=kw.pop("steps", 8),
+    cfg = GRPOConfig(init=str(init), out=str(out), tasks="click-tab", steps=kw.pop("steps", 20),
                      lr=HEADROOM_RECIPE["lr"], temperature=HEADROOM_RECIPE["temperature"], prompts_per_step=4,
                      group_size=8, seed=0, **kw)
     return G.run_grpo(cfg, force=True)

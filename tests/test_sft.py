@@ -91,7 +91,7 @@ def test_the_study_sft_policy_sits_where_the_suites_say(tmp_path, monkeypatch):
     monkeypatch.setenv("GRAFTKIT_RUNS", str(tmp_path / "runs"))
     tasks = ",".join((*SUITES["mastered"], *SUITES["headroom"]))
     res = CliRunner().invoke(app, ["headroom", "--model", str(EMBEDDED_SFT), "--tasks", tasks, "--json", "--seeds", "25",
-                                   "--episodes", "2", "--save", str(tmp_path / "h.h5")])
+                                   "--episodes", "4", "--save", str(tmp_path / "h.h5")])
     assert res.exit_code == 0, res.output
     rows = {r["task"]: r for r in json.loads(res.output)["tasks"]}
     for t in SUITES["mastered"]:

@@ -42,7 +42,7 @@ def test_presets_and_runs():
     runs = rl_runs(full)
     assert {r.regime for r in runs} == {"null", "degrade", "collapse", "recipe", "headroom", "control"}
     control = [r for r in runs if r.suite == "control"]
-    assert len(control) == 3 and all(r.decoy and r.lr == full.headroom_lr for r in control)  # the positive control
+    assert len(control) == 4 and all(r.decoy and r.lr == full.headroom_lr for r in control)  # the positive control
     assert {r.lr for r in runs if r.suite == "headroom"} == {full.headroom_lr}  # the same recipe as the control
     mastered = [r for r in runs if r.suite == "mastered"]
     assert len(mastered) == 18  # the control grid as the study ran it: lr x seeds, 6 seeds at the middle lr, knobs
