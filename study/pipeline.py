@@ -767,8 +767,8 @@ def stage_findings(st: Study) -> list:
     movement = {lab: delta.group_shares(i) for i, lab in enumerate(delta.runs)}
     sft_decoy = sft_has_decoy(st.sft)
     coupling = st.coupling
-    control = finding_control(evals, runs, suites=cfg.suites)
-    found = [control,
+    control = finding_control(evals, runs, suites=cfg.suites) if "control" in cfg.suites else None
+    found = [*([control] if control is not None else []),
              finding_1(evals, runs, sft_decoy=sft_decoy, suites=cfg.suites, control=control),
              finding_2(evals, runs, headroom_res, sft_decoy=sft_decoy, suites=cfg.suites, control=control),
              finding_3(sweeps["degrade"], sweeps["collapse"], movement=movement, runs=runs, sft_decoy=sft_decoy),

@@ -1179,7 +1179,10 @@ def test_summary_figure(tmp_path):
     assert fig.layout.yaxis2.title.text == "contribution to success (percentage points)"
     outcomes = {n: np.asarray(read_result(run / "results" / f"eval-{n}-greedy.h5")["success"])
                 for n in ("sft", *STUDY_RUNS)}
-    suites = {"mastered": [0], "headroom": [1, 2]}  # task indices of click-tab; click-button, click-link
+    from graftkit.study.design import SUITES
+
+    order = ["click-tab", "click-button", "click-link"]  # the planted run's tasks
+    suites = {k: [order.index(t) for t in SUITES[k]] for k in ("mastered", "headroom")}
 
     def flat(x, tasks):  # [task, seed, episode, sample] → one entry per episode, clustered by seed
         x = x[tasks]
