@@ -832,6 +832,16 @@ def test_report_reads_real_graft_and_coupling_results(tmp_path):
 # Browser
 
 
+def _open_catching_errors(driver, page) -> None:
+    """Open ``page`` in ``driver`` with window.__errors collecting every script error and unhandled rejection: the
+    listener is installed before any page script runs (CDP), so errors during load are caught too."""
+    driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": (
+        "window.__errors = []; window.addEventListener('error', function (e) { window.__errors.push(String("
+        "e.message)); }); window.addEventListener('unhandledrejection', function (e) { "
+        "window.__errors.push(String(e.reason)); });")})
+    driver.get(page.resolve().as_uri())
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not browser_available(), reason="needs selenium, chromium and chromium-driver")
 def test_report_renders_in_chromium_without_errors(tmp_path):
@@ -842,12 +852,7 @@ def test_report_renders_in_chromium_without_errors(tmp_path):
     rep = write_report(run, out)
     driver = chromium()
     try:
-        # window.onerror is installed before any page script runs (CDP), so errors during load are caught too.
-        driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": (
-            "window.__errors = []; window.addEventListener('error', function (e) { window.__errors.push(String("
-            "e.message)); }); window.addEventListener('unhandledrejection', function (e) { "
-            "window.__errors.push(String(e.reason)); });")})
-        driver.get(out.resolve().as_uri())
+        _open_catching_errors(driver, out)
         assert wait_rendered(driver) == rep.n_figures > 20
         state = driver.execute_script("""
             var out = [];
@@ -891,11 +896,7 @@ def test_study_report_menus_switch_the_run_in_chromium(tmp_path):
     rep = write_report(run, out)
     driver = chromium()
     try:
-        driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": (
-            "window.__errors = []; window.addEventListener('error', function (e) { window.__errors.push(String("
-            "e.message)); }); window.addEventListener('unhandledrejection', function (e) { "
-            "window.__errors.push(String(e.reason)); });")})
-        driver.get(out.resolve().as_uri())
+        _open_catching_errors(driver, out)
         assert wait_rendered(driver) == rep.n_figures
         menus = driver.execute_script("""
             return Array.from(document.querySelectorAll('.graph')).filter(function (g) {
