@@ -16,9 +16,11 @@ Nothing here loads a whole model: safetensors are memory-mapped and a tensor is 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
@@ -89,7 +91,7 @@ class Checkpoint:
     changed after: a variant (renamed, cast, cut, annotated) is a new one (``dataclasses.replace``)."""
 
     path: Path
-    kind: str  # "hf-folder" | "safetensors-file" | "pickle" | "lora-merged"
+    kind: str  # "hf-folder" | "safetensors-file" | "pickle" | "lora-merged" | "dcp" | "deepspeed" | "verl"
     metas: dict[str, TensorMeta]
     reader: Callable[[str], object]  # name -> torch.Tensor
     raw: Mapping[str, TensorEntry] = field(default_factory=dict)  # bytes on disk, where unchanged
@@ -102,11 +104,18 @@ class Checkpoint:
     #: name -> the exact update from the base where the checkpoint is base + a stored update (a LoRA adapter:
     #: s·B@A in float32 from A and B, never the difference of two rounded matrices); None elsewhere
     deltas: Callable[[str], object | None] | None = None
+    #: the names are the trainer's (a wrapper's or a container's prefixes): :func:`match_names` maps them
+    foreign_names: bool = False
+    #: where the values come from, at which precision: "fp32 master weights from ZeRO-3 optimizer partitions"
+    source: str | None = None
+    #: set when the checkpoint holds the weights only below the precision they were trained in: why, in words
+    below_trained: str | None = None
 
     @property
     def loose(self) -> bool:
-        """A single pickled file: its names still need :func:`match_names` and its config another folder."""
-        return self.kind == "pickle" and self.path.is_file()
+        """Names still to be mapped by :func:`match_names` (a single pickled file, a trainer's own layout), and a
+        config that may have to come from another folder."""
+        return self.foreign_names or (self.kind == "pickle" and self.path.is_file())
 
     @property
     def names(self) -> list[str]:
@@ -265,10 +274,35 @@ def _check_index(index_path: Path, ckpt: Checkpoint) -> None:
 A_MODEL = "an HF folder, a .safetensors file, a LoRA adapter or a trainer's output_dir"
 
 
+#: Files a trainer writes beside the weights that hold none (random states, arguments, optimizer and scheduler
+#: states, other ranks' pieces): never opened as weights.
+NOT_WEIGHTS = re.compile(r"(rng_state.*|random_states.*|training_args|trainer_state|optimizer.*|optim_.*|scheduler.*|"
+                         r"scaler.*|lr_scheduler.*|.*_optim_states|.*_model_states|extra_state.*|"
+                         r"model_world_size_\d+_rank_\d+)\.(bin|pt|pth|pkl)\Z")
+
+
+def _part_of_layout(path: Path) -> GraftkitError | None:
+    """A file that is one piece of a trainer layout (a .distcp file, one rank's states): the error naming the folder."""
+    from .trainers import recognise
+
+    layout = recognise(path.parent)
+    if path.suffix == ".distcp" or path.name == ".metadata" or (layout is not None and layout.folder == path.parent):
+        what = layout.name if layout is not None else "a torch.distributed.checkpoint folder"
+        return GraftkitError(f"{path} is one file of {what}, not a whole model",
+                             f"pass the folder {path.parent} (with --allow-pickle)")
+    if NOT_WEIGHTS.match(path.name):
+        return GraftkitError(f"{path}: a trainer's {path.stem} file, which holds no model weights",
+                             "pass the folder or file that holds the model's weights")
+    return None
+
+
 def open_checkpoint(path: str | os.PathLike, allow_pickle: bool = False) -> Checkpoint:
-    """Open an HF folder, a single ``.safetensors`` file, or (``allow_pickle``) pickled weights."""
+    """Open an HF folder, a single ``.safetensors`` file, a trainer's own layout (:mod:`.trainers`: DCP, DeepSpeed,
+    verl; with ``allow_pickle``), or (``allow_pickle``) pickled weights."""
     path = require(Path(path).expanduser(), expected=A_MODEL)
     if path.is_file():
+        if (err := _part_of_layout(path)) is not None:
+            raise err
         if path.suffix == ".safetensors":
             return _from_safetensors(path, "safetensors-file", [path], None)
         if path.suffix in PICKLE_SUFFIXES:
@@ -283,6 +317,36 @@ def open_checkpoint(path: str | os.PathLike, allow_pickle: bool = False) -> Chec
             f"{path} is a LoRA adapter, not a full checkpoint",
             "pass it as the RL side (--from) with the full base model as --base",
         )
+    from .trainers import open_layout, recognise, refuse_pickle
+
+    layout = recognise(path)
+    hf = _open_hf_folder(path)
+    if layout is None or (hf is not None and not layout.readable):
+        if hf is not None:
+            return hf
+        return _open_pickle_folder(path, allow_pickle)
+    if hf is None:
+        if not layout.readable:
+            return open_layout(layout, path)  # the error naming it and its converter
+        if not allow_pickle:
+            raise refuse_pickle(layout)
+        return open_layout(layout, path)
+    lower = sorted({m.code for m in hf.metas.values() if m.code in ("BF16", "F16")})
+    if not lower:
+        return hf  # the trainer's weights, as saved: nothing more precise lies beside them
+    if allow_pickle:
+        ck = open_layout(layout, path)
+        if any(m.code == "F32" for m in ck.metas.values()):
+            return dataclasses.replace(ck, notes=(*ck.notes, f"{path.name}: read from {layout.folder.name}/, not its "
+                                                  f"{'/'.join(lower).lower()} HF weights file (rounded copies)"))
+        return hf
+    return dataclasses.replace(hf, below_trained=(
+        f"{'/'.join(lower).lower()} weights of the HF file; {layout.name} beside it may hold the trainer's fp32 "
+        "weights: pass --allow-pickle to read them"))
+
+
+def _open_hf_folder(path: Path) -> Checkpoint | None:
+    """The folder's safetensors weights (an index, model.safetensors, or other *.safetensors), else None."""
     config = _read_json(path / "config.json") if (path / "config.json").is_file() else None
     if (path / INDEX).is_file():
         ckpt = _from_safetensors(path, "hf-folder", _shards_from_index(path, INDEX), config)
@@ -290,16 +354,24 @@ def open_checkpoint(path: str | os.PathLike, allow_pickle: bool = False) -> Chec
         return ckpt
     if (path / "model.safetensors").is_file():
         return _from_safetensors(path, "hf-folder", [path / "model.safetensors"], config)
-    singles = sorted(path.glob("*.safetensors"))
+    singles = sorted(p for p in path.glob("*.safetensors") if not p.name.startswith("adapter_model"))
     if singles:
         return _from_safetensors(path, "hf-folder", singles, config)
+    return None
+
+
+def _open_pickle_folder(path: Path, allow_pickle: bool) -> Checkpoint:
+    config = _read_json(path / "config.json") if (path / "config.json").is_file() else None
     if (path / PICKLE_INDEX).is_file():
         return _open_pickle(path, _shards_from_index(path, PICKLE_INDEX), config, allow_pickle)
-    pickles = sorted(p for ext in ("*.bin", "*.pt", "*.pth") for p in path.glob(ext))
+    pickles = sorted(p for ext in ("*.bin", "*.pt", "*.pth") for p in path.glob(ext) if not NOT_WEIGHTS.match(p.name))
     if pickles:
         return _open_pickle(path, pickles, config, allow_pickle)
+    others = sorted(p.name for ext in ("*.bin", "*.pt", "*.pth", "*.pkl") for p in path.glob(ext))
+    seen = f" (only a trainer's own files: {', '.join(others[:4])}{' …' if len(others) > 4 else ''})" if others else ""
     raise GraftkitError(
-        f"{path}: no weights found (expected model.safetensors, {INDEX}, or *.safetensors)",
+        f"{path}: no weights found{seen} (expected model.safetensors, {INDEX}, *.safetensors, a DCP folder, a "
+        "DeepSpeed global_stepN/ or a verl global_step_N/actor/)",
         "point at the folder that holds the model's weights",
     )
 
@@ -348,6 +420,8 @@ def match_names(ck: Checkpoint, reference: Checkpoint | None = None, *, unknown:
         if not (config_dir / "config.json").is_file():
             raise GraftkitError(f"--config {config_dir}: no config.json there", "point at the HF model folder")
         config, config_from = _read_json(config_dir / "config.json"), config_dir
+    elif ck.config is not None:  # a trainer layout's own (its folder's, or its huggingface/ copy)
+        config, config_from = ck.config, ck.config_from
     elif reference is not None and reference.config is not None:
         config, config_from = reference.config, reference.config_from or reference.folder
     else:
@@ -367,8 +441,7 @@ def match_names(ck: Checkpoint, reference: Checkpoint | None = None, *, unknown:
     dropped = []
     if r.unmatched and reference is not None:
         # a tied head saved twice (state_dict() lists both names of one tensor) is the same tensor
-        matched_storage = {_alias_key(ck.read(n)) for n in r.names}
-        dropped = [n for n in r.unmatched if _alias_key(ck.read(n)) in matched_storage]
+        dropped = _tied_copies(ck, list(r.names), list(r.unmatched), config)
         if dropped:
             notes.append(f"{ck.path.name}: {', '.join(dropped)} left out (the same tensor as a matched one: tied)")
     unmatched = [n for n in r.unmatched if n not in dropped]
@@ -382,6 +455,12 @@ def match_names(ck: Checkpoint, reference: Checkpoint | None = None, *, unknown:
             + (", or --unknown keep-base to keep those from the base" if r.names else ""),
         )
     names = dict(r.names)
+    if reference is None and ck.foreign_names and _tied(config):
+        # read alone, a trainer's state dict lists a tied head under both names: keep the embedding's
+        heads = [n for n in names if _HEAD.search(names[n])]
+        for n in _tied_copies(ck, [m for m in names if m not in heads], heads, config):
+            notes.append(f"{ck.path.name}: {n} left out (the same values as the tied embedding)")
+            del names[n]
     if unmatched and reference is None:
         names.update({n: n for n in unmatched})  # kept as unknown tensors: the taxonomy records them
     elif unmatched:
@@ -396,8 +475,39 @@ def match_names(ck: Checkpoint, reference: Checkpoint | None = None, *, unknown:
     if config_from is not None:
         notes[0] += f", config from {config_from}"
     metas = {new: TensorMeta(new, ck.metas[old].code, ck.metas[old].shape) for new, old in inverse.items()}
-    return Checkpoint(path=ck.path, kind=ck.kind, metas=metas, reader=lambda n: ck.read(inverse[n]), config=config,
-                      provenance=ck.provenance, weight_files=ck.weight_files, notes=tuple(notes), config_from=config_from)
+    return dataclasses.replace(ck, metas=metas, reader=lambda n: ck.read(inverse[n]), raw={}, arrays=None, deltas=None,
+                               config=config, notes=tuple(notes), config_from=config_from, foreign_names=False)
+
+
+_HEAD = re.compile(r"(^|\.)(lm_head|output|embed_out)\.weight$")
+
+
+def _tied(config: dict | None) -> bool:
+    cfg = config or {}
+    return any(bool(c.get("tie_word_embeddings")) for c in (cfg, cfg.get("text_config") or {}))
+
+
+def _tied_copies(ck: Checkpoint, kept: list[str], candidates: list[str], config: dict | None) -> list[str]:
+    """The ``candidates`` that are a second name of a ``kept`` tensor: the same storage (a pickled state dict), or,
+    in a model whose config ties the head to the embedding, the same shape and bit-equal values (a trainer layout,
+    whose reads are fresh tensors)."""
+    import torch
+
+    storage = {_alias_key(ck.read(n)): n for n in kept} if ck.kind == "pickle" else {}
+    out = []
+    for n in candidates:
+        if storage and _alias_key(ck.read(n)) in storage:
+            out.append(n)
+            continue
+        if not _tied(config):
+            continue
+        m = ck.metas[n]
+        twins = [k for k in kept if ck.metas[k].shape == m.shape and ck.metas[k].code == m.code]
+        if twins:
+            t = ck.read(n)
+            if any(torch.equal(t, ck.read(k)) for k in twins):
+                out.append(n)
+    return out
 
 
 __all__ = ["Checkpoint", "TensorMeta", "match_names", "open_checkpoint", "tensor_bits", "PROVENANCE", "NUMPY"]

@@ -34,8 +34,8 @@ MAX_CHAIN = 3
 
 _UNSAFE_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
 
-EXPORT_FIX = ("export the weights once where the file is trusted: torch.save(ckpt['state_dict'], 'weights.pt'), "
-              "or safetensors.torch.save_file(state_dict, 'model.safetensors')")
+EXPORT_FIX = ("export the model's weights once where the file is trusted: "
+              "safetensors.torch.save_file(model.state_dict(), 'model.safetensors')")
 
 
 def load_pickle(path: Path):
