@@ -32,7 +32,7 @@ from .results.store import CleanConfig, run_clean
 from .weights.commands import InspectConfig, run_inspect
 from .weights.gguf import ImportConfig, run_import
 from .core.files import require
-from .graft.anatomy import LABELS as DELTA_LABELS, DeltaConfig, DeltaResult, run_delta
+from .graft.anatomy import LABELS as DELTA_LABELS, DeltaConfig, DeltaResult, precision_sentence, run_delta
 from .train.commands import run_sweep_grid, run_train_grpo, run_train_sft
 from .train.configs import GRPOConfig, SFTConfig, SweepConfig
 from .study.pipeline import StudyConfig, run_study
@@ -146,6 +146,9 @@ def inspect(cfg: InspectConfig, as_json: bool):
         info["groups"], left=("group",)))
     if info["band_rule"]:
         out.print(info["band_rule"])
+    p = info["precision"]
+    out.print(escape(f"precision: {p['dtype']}, {p['source']}"
+                     + (f"; below the precision it was trained in: {p['below_trained']}" if p["below_trained"] else "")))
     _notes(info["notes"])
 
 
@@ -201,6 +204,8 @@ def _delta_tables(d: DeltaResult, top: int, seconds: float) -> None:
                              d.tensors, lambda m: d.tensor(m, i), np.argsort(-d.tensor("share", i), kind="stable"), top))
         out.print("total " + ", ".join(f"{DELTA_LABELS[m].header} {total(m, i)}" for m in ("fro_delta", "rel_delta"))
                   + f", {total('frac_unchanged', i)} of entries bitwise unchanged (tol {d.tol:g})")
+        out.print(f"precision{f' of {escape(lab)}' if len(d.runs) > 1 else ''}: "
+                  + escape(precision_sentence(d.precision(i))))
     if len(d.runs) > 1:
         t = _table("cosine between runs' deltas (all tensors)", ("run", *map(escape, d.runs)), left=("run",))
         for i, lab in enumerate(d.runs):

@@ -45,7 +45,32 @@ from ..weights.commands import ReadOptions
 from ..weights.taxonomy import DECODER
 
 #: Per tensor and run: the sums every aggregate is built from.
-SUMS = ("sumsq_delta", "max_abs_delta", "n_unchanged", "n_within_tol", "n_nonfinite", "dot_base_delta")
+SUMS = ("sumsq_delta", "max_abs_delta", "n_unchanged", "n_within_tol", "n_nonfinite", "dot_base_delta",
+        "n_erased_bf16", "sumsq_round_bf16")
+
+#: The storage precision every delta is measured against: bfloat16, in which RL checkpoints are published and
+#: converters (verl's merger, a Trainer's ``model.safetensors``) write them. For an RL side read above it (float32
+#: master weights, an fp32 export), exactly: ``n_erased_bf16`` counts the entries that moved but whose bf16 roundings
+#: equal base's, ``sumsq_round_bf16`` is ‖bf16(W') − W'‖². For an RL side stored in bf16 (rounded already) only a
+#: bound is known: ``sumsq_round_bf16`` is Σ (u/2)² over its entries, u each value's bf16 spacing (a rounding moves
+#: a value by at most u/2; an update much smaller than u is rounded away whole, so no finer estimate holds), and the
+#: erased count is unknown (NaN).
+PROBE = "bf16"
+#: (bf16 spacing / 2)² per exponent field (subnormals share exponent 1's spacing; Inf/NaN count nothing)
+_ROUND_BOUND_BF16 = np.array([2.0 ** (2 * (max(e, 1) - 127 - 7 - 1)) if e < 255 else 0.0 for e in range(256)])
+_FLOATS = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
+
+
+def round_bf16_bits(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """float32 ``x`` rounded to bfloat16 (nearest, ties to even, as torch's ``.to(torch.bfloat16)``), as float32 bit
+    patterns in the uint32 ``out``."""
+    u = x.view(np.uint32)
+    np.right_shift(u, 16, out=out)
+    np.bitwise_and(out, 1, out=out)
+    np.add(out, 0x7FFF, out=out)
+    np.add(out, u, out=out)
+    np.bitwise_and(out, np.uint32(0xFFFF0000), out=out)
+    return out
 
 
 STATS_CHUNK = 1 << 18  # 256K entries: 1 MB of float32, cache-resident through every pass
@@ -66,7 +91,8 @@ def tensor_delta_stats(
     or torch tensors, whose codes are read off them). Every side is upcast exactly to float32 (float64
     when one is float64) before subtracting. Returns ``(sumsq_base, sums[r, SUMS], dots[r, s])`` with
     ``dots[r, s] = ⟨Δ_r, Δ_s⟩`` over finite entries; ``n_unchanged`` compares stored bits, or for a run
-    stored in another dtype the bits after the upcast (equal values).
+    stored in another dtype the bits after the upcast (equal values); ``n_erased_bf16`` and ``sumsq_round_bf16``
+    are the bf16 probe (:data:`PROBE`).
     Works through the flattened tensor in chunks, so memory stays bounded. The reductions run in numpy
     (single-threaded SIMD; torch's bool reductions are far slower on a shared CPU); dot products
     accumulate in float32 over blocks of 1024 entries and in float64 across blocks.
@@ -90,6 +116,14 @@ def tensor_delta_stats(
     b_buf, r_buf, a_buf = (np.empty(m, work) for _ in range(3))
     d_buf = np.empty((k, m), work)
     mask = np.empty(m, bool)
+    # the bf16 probe: exact where a run is stored above bf16, bounded where it is bf16
+    floats = code in _FLOATS and all(c in _FLOATS for c in rl_codes)
+    exact = [floats and c != "BF16" for c in rl_codes]
+    if floats and not all(exact):
+        sums[[r for r in range(k) if not exact[r]], 6] = np.nan
+    if any(exact):
+        bb_buf, rb_buf = np.empty(m, np.uint32), np.empty(m, np.uint32)
+        e_buf, same_round, moved = np.empty(m, np.float32), np.empty(m, bool), np.empty(m, bool)
     for i in range(0, flat_b.size, chunk):
         b_raw = flat_b[i : i + chunk]
         n = b_raw.size
@@ -100,9 +134,23 @@ def tensor_delta_stats(
             finite_b = np.where(np.isfinite(b), b, 0.0)
             sb = _dot(finite_b, finite_b)
         sumsq_base += sb
+        if any(exact):
+            b_round = round_bf16_bits(b if work is np.float32 else b.astype(np.float32), bb_buf[:n])
         for r, fr in enumerate(flat_r):
             r_raw = fr[i : i + chunk]
             r_val = _to_float(r_raw, rl_codes[r], r_buf)
+            if exact[r]:
+                r32 = r_val if work is np.float32 else r_val.astype(np.float32)
+                r_round = round_bf16_bits(r32, rb_buf[:n])
+                e = np.subtract(r_round.view(np.float32), r32, out=e_buf[:n])
+                se = _dot(e, e)
+                if not np.isfinite(se):
+                    e[~np.isfinite(e)] = 0.0
+                    se = _dot(e, e)
+                sums[r, 7] += se
+                np.equal(r_round, b_round, out=same_round[:n])
+            elif floats:  # stored in bf16: a bound on the rounding it went through
+                sums[r, 7] += float(np.bincount(np.right_shift(r_raw, 7) & 0xFF, minlength=256) @ _ROUND_BOUND_BF16)
             if rl_codes[r] != code:  # bits of the upcast values; r_buf is reused by the next run
                 sums[r, 2] += np.count_nonzero(np.equal(_bits(b), _bits(r_val), out=mask[:n]))
             d = np.subtract(r_val, b, out=d_buf[r, :n])
@@ -113,6 +161,9 @@ def tensor_delta_stats(
                 bad = int(n - np.count_nonzero(finite))
                 d[~finite] = 0.0
                 ss = _dot(d, d)
+            if exact[r]:  # moved (finite, nonzero) and equal once both sides are rounded to bf16
+                np.not_equal(d, 0, out=moved[:n])
+                sums[r, 6] += np.count_nonzero(np.logical_and(same_round[:n], moved[:n], out=moved[:n]))
             a = np.abs(d, out=a_buf[:n])
             sums[r, 0] += ss
             if n:
@@ -157,6 +208,17 @@ def summarise(
         norms = np.sqrt(np.einsum("rrn->rn", dots))
         denom = norms[:, None, :] * norms[None, :, :]
         out["cosine"] = np.where(denom > 0, dots / denom, np.nan)
+        if sums.shape[-1] < len(SUMS):  # sums without the probe's
+            return out
+        # the bf16 probe (:data:`PROBE`): of the entries that moved, the share bf16 copies of both sides would show
+        # unchanged; what such copies would show unchanged in all; and the rounding's norm against ‖Δ‖
+        moved = numel - sums[..., 2] - sums[..., 4]
+        erased = sums[..., 6]
+        out["frac_erased_bf16"] = np.where(moved > 0, erased / np.where(moved > 0, moved, 1), np.where(np.isnan(erased),
+                                                                                                     np.nan, 0.0))
+        out["frac_unchanged_bf16"] = (sums[..., 2] + erased) / numel
+        rnd = np.sqrt(sums[..., 7])
+        out["round_to_delta_bf16"] = np.where(fro > 0, rnd / np.where(fro > 0, fro, 1), np.where(rnd > 0, np.inf, 0.0))
     return out
 
 
@@ -281,6 +343,8 @@ def anatomy_arrays(s: TensorSums, places: TensorPlaces, scopes: dict[str, dict[s
         "n_unchanged": (("run", "tensor"), sums[..., 2]),
         "n_within_tol": (("run", "tensor"), sums[..., 3]),
         "dot_base_delta": (("run", "tensor"), sums[..., 5]),
+        "n_erased_bf16": (("run", "tensor"), sums[..., 6]),
+        "sumsq_round_bf16": (("run", "tensor"), sums[..., 7]),
         "dot_delta": (("run", "run2", "tensor"), s.dots),
     }
     for prefix, scope, dims in (("", "tensor", ("tensor",)), ("group_", "group", ("group",)),
@@ -435,6 +499,32 @@ LABELS: dict[str, MetricLabel] = {
 }
 
 
+#: The bf16 probe's figures (:meth:`DeltaResult.precision`) → the metric each is.
+PRECISION_METRICS = {"frac_erased": "frac_erased_bf16", "frac_unchanged_bf16": "frac_unchanged_bf16",
+                     "round_to_delta": "round_to_delta_bf16"}
+
+
+def precision_sentence(p: dict) -> str:
+    """One run's :meth:`DeltaResult.precision` in words, every figure the one stored."""
+    read = f"read as {p.get('dtype', '?')} ({p.get('source', '?')})"
+    if p.get("below_trained"):
+        read += f"; below the precision it was trained in: {p['below_trained']}"
+    if "round_to_delta" not in p:
+        return read
+    ratio = p["round_to_delta"]
+    ratio_text = "∞" if ratio is None else f"{ratio:.3g}×"
+    if p["exact"]:
+        return (f"{read}. Stored in bf16, rounding would erase {100 * p['frac_erased']:.2f}% of the moved entries "
+                f"(bf16 copies of both sides show {100 * p['frac_unchanged_bf16']:.2f}% of entries unchanged) and add "
+                f"noise of {ratio_text} ‖Δ‖_F")
+    text = (f"{read}. Its bf16 rounding may be up to {ratio_text} ‖Δ‖_F (half of each value's bf16 spacing); how "
+            "many moved entries it erased cannot be counted from bf16 values")
+    if ratio is None or ratio >= 0.1:
+        text += (": the sparsity (frac_same) and rank figures of this delta may be rounding artefacts; read the "
+                 "weights the trainer kept above bf16 to know")
+    return text
+
+
 @dataclass(frozen=True)
 class DeltaResult(View):
     """A ``delta`` result (:func:`delta_anatomy`) read by name: per run, metrics over tensors, groups, the
@@ -449,7 +539,7 @@ class DeltaResult(View):
         runs = {}
         for i, lab in enumerate(self.runs):
             group, tensor = ({m: get(m, i) for m in METRICS} for get in (self.group, self.tensor))
-            runs[lab] = {"total": {m: self.total(m, i) for m in METRICS},
+            runs[lab] = {"precision": self.precision(i), "total": {m: self.total(m, i) for m in METRICS},
                          "groups": {g: {m: float(v[j]) for m, v in group.items()} for j, g in enumerate(self.groups)},
                          "tensors": [{"name": n, "group": self.tensor_group[j], "layer": int(self.tensor_layer[j]),
                                       **{m: float(v[j]) for m, v in tensor.items()}}
@@ -539,6 +629,27 @@ class DeltaResult(View):
     def cosine_groups(self) -> dict[str, np.ndarray]:
         """group → cosine between runs' deltas over the group's tensors [run, run2]."""
         return {g: np.asarray(self.result["group_cosine"][..., j]) for j, g in enumerate(self.groups)}
+
+    def precision(self, run: int) -> dict:
+        """How precise run ``run``'s RL weights were read and how much of its movement lies below bf16 (:data:`PROBE`):
+        ``dtype``, ``source``, ``below_trained`` (:attr:`graftkit.weights.Checkpoint.precision`); ``exact`` (the RL
+        side was read above bf16, so the figures are measured, not bounded); over all tensors ``frac_erased``
+        (of the entries that moved, the share bf16 copies of both sides show unchanged; None when not exact),
+        ``frac_unchanged_bf16`` (the entries such copies show unchanged; None when not exact) and
+        ``round_to_delta`` (‖bf16 rounding of W'‖ / ‖Δ‖; not exact: its bound); and per group the same three."""
+        runs = self.result.attrs.get("runs") or []
+        read = dict((runs[run] if run < len(runs) else {}).get("precision") or {})
+        if not self.has("total_round_to_delta_bf16"):  # a result written before the probe existed
+            return read
+
+        def num(x: float):
+            return None if not np.isfinite(x) else float(x)
+
+        erased = self.total("frac_erased_bf16", run)
+        probe = {m: num(self.total(k, run)) for m, k in PRECISION_METRICS.items()}
+        groups = {g: {m: num(float(self.group(k, run)[j])) for m, k in PRECISION_METRICS.items()}
+                  for j, g in enumerate(self.groups)}
+        return {**read, "probe": PROBE, "exact": bool(np.isfinite(erased)), **probe, "groups": groups}
 
     def nonfinite(self) -> dict[str, dict[str, int]]:
         """run → {tensor: NaN/Inf delta entries}, for the runs that have any."""

@@ -359,7 +359,7 @@ def study_delta_path(results: str | os.PathLike) -> Path:
 #: Folder names that say nothing about which run they belong to: a trainer's step folders
 #: (``checkpoint-500``, TRL and transformers' Trainer; ``global_step500``, DeepSpeed) and final ones.
 _GENERIC_NAME = re.compile(r"(checkpoint|ckpt|step|global_step|epoch)[-_]?\d+|final|last|best|model|merged|"
-                           r"adapter|output|outputs|hf|huggingface", re.IGNORECASE)
+                           r"adapter|output|outputs|hf|huggingface|actor", re.IGNORECASE)
 
 
 def result_labels(paths: Iterable[str | os.PathLike]) -> list[str]:

@@ -85,6 +85,11 @@ def _pread_exact(fd: int, view: memoryview, offset: int, e: TensorEntry, name: s
         done += n
 
 
+#: Where a checkpoint of each kind that states no :attr:`Checkpoint.source` reads its values from.
+SOURCE_OF_KIND = {"hf-folder": "safetensors files", "safetensors-file": "a safetensors file",
+                  "pickle": "a pickled state dict", "lora-merged": "base + the adapter's float32 update s·B@A"}
+
+
 @dataclass(frozen=True, kw_only=True)
 class Checkpoint:
     """A set of named tensors with its folder's config and provenance, read lazily. Built by name and never
@@ -120,6 +125,22 @@ class Checkpoint:
     @property
     def names(self) -> list[str]:
         return list(self.metas)
+
+    @property
+    def precision(self) -> dict:
+        """How precise the values read are, and why: ``dtype`` (the floating dtypes read, largest share of entries
+        first, e.g. ``"float32"`` or ``"bfloat16+float32"``), ``source`` (where they come from, at that precision)
+        and ``below_trained`` (set when the checkpoint holds the weights only below the precision they were
+        trained in: why, in words)."""
+        from .safetensors_file import dtype_name
+
+        counts: dict[str, int] = {}
+        for m in self.metas.values():
+            if m.code.startswith(("F", "BF")):
+                counts[m.code] = counts.get(m.code, 0) + m.numel
+        dtype = "+".join(dtype_name(c) for c in sorted(counts, key=lambda c: -counts[c])) or "none"
+        source = self.source or f"{dtype} tensors as stored ({SOURCE_OF_KIND.get(self.kind, self.kind)})"
+        return {"dtype": dtype, "source": source, "below_trained": self.below_trained}
 
     def read(self, name: str):
         """The values of tensor ``name`` as a torch tensor (a read-only view where possible)."""

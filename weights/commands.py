@@ -64,9 +64,9 @@ def run_inspect(cfg: InspectConfig) -> dict:
                        "bytes": sum(ck.metas[n].nbytes for n in names)}
     n_dec = tax.n_layers.get(DECODER, 0)
     return {"path": str(ck.path), "kind": ck.kind, "family": tax.family, "matched_by": tax.matched_by,
-            "model_type": ck.model_type, "tied_embeddings": tax.tied, "layers": dict(tax.n_layers), "groups": rows,
+            "model_type": ck.model_type, "precision": ck.precision, "tied_embeddings": tax.tied, "layers": dict(tax.n_layers), "groups": rows,
             "band_rule": band_rule(n_dec) if n_dec else None, "unknown": list(tax.unknown),
             "checkpoints": {str(s): str(p) for s, p in run.checkpoints} if run else None,
-            "notes": list(ck.notes) + ([f"trainer output_dir {cfg.model}: checkpoints at steps "
+            "notes": list(ck.notes) + ([f"training run {cfg.model}: checkpoints at steps "
                                         f"{', '.join(map(str, run.steps))}; this is the last (delta --all-checkpoints "
                                         "takes every one)"] if run else [])}

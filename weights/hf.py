@@ -147,6 +147,10 @@ def load_model(path: Path, *, allow_pickle: bool = False, dtype=None, need_token
         return model, (_tokenizer(path if has_tok else base_dir) if need_tokenizer else None)
     src = single_file_config(path, config_dir, allow_pickle) if path.is_file() else path
     ck = open_checkpoint(path, allow_pickle=allow_pickle)  # validates files, refuses pickles
+    if path.is_dir() and ck.foreign_names:  # a trainer's own layout: built like a single file, from its config
+        src = layout_config(ck, config_dir)
+        tokenizer = _tokenizer(src) if need_tokenizer else None
+        return _from_single_file(AutoModelForCausalLM, ck, src, dtype, "a causal LM"), tokenizer
     if path.is_dir() and ck.config is None:
         raise GraftkitError(f"{path}: a policy needs an HF model folder with config.json", "point at the model folder")
     tokenizer = _tokenizer(src) if need_tokenizer else None
@@ -206,6 +210,20 @@ def single_file_config(path: Path, config_dir: Path | None, allow_pickle: bool =
     if not (config_dir / "config.json").is_file():
         raise GraftkitError(f"--config {config_dir}: no config.json there", "point at the HF model folder")
     return config_dir
+
+
+def layout_config(ck, config_dir: Path | None) -> Path:
+    """The HF folder a model read from a trainer's own layout (:mod:`.trainers`) is built from: ``config_dir``
+    (``--config``), else the config.json found with the layout (its folder or a parent, verl's ``huggingface/``)."""
+    from ..core.errors import GraftkitError
+
+    if config_dir is not None:
+        return single_file_config(ck.path, config_dir)
+    if ck.config_from is None:
+        raise GraftkitError(f"{ck.path}: this {ck.kind} checkpoint has no config.json in its folder or the folders "
+                            "above it, so a policy cannot be built from it alone",
+                            "pass --config with the HF folder of its config.json and tokenizer (e.g. the SFT folder)")
+    return Path(ck.config_from)
 
 
 def _tokenizer(folder: Path):

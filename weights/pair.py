@@ -467,13 +467,14 @@ def _fingerprinted_files(ckpt: Checkpoint) -> list[Path]:
 
 
 def _description(ckpt: Checkpoint, fingerprint_value: str) -> dict:
-    desc = {"path": str(Path(ckpt.path).resolve()), "kind": ckpt.kind, "fingerprint": fingerprint_value}
+    desc = {"path": str(Path(ckpt.path).resolve()), "kind": ckpt.kind, "fingerprint": fingerprint_value,
+            "precision": ckpt.precision}
     return {**desc, "notes": list(ckpt.notes)} if ckpt.notes else desc
 
 
 def describe(ckpt: Checkpoint) -> dict:
-    """Path, kind and content fingerprint (``"blake3:<hex>"``, :mod:`.fingerprint`) of a checkpoint, for
-    provenance records."""
+    """Path, kind, content fingerprint (``"blake3:<hex>"``, :mod:`.fingerprint`) and precision (dtype read, source,
+    :attr:`Checkpoint.precision`) of a checkpoint, for provenance records."""
     return _description(ckpt, fingerprint(_fingerprinted_files(ckpt)))
 
 

@@ -1,4 +1,5 @@
-"""Training runs as inputs: the ``output_dir`` of a TRL or transformers ``Trainer`` run.
+"""Training runs as inputs: the ``output_dir`` of a TRL or transformers ``Trainer`` run, a DeepSpeed engine's save
+folder, a verl run's ``checkpoints/<project>/<experiment>/`` and a torchtitan checkpoint folder.
 
 A Trainer saves ``output_dir/checkpoint-N/`` every ``save_steps``: the weights (``model*.safetensors``,
 or ``adapter_model.safetensors`` + ``adapter_config.json`` with PEFT), ``config.json``, the tokenizer,
@@ -23,19 +24,26 @@ import numpy as np
 
 from ..core.errors import GraftkitError
 
-#: A Trainer's step folder (``save_steps``); DeepSpeed's ``global_stepN`` sits inside one, not beside it.
-CHECKPOINT_DIR = re.compile(r"checkpoint-(\d+)\Z")
+#: A run's step folder: a Trainer's ``checkpoint-N`` (``save_steps``), DeepSpeed's ``global_stepN`` (a raw engine's
+#: save dir; under a Trainer it sits inside ``checkpoint-N``), verl's ``global_step_N``, torchtitan's ``step-N``.
+CHECKPOINT_DIR = re.compile(r"(?:checkpoint-|global_step_?|step-)(\d+)\Z")
 #: Files that make a folder a checkpoint (full weights, sharded or not, or a PEFT adapter).
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors",
             "pytorch_model.bin", "pytorch_model.bin.index.json", "adapter_model.bin")
 STATE = "trainer_state.json"
 
 
+def _hf_weights(folder: Path) -> bool:
+    return any((folder / f).is_file() for f in _WEIGHTS) or any(folder.glob("model-*-of-*.safetensors"))
+
+
 def holds_weights(folder: Path) -> bool:
-    """True when ``folder`` holds a model's or an adapter's weights itself."""
+    """True when ``folder`` holds a model's or an adapter's weights: HF files, or a trainer's own layout
+    (:func:`.trainers.recognise`: a DCP folder, a DeepSpeed tag, a verl actor) in it or at its ``latest`` tag."""
+    from .trainers import recognise
+
     folder = Path(folder)
-    return folder.is_dir() and (any((folder / f).is_file() for f in _WEIGHTS)
-                                or any(folder.glob("model-*-of-*.safetensors")))
+    return folder.is_dir() and (_hf_weights(folder) or recognise(folder) is not None)
 
 
 @dataclass(frozen=True)
@@ -60,16 +68,29 @@ class TrainerRun:
 
 
 def checkpoint_step(path: Path) -> int | None:
-    """N of a ``checkpoint-N`` folder, else None."""
+    """N of a step folder (``checkpoint-N``, ``global_stepN``, ``global_step_N``, ``step-N``), else None."""
     m = CHECKPOINT_DIR.match(Path(path).name)
     return int(m[1]) if m else None
 
 
+def _is_checkpoint(path: Path) -> bool:
+    """``path`` is one checkpoint, not a run of them: a step folder, HF weights, or a trainer layout whose weights lie
+    in it (not in one of its step folders, as a DeepSpeed save dir's or a verl run's ``latest`` points)."""
+    from .trainers import recognise
+
+    if checkpoint_step(path) is not None or _hf_weights(path):
+        return True
+    layout = recognise(path)
+    return layout is not None and checkpoint_step(layout.folder if layout.folder.name != "actor"
+                                                  else layout.folder.parent) is None
+
+
 def trainer_run(path: Path) -> TrainerRun | None:
-    """The Trainer run whose ``output_dir`` is ``path`` (a folder holding no weights itself but
-    ``checkpoint-N`` folders that do), else None."""
+    """The training run whose output folder is ``path``: a folder that is no checkpoint itself but holds step
+    folders that are (a Trainer's ``checkpoint-N``, a DeepSpeed engine's ``global_stepN``, verl's
+    ``global_step_N``, torchtitan's ``step-N``), else None."""
     path = Path(path)
-    if not path.is_dir() or holds_weights(path):
+    if not path.is_dir() or _is_checkpoint(path):
         return None
     found = sorted((checkpoint_step(p), p) for p in path.iterdir() if checkpoint_step(p) is not None and holds_weights(p))
     if not found:

@@ -47,8 +47,8 @@ class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         import torch
 
-        allowed = (
-            (module in _METADATA_MODULES and not name.startswith("__"))
+        allowed = "." not in name and (
+            (module in _METADATA_MODULES and not name.startswith("__") and self._own_class(module, name))
             or (module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None),
                                                                   (torch.dtype, torch.layout, torch.memory_format))))
             or (module == "torch.serialization" and name == "_get_layout")
@@ -59,6 +59,14 @@ class _MetadataUnpickler(pickle.Unpickler):
             raise GraftkitError(f"{self.path}: the metadata holds {module}.{name}, which is no class of DCP's metadata",
                                 f"check the folder was written by torch.distributed.checkpoint, or convert it: {CONVERT}")
         return super().find_class(module, name)
+
+    @staticmethod
+    def _own_class(module: str, name: str) -> bool:
+        """A class (dataclass or enum) defined in ``module`` itself: not a function, not a module it imports."""
+        import importlib
+
+        obj = getattr(importlib.import_module(module), name, None)
+        return isinstance(obj, type) and obj.__module__ == module
 
 
 def read_metadata(folder: Path):
@@ -103,7 +111,7 @@ def model_entries(folder: Path) -> tuple[dict[str, _Entry], list[str]]:
     md = read_metadata(folder)
     storage = {}
     for idx, info in (md.storage_data or {}).items():
-        storage[(idx.fqn, tuple(idx.offset))] = info
+        storage[(idx.fqn, tuple(idx.offset) if idx.offset is not None else None)] = info  # byte items: no offset
     planner = getattr(md, "planner_data", None)
     out: dict[str, _Entry] = {}
     skipped: dict[str, None] = {}

@@ -247,6 +247,16 @@ def _module_states(lay: _Layout, ms: dict) -> None:
         lay.shapes[name] = (t.dtype, tuple(t.shape))
 
 
+def _stage_of(osd) -> int | None:
+    """The ZeRO stage an optimizer state dict records; DeepSpeed's bf16 optimizer (ZeRO-1 under bf16) records none
+    but keeps ZeRO-1's flat fp32 partitions (its parameters contiguous, the group padded at its end)."""
+    if not isinstance(osd, dict):
+        return None
+    if "zero_stage" in osd:
+        return int(osd["zero_stage"])
+    return 1 if "single_partition_of_fp32_groups" in osd else None
+
+
 def layout(folder: Path) -> _Layout:
     """Where every tensor of the tag in ``folder`` lies, and how it will be read."""
     models = sorted(folder.glob(MODEL_STATES), key=_natural)
@@ -257,8 +267,8 @@ def layout(folder: Path) -> _Layout:
         raise GraftkitError(f"{models[0]}: no 'module' state dict, so not DeepSpeed model states",
                             f"point at the global_stepN folder DeepSpeed wrote, or convert it: {CONVERT}")
     optim = [load(f) for f in optims]
-    zero = [o for o in optim if isinstance(o, dict) and "zero_stage" in (o.get("optimizer_state_dict") or {})]
-    stage = int(zero[0]["optimizer_state_dict"]["zero_stage"]) if zero and len(zero) == len(optim) else None
+    zero = [o for o in optim if isinstance(o, dict) and _stage_of(o.get("optimizer_state_dict")) is not None]
+    stage = _stage_of(zero[0]["optimizer_state_dict"]) if zero and len(zero) == len(optim) else None
     world = 1
     if stage is not None:
         count = zero[0]["optimizer_state_dict"].get("partition_count", len(optim))
@@ -273,7 +283,8 @@ def layout(folder: Path) -> _Layout:
         _frozen(lay, states)
         (_master_stage3 if stage == 3 else _master_stage12)(lay, ms, optim)
         _shared(lay, ms)
-        kind = "bf16 optimizer" if any(f.name.startswith("bf16_") for f in optims) else f"ZeRO-{stage}"
+        recorded = all("zero_stage" in o["optimizer_state_dict"] for o in optim)
+        kind = f"ZeRO-{stage}" if recorded else "ZeRO-1 bf16"
         lay.notes.append(f"fp32 master weights from {kind} optimizer partitions ({world} rank"
                          f"{'s' if world > 1 else ''}; the {lay.dtype} module states are not read)")
     else:

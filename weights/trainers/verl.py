@@ -16,6 +16,7 @@ optimizer and extra-state files are never opened.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -69,12 +70,18 @@ def _safe_globals():
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
     from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 
-    return [DTensor, DTensorSpec, TensorMeta, DeviceMesh, Shard, Replicate, Partial, torch.Size]
+    import torch.distributed.tensor._dtensor_spec as spec
+
+    extra = [getattr(spec, "ShardOrderEntry")] if hasattr(spec, "ShardOrderEntry") else []  # newer torch pickles it
+    return [DTensor, DTensorSpec, TensorMeta, DeviceMesh, Shard, Replicate, Partial, torch.Size, *extra]
 
 
 def _load(file: Path):
     import torch
 
+    mesh_log = logging.getLogger("torch.distributed.device_mesh")  # warns that no process group exists: none is needed
+    level = mesh_log.level
+    mesh_log.setLevel(logging.ERROR)
     try:
         with torch.serialization.safe_globals(_safe_globals()):
             return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
@@ -82,6 +89,8 @@ def _load(file: Path):
         first = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
         raise GraftkitError(f"{file}: cannot load with torch.load(weights_only=True) and DTensor's classes "
                             f"({first[:300]})", f"convert it with verl: {CONVERT}") from None
+    finally:
+        mesh_log.setLevel(level)
 
 
 @lru_cache(maxsize=4)
