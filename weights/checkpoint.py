@@ -503,6 +503,21 @@ def match_names(ck: Checkpoint, reference: Checkpoint | None = None, *, unknown:
 _HEAD = re.compile(r"(^|\.)(lm_head|output|embed_out)\.weight$")
 
 
+def drop_tied_head(ck: Checkpoint, other: Checkpoint) -> Checkpoint:
+    """``ck`` without the output head it stores beside the embedding it is tied to (its config ties them and the
+    values are equal, as a Trainer's gathered 16-bit ``model.safetensors`` stores them) when ``other`` has no such
+    tensor; ``ck`` itself otherwise."""
+    heads = [n for n in ck.metas if _HEAD.search(n) and n not in other.metas]
+    if not heads or not _tied(ck.config):
+        return ck
+    dropped = _tied_copies(ck, [n for n in ck.metas if n not in heads], heads, ck.config)
+    if not dropped:
+        return ck
+    keep = {n: m for n, m in ck.metas.items() if n not in dropped}
+    return dataclasses.replace(ck, metas=keep, raw={n: e for n, e in ck.raw.items() if n in keep}, notes=(
+        *ck.notes, f"{ck.path.name}: {', '.join(dropped)} left out (the same values as the tied embedding)"))
+
+
 def _tied(config: dict | None) -> bool:
     cfg = config or {}
     return any(bool(c.get("tie_word_embeddings")) for c in (cfg, cfg.get("text_config") or {}))
@@ -531,4 +546,4 @@ def _tied_copies(ck: Checkpoint, kept: list[str], candidates: list[str], config:
     return out
 
 
-__all__ = ["Checkpoint", "TensorMeta", "match_names", "open_checkpoint", "tensor_bits", "PROVENANCE", "NUMPY"]
+__all__ = ["Checkpoint", "TensorMeta", "drop_tied_head", "match_names", "open_checkpoint", "tensor_bits", "PROVENANCE", "NUMPY"]

@@ -30,7 +30,7 @@ from typing import Callable
 import numpy as np
 
 from ..core.errors import GraftkitError
-from .checkpoint import Checkpoint, TensorMeta, match_names, open_checkpoint
+from .checkpoint import Checkpoint, TensorMeta, drop_tied_head, match_names, open_checkpoint
 from .fingerprint import fingerprint, fingerprint_later
 from .lora import apply_lora, is_lora_folder
 from .safetensors_file import dtype_name, torch_dtype
@@ -62,7 +62,8 @@ def open_pair(base_path: Path, rl_paths, *, allow_pickle: bool = False, unknown:
     ref = ref or base  # all sides single files: the RL sides take the base's (taxonomy-matched) names
     rls = [apply_lora(base, Path(p), base_flag) if c is None else match_names(c, ref, unknown=unknown, config_dir=config)
            for p, c in zip(rl_paths, full)]
-    return base, rls
+    rls = [drop_tied_head(r, base) for r in rls]
+    return (drop_tied_head(base, rls[0]) if rls else base), rls
 
 
 def notes(*ckpts: Checkpoint) -> list[str]:
