@@ -358,6 +358,20 @@ def test_a_runs_step_folders_are_its_trajectory(run, steps, label, cli):
     assert all(j["runs"][label.format(s)]["precision"]["exact"] for s in steps)
 
 
+def test_accelerates_deepspeed_save_state_layout(tmp_path):
+    """accelerate's save_state under DeepSpeed: ``checkpoint_N/pytorch_model/`` (the engine's tag) and ``latest``
+    naming it; a project folder of ``checkpoint_N`` is a run."""
+    for step in (2, 4):
+        ckpt = tmp_path / "checkpoints" / f"checkpoint_{step // 2 - 1}"
+        shutil.copytree(FIX / f"deepspeed/engine-zero3-bf16/global_step{step}", ckpt / "pytorch_model")
+        (ckpt / "latest").write_text("pytorch_model")
+    paths = checkpoints_of(tmp_path / "checkpoints", all_checkpoints=True)
+    assert [p.name for p in paths] == ["checkpoint_0", "checkpoint_1"]
+    for p, step in zip(paths, (2, 4)):
+        ck = open_checkpoint(p, allow_pickle=True)
+        assert all(torch.equal(ck.read(n), t) for n, t in _ds_ref("engine-zero3-bf16", step).items())
+
+
 def test_the_trajectory_reads_each_step_as_its_reference(refs):
     """Step 2 of a run is the step-2 reference, not the latest one."""
     paths = checkpoints_of(FIX / "deepspeed/engine-zero3-bf16", all_checkpoints=True)

@@ -125,8 +125,10 @@ def dtype_notes(base: Checkpoint, rl: Checkpoint, dtypes: str) -> tuple[str, ...
         else:
             how = (f"exactly (every {rn} value is a {bn} value)" if r in EXACT_INTO.get(b, ())
                    else f"rounded to the nearest {bn} value")
+            below = ("; graftkit delta says how much of the movement rounding to bf16 erases (its precision line)"
+                     if b == "BF16" and r not in EXACT_INTO.get(b, ()) else "")
             out.append(f"RL {rn} cast to base {bn} ({scope}), {how}: the graft keeps base's dtype, and "
-                       f"graft(all groups) == RL cast to {bn}")
+                       f"graft(all groups) == RL cast to {bn}{below}")
     return tuple(out)
 
 

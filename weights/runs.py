@@ -24,9 +24,10 @@ import numpy as np
 
 from ..core.errors import GraftkitError
 
-#: A run's step folder: a Trainer's ``checkpoint-N`` (``save_steps``), DeepSpeed's ``global_stepN`` (a raw engine's
-#: save dir; under a Trainer it sits inside ``checkpoint-N``), verl's ``global_step_N``, torchtitan's ``step-N``.
-CHECKPOINT_DIR = re.compile(r"(?:checkpoint-|global_step_?|step-)(\d+)\Z")
+#: A run's step folder: a Trainer's ``checkpoint-N`` (``save_steps``), accelerate's ``checkpoint_N`` (``save_state``
+#: with automatic naming), DeepSpeed's ``global_stepN`` (a raw engine's or OpenRLHF's save dir; under a Trainer it
+#: sits inside ``checkpoint-N``), verl's ``global_step_N``, torchtitan's ``step-N``.
+CHECKPOINT_DIR = re.compile(r"(?:checkpoint[-_]|global_step_?|step-)(\d+)\Z")
 #: Files that make a folder a checkpoint (full weights, sharded or not, or a PEFT adapter).
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors",
             "pytorch_model.bin", "pytorch_model.bin.index.json", "adapter_model.bin")
