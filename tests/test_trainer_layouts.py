@@ -100,9 +100,8 @@ LAYOUTS = {
                          lambda: load_file(FIX / "verl/reference/fsdp2/global_step_4.safetensors"),
                          "verl's FSDP2 actor (2 ranks)", "float32"),
 }
-#: one of each family and writer, for the commands that run a whole pass (graft, delta, rank, eval)
-COMMANDS_ON = ("torchtitan-run", "accelerate-fsdp1", "trainer-zero3-run", "engine-zero3-3-ranks", "engine-zero1-bf16",
-               "verl-fsdp1-run", "verl-fsdp2-actor")
+#: every fp32 layout, for the commands that run a whole pass (graft, delta, rank, eval)
+COMMANDS_ON = tuple(k for k in LAYOUTS if LAYOUTS[k][3] == "float32")
 
 
 def _path(layout: str) -> Path:
@@ -312,20 +311,23 @@ def test_inspect_states_each_family_and_its_precision(cli):
     assert "precision: float32, fp32 master weights from ZeRO-3 optimizer partitions (2 ranks;" in line
 
 
-def test_eval_builds_the_policy_from_the_layout_with_its_own_config(refs):
+@pytest.mark.parametrize("layout", COMMANDS_ON)
+def test_eval_builds_the_policy_from_the_layout_with_its_own_config(layout, refs):
+    """A policy from a layout holds the trainer's fp32 weights; its config and tokenizer are the layout's own (a
+    Trainer's checkpoint-N, verl's huggingface/), or --config where it has none (DCP folders, a raw engine's)."""
+    from graftkit.core.errors import GraftkitError
     from graftkit.weights.hf import load_model
 
-    for layout in ("trainer-zero3-run", "verl-fsdp1-run"):
-        (path,) = checkpoints_of(_path(layout))
-        model, tok = load_model(path, allow_pickle=True)
-        sd, want = model.state_dict(), refs(layout)
-        assert tok is not None and set(want) <= set(sd)
-        assert all(torch.equal(sd[n], t) for n, t in want.items())
-    with pytest.raises(Exception, match="pass --config"):
-        load_model(FIX / "dcp/accelerate-fsdp1/checkpoint-4", allow_pickle=True)
-    model, _ = load_model(FIX / "dcp/accelerate-fsdp1/checkpoint-4", allow_pickle=True, config_dir=BASE)
-    want = {_hf_name(n): t for n, t in refs("accelerate-fsdp1").items()}
-    assert all(torch.equal(model.state_dict()[n], t) for n, t in want.items())
+    (path,) = checkpoints_of(_path(layout))
+    config = None
+    if open_checkpoint(path, allow_pickle=True).config_from is None:
+        with pytest.raises(GraftkitError, match="pass --config"):
+            load_model(path, allow_pickle=True)
+        config = BASE
+    model, tok = load_model(path, allow_pickle=True, config_dir=config)
+    sd, want = model.state_dict(), {_hf_name(n): t for n, t in refs(layout).items()}
+    assert tok is not None and set(want) <= set(sd)
+    assert all(torch.equal(sd[n], t) for n, t in want.items())
 
 
 @pytest.mark.slow
