@@ -29,10 +29,12 @@ from __future__ import annotations
 import enum
 import math
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...core.errors import GraftkitError
+from .common import load_error_cause
 
 CONVERT = "python CHECKPOINT_DIR/zero_to_fp32.py CHECKPOINT_DIR OUT_DIR --safe_serialization (DeepSpeed saves it there)"
 MODEL_STATES = "*_model_states.pt"
@@ -90,16 +92,19 @@ def describe(path: Path, folder: Path) -> str:
     return f"{folder.name}/" if folder == Path(path) else f"{Path(path).name}/, tag {folder.name} in its latest file"
 
 
+_LOAD_LOCK = threading.Lock()
+
+
 def load(file: Path):
     """``torch.load(file, weights_only=True, mmap=True)`` with DeepSpeed's globals as :data:`STAND_INS`."""
     import torch
 
     allowed = [(cls, name) for name, cls in STAND_INS.items()]
     try:
-        with torch.serialization.safe_globals(allowed):
+        with _LOAD_LOCK, torch.serialization.safe_globals(allowed):  # process-wide: one load at a time
             return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # torch raises UnpicklingError, RuntimeError, … for a refused global or a broken file
-        first = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        first = load_error_cause(exc)
         raise GraftkitError(f"{file}: cannot load with torch.load(weights_only=True) and DeepSpeed's known classes "
                             f"({first[:300]})", f"convert it with DeepSpeed: {CONVERT}") from None
 
