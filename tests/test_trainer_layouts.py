@@ -272,7 +272,7 @@ def test_a_graft_of_each_layout_equals_the_fp32_splice(layout, cli, ref_folders)
 
 
 @pytest.mark.parametrize("layout", COMMANDS_ON)
-def test_delta_and_rank_of_each_layout_equal_those_of_its_fp32_weights(layout, cli, ref_folders):
+def test_inspect_delta_and_rank_of_each_layout_equal_those_of_its_fp32_weights(layout, cli, ref_folders):
     def delta(rl, save, *flags):
         j = _ok(cli("delta", "--from", rl, "--base", BASE, "--save", save, "--json", *flags))
         return j, read_result(save)
@@ -284,6 +284,10 @@ def test_delta_and_rank_of_each_layout_equal_those_of_its_fp32_weights(layout, c
         assert (g.tobytes() == w.tobytes()) if w.dtype.kind in "fiub" else g.tolist() == w.tolist(), name
     (run,) = j["runs"].values()
     assert run["precision"]["exact"] and LAYOUTS[layout][2] in run["precision"]["source"]
+    info = _ok(cli("inspect", _path(layout), "--allow-pickle", "--config", BASE, "--json"))
+    want_params = sum(t.numel() for n, t in load_file(ref_folders(layout) / "model.safetensors").items())
+    assert sum(g["params"] for g in info["groups"].values()) == want_params and info["tied_embeddings"]
+    assert LAYOUTS[layout][2] in info["precision"]["source"]
     r = _ok(cli("rank", "--what", "delta", "--model", _path(layout), "--vs", BASE, "--allow-pickle", "--json",
                 "--save", cli.tmp / "rank.h5"))
     w = _ok(cli("rank", "--what", "delta", "--model", ref_folders(layout), "--vs", BASE, "--json",
