@@ -251,6 +251,22 @@ def test_only_files_that_hold_weights_are_opened(monkeypatch):
     assert chunks and not any(c.startswith(("optimizer", "train_state", "lr_scheduler")) for c in chunks)
 
 
+@pytest.mark.parametrize("layout, module", [("verl-fsdp2-actor", "verl"), ("engine-zero3-3-ranks", "deepspeed")])
+def test_files_mapped_anew_while_two_threads_read_give_the_same_values(layout, module, refs, monkeypatch):
+    """A delta reads on two threads; the readers re-map their files after every MAPPED_BUDGET bytes (here after
+    every tensor), and a load under torch's process-wide safe_globals must never see another thread's end."""
+    from concurrent.futures import ThreadPoolExecutor
+    from importlib import import_module
+
+    monkeypatch.setattr(import_module(f"graftkit.weights.trainers.{module}"), "MAPPED_BUDGET", 1)
+    (path,) = checkpoints_of(_path(layout))
+    ck, want = open_checkpoint(path, allow_pickle=True), refs(layout)
+    names = list(want) * 6
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(ck.read, names))
+    assert all(torch.equal(g, want[n]) for g, n in zip(got, names))
+
+
 # ------------------------------------------------------------------------------------------ commands
 
 

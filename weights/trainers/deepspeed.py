@@ -93,6 +93,9 @@ def describe(path: Path, folder: Path) -> str:
 
 
 _LOAD_LOCK = threading.Lock()
+#: Bytes read from the memory-mapped files of one tag before they are mapped anew: the pages a read touched stay in
+#: the process's resident set while a file is mapped (clean file pages, but counted).
+MAPPED_BUDGET = 1 << 30
 
 
 def load(file: Path):
@@ -307,13 +310,26 @@ def open_deepspeed(found, path: Path):
 
     lay = layout(found.folder)
     metas = {n: TensorMeta(n, code_of(dt), shape) for n, (dt, shape) in lay.shapes.items()}
+    mapped = {"layout": lay, "read": 0}
+
+    def read(name: str):
+        t = mapped["layout"].read[name]()
+        with _LOAD_LOCK:
+            mapped["read"] += t.numel() * t.element_size()
+            renew = mapped["read"] > MAPPED_BUDGET
+            if renew:
+                mapped["read"] = 0
+        if renew:  # a reader still holding the old layout keeps its maps until it is done
+            mapped["layout"] = layout(found.folder)
+        return t
+
     config, config_from = config_near(found.folder)
     below = None
     if lay.stage is None and lay.dtype != "fp32":
         below = (f"{lay.dtype} module states: DeepSpeed trained fp32 master weights, and this checkpoint holds none "
                  "(no optimizer files)")
     files = tuple(sorted(found.folder.glob("*_states.pt"), key=_natural))
-    return Checkpoint(path=Path(path), kind="deepspeed", metas=metas, reader=lambda n: lay.read[n](),
+    return Checkpoint(path=Path(path), kind="deepspeed", metas=metas, reader=read,
                       config=config, config_from=config_from, weight_files=files,
                       notes=(f"{Path(path).name}: {found.name}: {lay.notes[0]}",), foreign_names=True,
                       source=lay.notes[0], below_trained=below)

@@ -181,10 +181,11 @@ _read_since: dict[Path, int] = {}
 
 def _read(actor: Path, name: str):
     t = join(name, [s[name] for s in _ranks(actor)[1]], actor)
-    _read_since[actor] = _read_since.get(actor, 0) + t.numel() * t.element_size()
-    if _read_since[actor] > MAPPED_BUDGET:
-        _read_since.clear()
-        _ranks.cache_clear()
+    with _LOAD_LOCK:
+        _read_since[actor] = _read_since.get(actor, 0) + t.numel() * t.element_size()
+        if _read_since[actor] > MAPPED_BUDGET:  # a reader still holding the old maps keeps them until it is done
+            _read_since.clear()
+            _ranks.cache_clear()
     return t
 
 
