@@ -17,6 +17,7 @@ each chunk is one ``torch.save`` blob at an offset (``filesystem._write_item``).
 from __future__ import annotations
 
 import io
+import os
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,25 +137,56 @@ def model_entries(folder: Path) -> tuple[dict[str, _Entry], list[str]]:
     return out, list(skipped)
 
 
+class _FileView(io.RawIOBase):
+    """Bytes ``[start, start + length)`` of an open file as a file of their own, so that ``torch.load`` reads a
+    chunk's blob straight from the ``.distcp`` file (no copy of the blob in memory beside the tensor)."""
+
+    def __init__(self, f, start: int, length: int):
+        super().__init__()
+        self.f, self.start, self.length, self.pos = f, start, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self.pos = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.length}[whence] + offset
+        return self.pos
+
+    def readinto(self, b) -> int:
+        n = max(0, min(len(b), self.length - self.pos))
+        if n == 0:
+            return 0
+        self.f.seek(self.start + self.pos)
+        got = self.f.readinto(memoryview(b).cast("B")[:n])
+        self.pos += got
+        return got
+
+
 def _load_chunk(folder: Path, info, fqn: str):
     import torch
 
     path = folder / info.relative_path
     try:
-        with open(path, "rb") as f:
-            f.seek(info.offset)
-            blob = f.read(info.length)
+        f = open(path, "rb")
     except OSError as exc:
         raise GraftkitError(f"{path}: cannot read tensor {fqn} ({exc.strerror or exc})",
                             "check that every .distcp file of the checkpoint is present") from None
-    if len(blob) != info.length:
-        raise GraftkitError(f"{path}: ends before tensor {fqn}'s bytes ({len(blob):,} of {info.length:,})",
-                            "the checkpoint is incomplete: copy or save it again")
-    try:
-        return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
-    except Exception as exc:  # a damaged blob: torch raises several types
-        raise GraftkitError(f"{path}: tensor {fqn} cannot be loaded with torch.load(weights_only=True) "
-                            f"({type(exc).__name__})", "the checkpoint is damaged: save it again") from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        if size < info.offset + info.length:
+            raise GraftkitError(f"{path}: ends before tensor {fqn}'s bytes ({max(0, size - info.offset):,} of "
+                                f"{info.length:,})", "the checkpoint is incomplete: copy or save it again")
+        try:
+            return torch.load(_FileView(f, info.offset, info.length), map_location="cpu", weights_only=True)
+        except Exception as exc:  # a damaged blob: torch raises several types
+            raise GraftkitError(f"{path}: tensor {fqn} cannot be loaded with torch.load(weights_only=True) "
+                                f"({type(exc).__name__})", "the checkpoint is damaged: save it again") from None
 
 
 def read_entry(folder: Path, fqn: str, e: _Entry):
