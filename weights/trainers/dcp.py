@@ -7,8 +7,8 @@ each chunk is one ``torch.save`` blob at an offset (``filesystem._write_item``).
 
 - the metadata through an unpickler that admits only DCP's own metadata classes, ``torch.Size`` and dtypes (where
   torch's own ``FileSystemReader`` calls a bare ``pickle.load``);
-- a tensor's chunks each through ``torch.load(weights_only=True)`` (as torch's reader does) into the tensor's global
-  shape: memory is that tensor and one chunk's bytes, never the model;
+- a tensor's chunks each through ``torch.load(weights_only=True)`` (as torch's reader does) on a view of its bytes in
+  the ``.distcp`` file, into the tensor's global shape: memory is that tensor and one chunk, never the model;
 - only the model's keys: what a trainer saves beside them (``optimizer.*``, ``train_state``, ``lr_scheduler``,
   ``dataloader``, byte items) is skipped unread. Names are the trainer's (accelerate's ``model.`` container,
   torchtitan's flattened keys): :func:`..checkpoint.match_names` maps them onto the other side's.
