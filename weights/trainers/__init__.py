@@ -16,7 +16,6 @@ with ``torch.load(weights_only=True)`` (DCP's metadata with an unpickler that ad
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,10 +73,6 @@ def recognise(path: Path) -> Layout | None:
     return None
 
 
-def holds_layout(path: Path) -> bool:
-    return recognise(path) is not None
-
-
 def refuse_pickle(layout: Layout) -> GraftkitError:
     return GraftkitError(f"{layout.folder}: {layout.name} is stored as pickles, refused by default (loading a pickle "
                          "can run code)", "pass --allow-pickle to read it with torch.load(weights_only=True) and the "
@@ -133,6 +128,4 @@ def _open_dcp(layout: Layout, path: Path):
                       foreign_names=True, source=source)
 
 
-STEP_DIR = re.compile(r"(?:checkpoint-|global_step_?|step-)(\d+)\Z")
-
-__all__ = ["Layout", "STEP_DIR", "config_near", "holds_layout", "open_layout", "recognise", "refuse_pickle"]
+__all__ = ["Layout", "config_near", "open_layout", "recognise", "refuse_pickle"]

@@ -29,7 +29,6 @@ CONVERT = ("python -m verl.model_merger merge --backend fsdp --local_dir STEP/ac
            "(it writes bf16: the fp32 shards are read here directly)")
 RANK_FILE = re.compile(r"model_world_size_(\d+)_rank_(\d+)\.pt\Z")
 LATEST = "latest_checkpointed_iteration.txt"
-STEP_DIR = re.compile(r"global_step_(\d+)\Z")
 
 
 def _rank_files(folder: Path) -> dict[int, Path]:
@@ -225,4 +224,4 @@ def open_verl(found, path: Path):
                       notes=(f"{Path(path).name}: {found.name}: {source}",), foreign_names=True, source=source)
 
 
-__all__ = ["CONVERT", "LATEST", "STEP_DIR", "join", "open_verl", "recognise"]
+__all__ = ["CONVERT", "LATEST", "join", "open_verl", "recognise"]
