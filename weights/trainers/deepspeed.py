@@ -29,12 +29,11 @@ from __future__ import annotations
 import enum
 import math
 import re
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...core.errors import GraftkitError
-from .common import load_error_cause
+from .common import Remapped, load_mapped
 
 CONVERT = "python CHECKPOINT_DIR/zero_to_fp32.py CHECKPOINT_DIR OUT_DIR --safe_serialization (DeepSpeed saves it there)"
 MODEL_STATES = "*_model_states.pt"
@@ -92,24 +91,10 @@ def describe(path: Path, folder: Path) -> str:
     return f"{folder.name}/" if folder == Path(path) else f"{Path(path).name}/, tag {folder.name} in its latest file"
 
 
-_LOAD_LOCK = threading.Lock()
-#: Bytes read from the memory-mapped files of one tag before they are mapped anew: the pages a read touched stay in
-#: the process's resident set while a file is mapped (clean file pages, but counted).
-MAPPED_BUDGET = 1 << 30
-
-
 def load(file: Path):
     """``torch.load(file, weights_only=True, mmap=True)`` with DeepSpeed's globals as :data:`STAND_INS`."""
-    import torch
-
-    allowed = [(cls, name) for name, cls in STAND_INS.items()]
-    try:
-        with _LOAD_LOCK, torch.serialization.safe_globals(allowed):  # process-wide: one load at a time
-            return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as exc:  # torch raises UnpicklingError, RuntimeError, … for a refused global or a broken file
-        first = load_error_cause(exc)
-        raise GraftkitError(f"{file}: cannot load with torch.load(weights_only=True) and DeepSpeed's known classes "
-                            f"({first[:300]})", f"convert it with DeepSpeed: {CONVERT}") from None
+    return load_mapped(file, [(cls, name) for name, cls in STAND_INS.items()], "DeepSpeed's known classes",
+                       f"convert it with DeepSpeed: {CONVERT}")
 
 
 @dataclass
@@ -310,27 +295,15 @@ def open_deepspeed(found, path: Path):
 
     lay = layout(found.folder)
     metas = {n: TensorMeta(n, code_of(dt), shape) for n, (dt, shape) in lay.shapes.items()}
-    mapped = {"layout": lay, "read": 0}
-
-    def read(name: str):
-        t = mapped["layout"].read[name]()
-        with _LOAD_LOCK:
-            mapped["read"] += t.numel() * t.element_size()
-            renew = mapped["read"] > MAPPED_BUDGET
-            if renew:
-                mapped["read"] = 0
-        if renew:  # a reader still holding the old layout keeps its maps until it is done
-            mapped["layout"] = layout(found.folder)
-        return t
-
+    mapped = Remapped(lambda: layout(found.folder), lay)
     config, config_from = config_near(found.folder)
     below = None
     if lay.stage is None and lay.dtype != "fp32":
         below = (f"{lay.dtype} module states: DeepSpeed trained fp32 master weights, and this checkpoint holds none "
                  "(no optimizer files)")
     files = tuple(sorted(found.folder.glob("*_states.pt"), key=_natural))
-    return Checkpoint(path=Path(path), kind="deepspeed", metas=metas, reader=read,
-                      config=config, config_from=config_from, weight_files=files,
+    return Checkpoint(path=Path(path), kind="deepspeed", metas=metas,
+                      reader=lambda n: mapped.read(lambda lay: lay.read[n]()), config=config, config_from=config_from, weight_files=files,
                       notes=(f"{Path(path).name}: {found.name}: {lay.notes[0]}",), foreign_names=True,
                       source=lay.notes[0], below_trained=below)
 

@@ -16,14 +16,11 @@ optimizer and extra-state files are never opened.
 from __future__ import annotations
 
 import json
-import logging
 import re
-import threading
-from functools import lru_cache
 from pathlib import Path
 
 from ...core.errors import GraftkitError
-from .common import load_error_cause
+from .common import Remapped, load_mapped
 
 CONVERT = ("python -m verl.model_merger merge --backend fsdp --local_dir STEP/actor --target_dir HF_DIR "
            "(it writes bf16: the fp32 shards are read here directly)")
@@ -78,33 +75,11 @@ def _safe_globals():
 
 
 def _load(file: Path):
-    import torch
-
-    mesh_log = logging.getLogger("torch.distributed.device_mesh")  # warns that no process group exists: none is needed
-    # torch's safe_globals is process-wide, not per thread: one load at a time, so that another thread's context
-    # never ends in the middle of this one
-    with _LOAD_LOCK:
-        return _load_locked(file, torch, mesh_log)
+    # DeviceMesh warns on unpickling that no process group exists: none is needed
+    return load_mapped(file, _safe_globals(), "DTensor's classes", f"convert it with verl: {CONVERT}",
+                       quiet="torch.distributed.device_mesh")
 
 
-_LOAD_LOCK = threading.Lock()
-
-
-def _load_locked(file: Path, torch, mesh_log):
-    level = mesh_log.level
-    mesh_log.setLevel(logging.ERROR)
-    try:
-        with torch.serialization.safe_globals(_safe_globals()):
-            return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as exc:  # torch raises UnpicklingError, RuntimeError, … for a refused global or a broken file
-        first = load_error_cause(exc)
-        raise GraftkitError(f"{file}: cannot load with torch.load(weights_only=True) and DTensor's classes "
-                            f"({first[:300]})", f"convert it with verl: {CONVERT}") from None
-    finally:
-        mesh_log.setLevel(level)
-
-
-@lru_cache(maxsize=4)
 def _ranks(actor: Path) -> tuple[int, tuple[dict, ...]]:
     files = _rank_files(actor)
     worlds = {int(RANK_FILE.match(p.name)[1]) for p in files.values()}
@@ -171,23 +146,6 @@ def join(name: str, shards: list, actor: Path):
     return out.clone() if len(sharded) == 0 else out
 
 
-#: Bytes read from memory-mapped rank files before their mappings are dropped: the pages a read touched stay in the
-#: process's resident set while the files are mapped (clean file pages, but counted), so the maps are renewed (their
-#: pickles parsed again: milliseconds) after every this many bytes.
-MAPPED_BUDGET = 1 << 30
-_read_since: dict[Path, int] = {}
-
-
-def _read(actor: Path, name: str):
-    t = join(name, [s[name] for s in _ranks(actor)[1]], actor)
-    with _LOAD_LOCK:
-        _read_since[actor] = _read_since.get(actor, 0) + t.numel() * t.element_size()
-        if _read_since[actor] > MAPPED_BUDGET:  # a reader still holding the old maps keeps them until it is done
-            _read_since.clear()
-            _ranks.cache_clear()
-    return t
-
-
 def _fsdp_version(actor: Path) -> str:
     f = actor / "fsdp_config.json"
     if f.is_file():
@@ -204,7 +162,8 @@ def open_verl(found, path: Path):
     from ..safetensors_file import code_of
 
     actor = found.folder
-    world, states = _ranks(actor)
+    mapped = Remapped(lambda: _ranks(actor))
+    world, states = mapped.state
     metas, codes = {}, set()
     for name, t in states[0].items():
         if not hasattr(t, "dtype"):
@@ -219,7 +178,7 @@ def open_verl(found, path: Path):
     source = (f"{'/'.join(sorted(codes)).lower().replace('f32', 'fp32')} shards of verl's {_fsdp_version(actor)} actor "
               f"({world} ranks), joined as saved")
     files = tuple(p for _, p in sorted(_rank_files(actor).items()))
-    return Checkpoint(path=Path(path), kind="verl", metas=metas, reader=lambda n: _read(actor, n),
+    return Checkpoint(path=Path(path), kind="verl", metas=metas, reader=lambda n: mapped.read(lambda st: join(n, [s[n] for s in st[1]], actor)),
                       config=config, config_from=hf if config is not None else None, weight_files=files,
                       notes=(f"{Path(path).name}: {found.name}: {source}",), foreign_names=True, source=source)
 
