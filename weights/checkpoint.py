@@ -476,12 +476,6 @@ def match_names(ck: Checkpoint, reference: Checkpoint | None = None, *, unknown:
             + (", or --unknown keep-base to keep those from the base" if r.names else ""),
         )
     names = dict(r.names)
-    if reference is None and ck.foreign_names and _tied(config):
-        # read alone, a trainer's state dict lists a tied head under both names: keep the embedding's
-        heads = [n for n in names if _HEAD.search(names[n])]
-        for n in _tied_copies(ck, [m for m in names if m not in heads], heads, config):
-            notes.append(f"{ck.path.name}: {n} left out (the same values as the tied embedding)")
-            del names[n]
     if unmatched and reference is None:
         names.update({n: n for n in unmatched})  # kept as unknown tensors: the taxonomy records them
     elif unmatched:
@@ -496,18 +490,20 @@ def match_names(ck: Checkpoint, reference: Checkpoint | None = None, *, unknown:
     if config_from is not None:
         notes[0] += f", config from {config_from}"
     metas = {new: TensorMeta(new, ck.metas[old].code, ck.metas[old].shape) for new, old in inverse.items()}
-    return dataclasses.replace(ck, metas=metas, reader=lambda n: ck.read(inverse[n]), raw={}, arrays=None, deltas=None,
-                               config=config, notes=tuple(notes), config_from=config_from, foreign_names=False)
+    named = dataclasses.replace(ck, metas=metas, reader=lambda n: ck.read(inverse[n]), raw={}, arrays=None, deltas=None,
+                                config=config, notes=tuple(notes), config_from=config_from, foreign_names=False)
+    # read alone, a trainer's state dict lists a tied head under both names: keep the embedding's
+    return drop_tied_head(named) if reference is None and ck.foreign_names else named
 
 
 _HEAD = re.compile(r"(^|\.)(lm_head|output|embed_out)\.weight$")
 
 
-def drop_tied_head(ck: Checkpoint, other: Checkpoint) -> Checkpoint:
+def drop_tied_head(ck: Checkpoint, other: Checkpoint | None = None) -> Checkpoint:
     """``ck`` without the output head it stores beside the embedding it is tied to (its config ties them and the
     values are equal, as a Trainer's gathered 16-bit ``model.safetensors`` stores them) when ``other`` has no such
-    tensor; ``ck`` itself otherwise."""
-    heads = [n for n in ck.metas if _HEAD.search(n) and n not in other.metas]
+    tensor (or ``ck`` is read alone); ``ck`` itself otherwise."""
+    heads = [n for n in ck.metas if _HEAD.search(n) and (other is None or n not in other.metas)]
     if not heads or not _tied(ck.config):
         return ck
     dropped = _tied_copies(ck, [n for n in ck.metas if n not in heads], heads, ck.config)

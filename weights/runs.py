@@ -82,8 +82,10 @@ def _is_checkpoint(path: Path) -> bool:
     if checkpoint_step(path) is not None or _hf_weights(path):
         return True
     layout = recognise(path)
-    return layout is not None and checkpoint_step(layout.folder if layout.folder.name != "actor"
-                                                  else layout.folder.parent) is None
+    if layout is None:
+        return False
+    below = layout.folder.relative_to(path).parts  # "" itself, "pytorch_model_fsdp_0", "global_step_4/actor", …
+    return not below or checkpoint_step(Path(below[0])) is None
 
 
 def trainer_run(path: Path) -> TrainerRun | None:
