@@ -342,16 +342,14 @@ def open_checkpoint(path: str | os.PathLike, allow_pickle: bool = False) -> Chec
 
     layout = recognise(path)
     hf = _open_hf_folder(path)
-    if layout is None or (hf is not None and not layout.readable):
-        if hf is not None:
-            return hf
-        return _open_pickle_folder(path, allow_pickle)
     if hf is None:
-        if not layout.readable:
-            return open_layout(layout, path)  # the error naming it and its converter
-        if not allow_pickle:
+        if layout is None:
+            return _open_pickle_folder(path, allow_pickle)
+        if layout.readable and not allow_pickle:
             raise refuse_pickle(layout)
-        return open_layout(layout, path)
+        return open_layout(layout, path)  # an unreadable layout: the error naming it and its converter
+    if layout is None or not layout.readable:
+        return hf
     lower = sorted({m.code for m in hf.metas.values() if m.code in ("BF16", "F16")})
     if not lower:
         return hf  # the trainer's weights, as saved: nothing more precise lies beside them

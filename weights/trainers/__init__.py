@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ...core.errors import GraftkitError
 from . import dcp, deepspeed, verl
+from .common import dtype_words
 
 
 @dataclass(frozen=True)
@@ -117,8 +118,7 @@ def _open_dcp(layout: Layout, path: Path):
             raise GraftkitError(f"{layout.folder}: tensor {n} has dtype {e.dtype}, which graftkit does not read",
                                 f"convert it: {dcp.CONVERT}") from None
     config, config_from = config_near(layout.folder)
-    codes = "/".join(sorted({m.code.lower().replace("f32", "fp32") for m in metas.values()}))
-    source = f"{codes} tensors of the DCP folder, as saved (chunks joined)"
+    source = f"{dtype_words(m.code for m in metas.values())} tensors of the DCP folder, as saved (chunks joined)"
     files = tuple(sorted(layout.folder.glob("*.distcp")))
     note = f"{Path(path).name}: {layout.name}, {len(metas)} model tensors" + (
         f" (not read: {', '.join(skipped)})" if skipped else "")

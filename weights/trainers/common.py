@@ -19,6 +19,11 @@ _LOAD_LOCK = threading.Lock()
 MAPPED_BUDGET = 1 << 30
 
 
+def dtype_words(codes) -> str:
+    """Safetensors dtype codes as a source names them: ``{"F32"}`` → ``"fp32"``, ``{"BF16", "F32"}`` → ``"bf16/fp32"``."""
+    return "/".join(sorted({c.lower().replace("f32", "fp32") for c in codes}))
+
+
 def load_error_cause(exc: Exception) -> str:
     """The line of a failed ``torch.load`` that says why (weights_only's "WeightsUnpickler error: Unsupported global:
     …", not its boilerplate first line)."""

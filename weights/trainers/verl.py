@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 
 from ...core.errors import GraftkitError
-from .common import Remapped, load_mapped
+from .common import Remapped, dtype_words, load_mapped
 
 CONVERT = ("python -m verl.model_merger merge --backend fsdp --local_dir STEP/actor --target_dir HF_DIR "
            "(it writes bf16: the fp32 shards are read here directly)")
@@ -164,7 +164,7 @@ def open_verl(found, path: Path):
     actor = found.folder
     mapped = Remapped(lambda: _ranks(actor))
     world, states = mapped.state
-    metas, codes = {}, set()
+    metas = {}
     for name, t in states[0].items():
         if not hasattr(t, "dtype"):
             continue
@@ -172,14 +172,13 @@ def open_verl(found, path: Path):
             metas[name] = TensorMeta(name, code_of(t.dtype), tuple(t.shape))
         except KeyError:
             raise GraftkitError(f"{actor}: tensor {name} has dtype {t.dtype}", f"convert it with verl: {CONVERT}") from None
-        codes.add(metas[name].code)
     hf = actor / "huggingface"
     config = _read_json(hf / "config.json") if (hf / "config.json").is_file() else None
-    source = (f"{'/'.join(sorted(codes)).lower().replace('f32', 'fp32')} shards of verl's {_fsdp_version(actor)} actor "
+    source = (f"{dtype_words(m.code for m in metas.values())} shards of verl's {_fsdp_version(actor)} actor "
               f"({world} ranks), joined as saved")
     files = tuple(p for _, p in sorted(_rank_files(actor).items()))
-    return Checkpoint(path=Path(path), kind="verl", metas=metas, reader=lambda n: mapped.read(lambda st: join(n, [s[n] for s in st[1]], actor)),
-                      config=config, config_from=hf if config is not None else None, weight_files=files,
+    return Checkpoint(path=Path(path), kind="verl", metas=metas,
+                      reader=lambda n: mapped.read(lambda st: join(n, [s[n] for s in st[1]], actor)), config=config, config_from=hf if config is not None else None, weight_files=files,
                       notes=(f"{Path(path).name}: {found.name}: {source}",), foreign_names=True, source=source)
 
 
