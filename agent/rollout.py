@@ -12,6 +12,10 @@ needs them.
 An output that does not parse as an action is a no-op turn, counted in ``invalid``; an episode ends when
 the task ends it or after the task's ``max_steps`` turns (then its reward is 0, a failure).
 
+With a vLLM engine on the policy (``policy.engine``, :mod:`graftkit.agent.engine`), each turn's prompts go to
+the engine as one batch instead: greedy actions are the same in float32; sampled ones are the engine's own,
+each request seeded from the episode's row seed and the turn.
+
 Observations: ``obs="text"`` prompts with the rendered element list; ``obs="som"`` (a
 :class:`~graftkit.agent.vlm.VisionPolicy` only) with the Set-of-Marks screenshot and the instruction.
 For images the prefill also carries every row's pixels (``pixel_values``, ``image_grid_thw``, image
@@ -230,6 +234,7 @@ class _Live:
     obs: object
     first: object
     gen: torch.Generator
+    row: int  # the row seed: the hf engine's generator is seeded with it, a vLLM request with turn_seed(row, turn)
     history: list[str] = field(default_factory=list)
 
 
@@ -289,8 +294,8 @@ def rollout(
                 free = pool.setdefault(ep.task, [])
                 env = free.pop() if free else make_task_env(ep.task, backend, **env_kw)
                 o = env.reset(ep.seed)
-                live[i] = _Live(env, o, o, torch.Generator().manual_seed(
-                    row_seed(decode.seed, ep.task, ep.seed, ep.sample)))
+                row = row_seed(decode.seed, ep.task, ep.seed, ep.sample)
+                live[i] = _Live(env, o, o, torch.Generator().manual_seed(row), row)
             for i in _turn(policy, episodes, live, decode, obs, keep_vision, max_turns):
                 on_episode(episodes[i])
                 pool[episodes[i].task].append(live.pop(i).env)
@@ -310,7 +315,12 @@ def _turn(policy: Policy, episodes: list[Episode], live: dict[int, _Live], decod
         prompts, vision = [policy.turn_ids(live[i].obs, live[i].history) for i in rows], None
     toks: list = [None] * len(rows)
     lps: list = [None] * len(rows)
-    for group in length_groups([len(p) for p in prompts]):
+    if policy.engine is not None:  # vLLM batches and schedules the turn's prompts itself
+        from .engine import turn_seed
+
+        seeds = [turn_seed(live[i].row, len(episodes[i].turns)) for i in rows]
+        toks, lps = policy.engine.generate(prompts, decode, seeds, policy.eos_ids)
+    for group in length_groups([len(p) for p in prompts]) if policy.engine is None else ():
         t, lp = generate(policy, [prompts[j] for j in group], decode, [live[rows[j]].gen for j in group],
                          vision=[vision[j] for j in group] if vision is not None else None)
         for j, tj, lj in zip(group, t, lp):

@@ -164,6 +164,23 @@ class DeviceOption(CommandConfig):
         return {"device": self.device, "dtype": self.dtype}
 
 
+#: What generates a policy's actions (``--engine``): :mod:`graftkit.agent.engine`.
+GENERATION_ENGINES = ("hf", "vllm", "auto")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineOption(CommandConfig):
+    """Which engine generates the policy's actions (mixed into the configs that play episodes)."""
+
+    engine: str = "hf"
+    """hf (graftkit's batched decoder over transformers), vllm (a vLLM engine over the same weights; the vllm
+    extra) or auto (vllm where it is installed and the observation is text)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice(self.engine, GENERATION_ENGINES, "--engine")
+
+
 @dataclass(frozen=True, kw_only=True)
 class LoraOption(CommandConfig):
     """LoRA instead of full fine-tuning (mixed into the training configs)."""

@@ -18,7 +18,8 @@ from typing import Any, ClassVar, Mapping
 
 import numpy as np
 
-from ..core.config import CommandConfig, OnProgress, RunOption, DeviceOption, ExecutorOption, check_choice, no_progress, opt
+from ..core.config import (CommandConfig, DeviceOption, EngineOption, ExecutorOption, OnProgress, RunOption, check_choice,
+                           no_progress, opt)
 from ..core.errors import GraftkitError
 from ..core.executor import Executor
 from ..stats import compare, fold_episodes, headroom, pass_at_k, wilson_interval
@@ -43,7 +44,7 @@ def check_obs(obs: str, backend: str) -> None:
 
 
 @dataclass(frozen=True, kw_only=True)
-class EpisodeOptions(RunOption, DeviceOption):
+class EpisodeOptions(RunOption, DeviceOption, EngineOption):
     """Which policy plays which episodes, and how (the fields ``eval`` and ``headroom`` share)."""
 
     model: Path = opt(flags=("--model",))
@@ -82,12 +83,15 @@ class EpisodeOptions(RunOption, DeviceOption):
     folder; a policy run from one file needs it)."""
 
     def check_episodes(self) -> None:
-        """Raise on an unknown task or suite, or on no seeds (before any model loads)."""
+        """Raise on an unknown task or suite, on no seeds, or on an engine that cannot play them (before any model
+        loads)."""
         from ..agent import resolve_tasks, seed_list
+        from ..agent.engine import resolve_engine
 
         resolve_tasks(self.tasks)
         seed_list(self.seeds)
         check_choice(self.items, ("auto", "heldout", "train", "all"), "--items")
+        resolve_engine(self.engine, self.obs)
 
     def check_models(self, *paths: Path | None) -> None:
         """Raise, before any model loads, on a single checkpoint file without ``--config`` to build it over."""
@@ -539,9 +543,13 @@ def _play(cfg: EpisodeOptions, decode, path: Path, what: str, on_progress: OnPro
     from ..agent import load_policy
 
     policy = load_policy(Path(path), allow_pickle=cfg.allow_pickle, obs=cfg.obs, config=cfg.config, base=cfg.base,
-                         device=device or cfg.device, dtype=cfg.dtype)
-    outcome = _evaluate(cfg, policy, decode, 1, what, on_progress)
-    return EvalResult.from_outcome(outcome, _describe(cfg, path), cfg, placement=policy.placement)
+                         device=device or cfg.device, dtype=cfg.dtype, engine=cfg.engine)
+    try:
+        outcome = _evaluate(cfg, policy, decode, 1, what, on_progress)
+        placement = policy.placement
+    finally:
+        policy.close()
+    return EvalResult.from_outcome(outcome, _describe(cfg, path), cfg, placement=placement)
 
 
 def _play_unit(state, unit, cfg: EvalConfig, decode, device: str, on_progress: OnProgress) -> EvalResult:
@@ -616,14 +624,18 @@ def run_headroom(cfg: HeadroomConfig, on_progress: OnProgress = no_progress) -> 
 
     cfg = cfg.replace(model=checkpoint_of(cfg.model, "--model"))  # a trainer's output_dir: its last checkpoint
     policy = load_policy(Path(cfg.model), allow_pickle=cfg.allow_pickle, obs=cfg.obs, config=cfg.config, base=cfg.base,
-                             device=cfg.device, dtype=cfg.dtype)
-    greedy = _evaluate(cfg, policy, Decode(greedy=True, max_new_tokens=cfg.max_new_tokens), 1, "greedy", on_progress)
-    sampled = _evaluate(cfg, policy, Decode(greedy=False, temperature=cfg.temperature, top_p=cfg.top_p,
-                                                  max_new_tokens=cfg.max_new_tokens), cfg.k,
-                        "sampled", on_progress)
+                         device=cfg.device, dtype=cfg.dtype, engine=cfg.engine)
+    try:
+        greedy = _evaluate(cfg, policy, Decode(greedy=True, max_new_tokens=cfg.max_new_tokens), 1, "greedy",
+                           on_progress)
+        sampled = _evaluate(cfg, policy, Decode(greedy=False, temperature=cfg.temperature, top_p=cfg.top_p,
+                                                max_new_tokens=cfg.max_new_tokens), cfg.k, "sampled", on_progress)
+        placement = policy.placement
+    finally:
+        policy.close()
     desc = _describe(cfg, cfg.model)
     view = HeadroomResult.from_outcomes(greedy, sampled, desc, cfg, k=cfg.k, temperature=cfg.temperature,
-                                        top_p=cfg.top_p, placement=policy.placement)
+                                        top_p=cfg.top_p, placement=placement)
     rows = headroom_rows(view)
     dest = cfg.save or headroom_path(run_layout(cfg.run).results, result_labels([cfg.model])[0], cfg.obs)
     return HeadroomRun(tuple(rows), view, write_result(dest, view.to_result(), flag="--save" if cfg.save else None))

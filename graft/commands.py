@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Optional
 
-from ..core.config import OnProgress, RunOption, DeviceOption, ExecutorOption, check_choice, no_progress, opt
+from ..core.config import DeviceOption, EngineOption, ExecutorOption, OnProgress, RunOption, check_choice, no_progress, opt
 from ..core.errors import GraftkitError
 from ..results.layout import (dissociation_path, partial_path, result_labels, run_layout, sweep_kl_path, sweep_path,
                               with_tag)
@@ -46,7 +46,7 @@ from .plan import GraftSpec
 #: Fields of :class:`GraftConfig` that only evaluations in memory read: the episodes, where they run, where
 #: their results go.
 EPISODE_FIELDS = ("tasks", "seeds", "episodes", "sample", "temperature", "max_new_tokens", "batch_size", "save",
-                  "results", "device", "dtype", "executor", "ray_address", "workers")
+                  "results", "device", "dtype", "engine", "executor", "ray_address", "workers")
 #: The modes of ``graftkit graft`` (:attr:`GraftConfig.mode`) and the fields each reads beyond those every mode
 #: reads (the pair, how it is read and judged, ``groups``, ``dry_run``). A field set in a mode that does not
 #: read it is an error, not ignored without a word.
@@ -61,7 +61,7 @@ MODE_NAMES = {"export": "an export", "eval": "--eval", "sweep": "--sweep", "diss
 
 
 @dataclass(frozen=True, kw_only=True)
-class GraftConfig(ReadOptions, RunOption, DeviceOption, ExecutorOption):
+class GraftConfig(ReadOptions, RunOption, DeviceOption, EngineOption, ExecutorOption):
     """``graftkit graft``: splice RL's delta for some groups and layers into the base, or evaluate grafts."""
 
     command = "graft"
@@ -133,6 +133,7 @@ class GraftConfig(ReadOptions, RunOption, DeviceOption, ExecutorOption):
         {"export": self._check_export, "eval": self._check_eval, "sweep": self._check_sweep,
          "dissociation": self._check_dissociation}[self.mode]()
         self._check_mode_fields()
+        self._check_engine()
 
     def _check_export(self) -> None:
         if self.groups is None:
@@ -186,6 +187,11 @@ class GraftConfig(ReadOptions, RunOption, DeviceOption, ExecutorOption):
             raise GraftkitError("--vs tests a double dissociation of success effects, which --metric kl does not play",
                                 "pass --metric both (each run's sweep scored by KL as well) or drop --metric")
         self._check_sweep()
+
+    def _check_engine(self) -> None:
+        from ..agent.engine import resolve_engine
+
+        resolve_engine(self.engine)
 
     def _check_mode_fields(self) -> None:
         """A mode-specific field (:data:`MODE_FIELDS`) set in a mode that does not read it is an error."""
@@ -532,7 +538,7 @@ def _open_sweep(cfg: GraftConfig, base_path: Path, device: str) -> X.SweepWorker
         resolve_tasks(cfg.tasks)  # a user's verifiable tasks are registered in the worker's process too
         # a single-file base is built over the config (and tokenizer) its names were matched with
         return load_policy(Path(base_path), allow_pickle=cfg.allow_pickle, obs="text",
-                           config=cfg.config or b.config_from, device=device, dtype=cfg.dtype)
+                           config=cfg.config or b.config_from, device=device, dtype=cfg.dtype, engine=cfg.engine)
 
     return X.SweepWorker(b, rls, load, unknown=cfg.unknown, tax=tax)
 
@@ -609,7 +615,9 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
         setup = {"base": survey.base, "tasks": list(grid.tasks), "seeds": list(grid.seeds), "episodes": cfg.episodes,
                  "decode": asdict(decode), "unknown": cfg.unknown,
                  # outcomes of one sweep come from one precision on one kind of device (a resume checks it)
-                 "placement": {"device": survey.placement["device"].split(":")[0], "dtype": survey.placement["dtype"]}}
+                 "placement": {"device": survey.placement["device"].split(":")[0], "dtype": survey.placement["dtype"],
+                               # sampled outcomes are the engine's own: a resume never mixes engines
+                               **({"engine": "vllm"} if survey.placement.get("engine") == "vllm" else {})}}
         width = pool.size(len(exps) * len(paths))
         outcomes, sweeps, files, resumed = {}, {}, {}, {}
         for key in paths:

@@ -297,8 +297,9 @@ class SweepWorker:
         from .inplace import InPlaceGraft
 
         if key != self.key:
-            self.close()
-            self.session = InPlaceGraft(self.policy.model, self.base, self.rls[key], unknown=self.unknown).__enter__()
+            self.end_session()
+            self.session = InPlaceGraft(self.policy.model, self.base, self.rls[key], unknown=self.unknown,
+                                        mirror=self.policy.engine).__enter__()
             self.key = key
         return self.session
 
@@ -361,11 +362,20 @@ class SweepWorker:
         return sweep_kl(labels, base, rl, fixed, per_token,
                         {"rollouts": t1 - t0, "scoring": time.perf_counter() - t1}, sum(scored))
 
-    def close(self) -> None:
-        """End the graft session: the model holds the base's weights again."""
+    def end_session(self) -> None:
+        """End the graft session: the model (and its engine) holds the base's weights again."""
         if self.session is not None:
             session, self.key, self.session = self.session, None, None
             session.__exit__(None, None, None)
+
+    def close(self) -> None:
+        """End the graft session and free the generation engine (a vLLM engine) of a policy this worker loaded
+        (one given loaded stays its caller's)."""
+        try:
+            self.end_session()
+        finally:
+            if self._load is not None and self._policy is not None:
+                self._policy.close()
 
 
 def kl_unit(worker: SweepWorker, run: str, experiments: Sequence[GraftExperiment], grid: EpisodeGrid,

@@ -17,6 +17,9 @@ tensors whose coefficient c changes (θ = θ_base + c · (θ_rl − θ_base), se
   a graft overwrites.
 - On any device: values are formed on the CPU exactly as above and copied to the parameter's device, so a
   model on a GPU holds the same bits as the exported graft loaded there.
+- With a generation engine as ``mirror`` (``--engine vllm``), every tensor written — by a switch or a restore —
+  is sent on to the engine with the parameter's bits (its own weight-reload path; the engine resets its prefix
+  cache), so the engine generates from exactly the graft the model holds.
 - On exit — normal or by an exception — every tensor not at its original is put back: the model is bit
   for bit what it was. The checkpoints are only read.
 - Base and RL must store each tensor in one dtype; an RL checkpoint in another dtype is read through
@@ -117,6 +120,10 @@ class InPlaceGraft:
     keep: str = "auto"
     """Where originals come from on restore: base (the verified base checkpoint), copy (saved copies of
     the overwritten tensors), auto (base when verifying, else copy)."""
+    mirror: object | None = None
+    """A generation engine over the same weights (:class:`graftkit.agent.engine.VLLMEngine`): after each
+    :meth:`apply` and :meth:`restore`, the tensors written are sent to it (``mirror.update``), by ``state_dict``
+    name and with the parameter's bits, so the engine holds exactly the model's graft."""
     coef: dict[str, float] = field(default_factory=dict, init=False)
     _saved: dict[str, "torch.Tensor"] = field(default_factory=dict, init=False, repr=False)
     _touched: set = field(default_factory=set, init=False, repr=False)
@@ -228,6 +235,7 @@ class InPlaceGraft:
                     f"gives them coefficients {plan.coef.get(owner, 0.0):g} and {plan.coef.get(alias, 0.0):g}",
                     "select both or neither (on a tied model, graft embed)",
                 )
+        written = []
         for name in self.bound:
             if name in self.aliases:
                 continue
@@ -239,16 +247,23 @@ class InPlaceGraft:
                 stats.saved += 1
             self._write(name, new)
             self.coef[name] = new
+            written.append(name)
             stats.written += 1
             t = self._param(name)
             stats.bytes += t.numel() * t.element_size()
+        self._mirror(written)
         return stats
+
+    def _mirror(self, names: list[str]) -> None:
+        if self.mirror is not None and names:
+            self.mirror.update({self.bound[n]: self._param(n) for n in names})
 
     def restore(self) -> None:
         """Put every tensor not at its original back (bit-exact) and forget the saved copies."""
-        for name in self._touched:
-            if self.coef[name] != 0:
-                self._write(name, 0.0)
+        written = [name for name in self._touched if self.coef[name] != 0]
+        for name in written:
+            self._write(name, 0.0)
+        self._mirror(written)
         self._saved.clear()
         self._touched.clear()
         self.coef = {n: 0.0 for n in self.base.metas}
@@ -269,8 +284,8 @@ class grafted:
     itself again after it, also when the block raises. Yields the :class:`InPlaceGraft` session."""
 
     def __init__(self, model, base: Checkpoint, rl: Checkpoint, plan: GraftPlan, *, verify: bool = True,
-                 unknown: str = "keep-base", keep: str = "auto"):
-        self.session = InPlaceGraft(model, base, rl, verify=verify, unknown=unknown, keep=keep)
+                 unknown: str = "keep-base", keep: str = "auto", mirror: object | None = None):
+        self.session = InPlaceGraft(model, base, rl, verify=verify, unknown=unknown, keep=keep, mirror=mirror)
         self.plan = plan
 
     def __enter__(self) -> InPlaceGraft:

