@@ -118,11 +118,11 @@ def engine_folder(policy: "Policy", dest: Path) -> Path:
     else:
         from ..weights import write_tensors
 
-        write_tensors(dest / "model.safetensors", _distinct(model.state_dict()))
+        write_tensors(dest / "model.safetensors", distinct_tensors(model.state_dict()))
     return dest
 
 
-def _distinct(state: Mapping[str, "torch.Tensor"]) -> dict:
+def distinct_tensors(state: Mapping[str, "torch.Tensor"]) -> dict:
     """``state`` without the names that alias an earlier one's storage (a tied head beside its embedding)."""
     seen, out = set(), {}
     for n, t in state.items():
@@ -265,8 +265,9 @@ def _check_cpu_head_size(policy: "Policy") -> None:
                             f"(it has {', '.join(map(str, sizes))})", "use --engine hf for this model")
 
 
-def vllm_engine(policy: "Policy", *, seed: int = 0) -> VLLMEngine:
-    """A vLLM engine over ``policy``'s weights, on its device and in its dtype (see the module docstring)."""
+def vllm_engine(policy: "Policy", *, seed: int = 0, dtype: "torch.dtype | None" = None) -> VLLMEngine:
+    """A vLLM engine over ``policy``'s weights, on its device and in its dtype (or ``dtype``: a trainer's compute
+    dtype), see the module docstring."""
     p = next(policy.model.parameters())
     if p.device.type == "cpu":
         _check_cpu_head_size(policy)
@@ -279,7 +280,8 @@ def vllm_engine(policy: "Policy", *, seed: int = 0) -> VLLMEngine:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
     max_len = getattr(policy.model.config, "max_position_embeddings", None)
-    return VLLMEngine(folder, dtype=p.dtype, device=p.device, max_model_len=max_len, scratch=scratch, seed=seed)
+    return VLLMEngine(folder, dtype=dtype or p.dtype, device=p.device, max_model_len=max_len, scratch=scratch,
+                      seed=seed)
 
 
-__all__ = ["ENGINES", "VLLMEngine", "engine_folder", "resolve_engine", "turn_seed", "vllm_engine", "vllm_installed"]
+__all__ = ["ENGINES", "VLLMEngine", "distinct_tensors", "engine_folder", "resolve_engine", "turn_seed", "vllm_engine", "vllm_installed"]

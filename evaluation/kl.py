@@ -348,7 +348,9 @@ def run_kl(cfg: KLConfig, on_progress: OnProgress = no_progress) -> KLRun:
     """Play each policy's own rollouts, score both sets with both policies, write one ``kl`` result (``cfg.save``,
     else ``RUN/results/kl-<model>-vs-<base>.h5``) and return its view."""
     from ..agent import load_policy
+    from ..agent.engine import resolve_engine
     from ..agent.kl import play_fixed, score_pair
+    from ..agent.policy import with_engine
     from ..weights import base_of, checkpoint_of, describe, open_model
 
     t0 = time.perf_counter()
@@ -356,6 +358,7 @@ def run_kl(cfg: KLConfig, on_progress: OnProgress = no_progress) -> KLRun:
     base = checkpoint_of(base_of(model, cfg.base), "--base")
     cfg = cfg.replace(model=model, base=base)
     paths = {"rl": Path(model), "sft": Path(base)}
+    engine = resolve_engine(cfg.engine)
     policies = {"rl": load_policy(paths["rl"], allow_pickle=cfg.allow_pickle, config=cfg.config, base=paths["sft"],
                                   device=cfg.device, dtype=cfg.dtype),
                 "sft": load_policy(paths["sft"], allow_pickle=cfg.allow_pickle, config=cfg.config, device=cfg.device,
@@ -365,12 +368,20 @@ def run_kl(cfg: KLConfig, on_progress: OnProgress = no_progress) -> KLRun:
     items = "heldout" if cfg.items == "auto" else cfg.items
     total = len(cfg.task_list) * cfg.seeds * cfg.episodes
     fixed = {}
+    placement = {}
     for s in SIDES:
         what = f"{s.upper()} rollouts (T=1)"
-        fixed[s] = play_fixed(policies[s], s, cfg.task_list, cfg.seed_list, cfg.episodes,
-                              max_new_tokens=cfg.max_new_tokens, decode_seed=cfg.seed, items=items,
-                              whole=cfg.whole_tasks, backend=cfg.backend, batch_size=cfg.batch_size,
-                              on_episode=lambda ep, what=what: on_progress(what, 1, total, "episodes"))
+        # with --engine vllm each side's rollouts come from an engine of its own, one at a time; scoring is
+        # forward passes of the transformers models
+        policy = with_engine(policies[s], engine)
+        try:
+            fixed[s] = play_fixed(policy, s, cfg.task_list, cfg.seed_list, cfg.episodes,
+                                  max_new_tokens=cfg.max_new_tokens, decode_seed=cfg.seed, items=items,
+                                  whole=cfg.whole_tasks, backend=cfg.backend, batch_size=cfg.batch_size,
+                                  on_episode=lambda ep, what=what: on_progress(what, 1, total, "episodes"))
+            placement[s] = policy.placement
+        finally:
+            policy.close()
     t2 = time.perf_counter()
     n_tokens = sum(f.n_tokens for f in fixed.values())
     other = {"rl": "sft", "sft": "rl"}
@@ -387,7 +398,7 @@ def run_kl(cfg: KLConfig, on_progress: OnProgress = no_progress) -> KLRun:
     labels = dict(zip(SIDES, result_labels([paths["rl"], paths["sft"]])))
     desc = {"model": describe(open_model(paths["rl"], paths["sft"], allow_pickle=cfg.allow_pickle, config=cfg.config)),
             "base": describe(open_model(paths["sft"], None, allow_pickle=cfg.allow_pickle, config=cfg.config)),
-            "placement": policies["rl"].placement, "labels": labels}
+            "placement": placement["rl"], "labels": labels}
     seconds = {"load": t1 - t0, "rollouts": t2 - t1, "scoring": t3 - t2}
     res = kl_result(fixed, scores, token_text, action_text, cfg, {**desc, "seconds": seconds})
     dest = cfg.save or kl_path(run_layout(cfg.run).results, labels["rl"], labels["sft"])

@@ -255,3 +255,111 @@ def test_graft_sweep_on_vllm_equals_the_hf_engine(rl_child, tmp_path):
         np.testing.assert_array_equal(a.outcomes(label), b.outcomes(label))
     assert len({a.success(label) for label in a.configs}) > 1  # the grafts change outcomes
     assert b.attrs["placement"]["engine"] == "vllm" and "engine" not in a.attrs["placement"]
+
+
+# ------------------------------------------------------------------------------------------------ GRPO
+
+
+def test_rollout_engine_is_checked_before_training():
+    from graftkit.train.configs import GRPOConfig
+
+    with pytest.raises(GraftkitError, match="--rollout-engine applies to --engine graftkit"):
+        GRPOConfig(init=str(SFT), out="x", rollout_engine="vllm", engine="trl")
+    with pytest.raises(GraftkitError, match="unknown --rollout-engine|is not one of|--rollout-engine"):
+        GRPOConfig(init=str(SFT), out="x", rollout_engine="vlm")
+    with pytest.raises(GraftkitError, match="LoRA run's adapters are not synced"):
+        GRPOConfig(init=str(SFT), out="x", rollout_engine="vllm", lora_r=4)
+
+
+@needs_vllm
+def test_grpo_rollouts_through_vllm_follow_the_trained_weights(tmp_path):
+    """After each optimiser step the engine is synced before the next rollouts: it then scores actions as the
+    trained model does (not as the init did), and its rollouts are the trained policy's."""
+    from graftkit.agent import Decode, rollout
+    from graftkit.train.configs import GRPOConfig
+    from graftkit.train.grpo import generate, optimise, row_advantages, setup
+
+    cfg = GRPOConfig(init=str(SFT), out=str(tmp_path / "rl"), tasks=("click-button", "enter-text"), steps=2,
+                     prompts_per_step=2, group_size=4, max_new_tokens=16, lr=3e-3, threads=1, device="cpu",
+                     rollout_engine="vllm")
+    tr = setup(cfg)
+    try:
+        eng = tr.policy.engine
+        init = eng.prompt_logprobs(PROBES)
+        (episodes, rows), = generate(tr, first=0, steps=1)
+        assert eng.updates == 0 and tr.sync_seconds == 0.0  # the engine was built over the init weights
+        assert len(episodes) == 8 and all(ep.turns for ep in episodes)
+        token_adv, weight, _ = row_advantages(cfg, episodes, rows)
+        optimise(tr, rows, token_adv, weight, cfg.lr)
+        assert not tr.synced
+        generate(tr, first=1, steps=1)
+        assert tr.synced and eng.updates == 1 and tr.sync_seconds > 0
+        got = eng.prompt_logprobs(PROBES)
+        ids = torch.tensor(PROBES[0])[None]
+        with torch.no_grad():
+            logp = torch.log_softmax(tr.model(ids).logits[0, :-1].float(), -1)
+        want = logp.gather(1, ids[0, 1:, None])[:, 0].numpy()
+        np.testing.assert_allclose(got[0], want, atol=1e-4)
+        assert np.abs(np.array(got[0]) - np.array(init[0])).max() > 1e-3  # the update moved them
+        # greedy rollouts from the synced engine are the trained model's own
+        jobs = [("click-button", s, 0) for s in range(4)]
+        a = rollout(tr.policy, jobs, Decode(max_new_tokens=16))
+        engine, tr.policy.engine = tr.policy.engine, None
+        b = rollout(tr.policy, jobs, Decode(max_new_tokens=16))
+        tr.policy.engine = engine
+        assert _actions(a) == _actions(b)
+    finally:
+        tr.policy.close()
+
+
+@needs_vllm
+def test_train_grpo_with_vllm_rollouts_writes_a_policy_and_logs_the_sync(tmp_path):
+    import json
+
+    from graftkit.train.configs import GRPOConfig
+    from graftkit.train.grpo import run_grpo
+
+    cfg = GRPOConfig(init=str(SFT), out=str(tmp_path / "rl"), tasks=("click-button",), steps=4, stages=2,
+                     prompts_per_step=1, group_size=4, max_new_tokens=12, lr=1e-3, threads=1, device="cpu",
+                     rollout_engine="vllm")
+    out = run_grpo(cfg)
+    log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [m["staleness"] for m in log] == [0, 1, 0, 1]
+    # Mu-GRPO's stages: one sync, at the second stage's generation (the first used the init weights)
+    assert [m["sync_seconds"] > 0 for m in log] == [False, False, True, False]
+    assert json.loads((out / "graftkit.json").read_text())["config"]["rollout_engine"] == "vllm"
+
+
+# ------------------------------------------------------------------------------------------------ commands
+
+
+@needs_vllm
+def test_eval_and_headroom_commands_on_vllm(rl_child, tmp_path):
+    """``eval --engine vllm`` scores the same outcomes as ``--engine hf`` (greedy) and records its engine;
+    ``headroom --engine vllm`` is reproducible from its seeds."""
+    from graftkit.evaluation.commands import EvalConfig, HeadroomConfig, run_eval, run_headroom
+
+    common = dict(tasks="click-button,enter-text", seeds=2, episodes=3, max_new_tokens=24, device="cpu")
+    runs = {e: run_eval(EvalConfig(model=(rl_child,), compare_to=SFT, engine=e, run=tmp_path / e, **common))
+            for e in ("hf", "vllm")}
+    for role in ("model", "compare"):
+        a, b = runs["hf"].results[role], runs["vllm"].results[role]
+        np.testing.assert_array_equal(a.success, b.success)
+        np.testing.assert_array_equal(a.turns, b.turns)
+    assert runs["vllm"].rows == runs["hf"].rows
+    assert runs["vllm"].results["model"].attrs["placement"]["engine"] == "vllm"
+    assert runs["hf"].results["model"].attrs["placement"]["engine"] == "hf"
+    h = [run_headroom(HeadroomConfig(model=SFT, k=2, engine="vllm", run=tmp_path / f"h{i}", **common)).result
+         for i in range(2)]
+    np.testing.assert_array_equal(h[0].success, h[1].success)
+    np.testing.assert_array_equal(h[0].greedy[..., 0], runs["vllm"].results["compare"].success[..., 0])
+
+
+@needs_vllm
+def test_kl_command_plays_each_side_on_its_own_engine(rl_child, tmp_path):
+    from graftkit.evaluation.kl import KLConfig, run_kl
+
+    run = run_kl(KLConfig(model=rl_child, base=SFT, tasks="click-button", seeds=2, episodes=2, max_new_tokens=16,
+                          device="cpu", engine="vllm", run=tmp_path))
+    assert run.result.attrs["placement"]["engine"] == "vllm"
+    assert run.file.exists() and run.seconds["rollouts"] > 0

@@ -289,6 +289,10 @@ class GRPOConfig(DeviceOption, LoraOption):
     engine: str = "graftkit"
     """graftkit (this trainer, every variant) or trl (TRL's GRPOTrainer with graftkit's environment as its
     rollout function; multi-GPU under accelerate launch; needs the trl extra)."""
+    rollout_engine: str = "hf"
+    """--engine graftkit: what generates the rollouts: hf (graftkit's batched decoder over the trained model) or
+    vllm (a vLLM engine, its weights synced from the trainer before each generation: every step on-policy, once per
+    stage with --stages; needs the vllm extra)."""
     vllm: str | None = None
     """--engine trl: generate with TRL's vLLM integration, colocate or server (default: no vLLM)."""
     vllm_server: str | None = None
@@ -347,6 +351,17 @@ class GRPOConfig(DeviceOption, LoraOption):
             raise GraftkitError("--vllm and --vllm-server need --engine trl", "add --engine trl")
         if self.vllm_server is not None and self.vllm != "server":
             raise GraftkitError("--vllm-server names the server of --vllm server", "add --vllm server")
+        if self.rollout_engine != "hf":
+            from ..agent.engine import resolve_engine
+
+            check_choice(self.rollout_engine, ("hf", "vllm"), "--rollout-engine")
+            if self.engine == "trl":
+                raise GraftkitError("--rollout-engine applies to --engine graftkit", "with --engine trl pass --vllm "
+                                    "colocate or --vllm server")
+            if self.lora_r:
+                raise GraftkitError("--rollout-engine vllm syncs full weights into the engine; a LoRA run's adapters "
+                                    "are not synced", "drop --lora-r, or use --rollout-engine hf")
+            resolve_engine(self.rollout_engine, flag="--rollout-engine")
         if self.engine == "trl":
             own = [f for f, on in (("--stages", self.stages), ("--veto-epsilon", self.veto_epsilon is not None),
                                    ("--focal-gamma", self.focal_gamma > 0), ("--verigate", self.verigate)) if on]

@@ -333,6 +333,8 @@ class TrainState:
     opt: torch.optim.Optimizer
     dev: torch.device
     compute: torch.dtype  # autocast dtype; the master weights stay float32
+    synced: bool = True  # whether a rollout engine (policy.engine) holds the model's current weights
+    sync_seconds: float = 0.0  # the last sync's time (inside the generation time it belongs to)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -355,7 +357,16 @@ def run_grpo(
     each step's metrics; ``on_checkpoint`` each resumable checkpoint's folder once it is written."""
     torch.set_num_threads(cfg.threads)
     tr = setup(cfg)
+    try:
+        return _train(tr, resume=resume, force=force, on_step=on_step, on_checkpoint=on_checkpoint)
+    finally:
+        tr.policy.close()  # a vLLM rollout engine, if there is one
+
+
+def _train(tr: TrainState, *, resume: bool, force: bool, on_step, on_checkpoint) -> Path:
+    cfg = tr.cfg
     start, log = restore(tr, resume=resume, force=force)
+    tr.synced = start == 0
     _check_room(cfg, tr.model, tr.adapter)  # before training, not when the first checkpoint is written
     tr.model.train()
     per_stage = cfg.steps // cfg.stages if cfg.stages else 1
@@ -374,6 +385,7 @@ def run_grpo(
         loss, update = optimise(tr, rows, token_adv, weight, lr)
         m = {"step": step + 1, "loss": loss, **stats, **update, "lr": lr, "tokens": int(rows.mask.sum()),
              "episodes": len(episodes), "staleness": step % per_stage, "gen_seconds": gen_seconds,
+             **({"sync_seconds": tr.sync_seconds if fresh else 0.0} if tr.policy.engine is not None else {}),
              "opt_seconds": time.perf_counter() - t_opt, "seconds": time.perf_counter() - t_start}
         log.append(m)
         on_step(m)
@@ -401,7 +413,25 @@ def setup(cfg: GRPOConfig) -> TrainState:
     adapter = add_lora(model, spec) if spec else None  # the adapters live inside ``model``'s modules
     trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     opt = torch.optim.AdamW([p for _, p in trained], lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    if cfg.rollout_engine == "vllm":  # over the init weights, in the compute dtype
+        from ..agent.engine import vllm_engine
+
+        policy.engine = vllm_engine(policy, seed=cfg.seed, dtype=compute)
     return TrainState(cfg, policy, ref, adapter, trained, opt, dev, compute)
+
+
+def sync_engine(tr: TrainState) -> float:
+    """Send the trainer's weights to its rollout engine if they changed since the last sync (seconds spent)."""
+    if tr.policy.engine is None or tr.synced:
+        return 0.0
+    from ..agent.engine import distinct_tensors
+
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        tr.policy.engine.update({n: t.to(tr.compute) if t.is_floating_point() else t
+                                 for n, t in distinct_tensors(tr.model.state_dict()).items()})
+    tr.synced = True
+    return time.perf_counter() - t0
 
 
 def restore(tr: TrainState, *, resume: bool, force: bool) -> tuple[int, list[dict]]:
@@ -441,6 +471,7 @@ def generate(tr: TrainState, *, first: int, steps: int) -> list[tuple[list[Episo
     jobs = [(t, env_seed, k) for prompts in plan for (t, env_seed, _) in prompts for k in range(cfg.group_size)]
     decode = Decode(greedy=False, temperature=cfg.temperature, top_p=cfg.top_p,
                     max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 1_000_003 + first)
+    tr.sync_seconds = sync_engine(tr)
     model.eval()
     with autocast(tr.dev, tr.compute):
         episodes = rollout(tr.policy, jobs, decode, batch_size=max(64, cfg.prompts_per_step * cfg.group_size),
@@ -494,6 +525,7 @@ def optimise(tr: TrainState, rows: Rows, token_adv: torch.Tensor, weight: torch.
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_([p for _, p in tr.trained], cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
         tr.opt.step()
+        tr.synced = False
     return loss.item(), {**{k: float(v) for k, v in metrics.items()}, "entropy": entropy, "grad_norm": gnorm.item()}
 
 
