@@ -363,3 +363,21 @@ def test_kl_command_plays_each_side_on_its_own_engine(rl_child, tmp_path):
                           device="cpu", engine="vllm", run=tmp_path))
     assert run.result.attrs["placement"]["engine"] == "vllm"
     assert run.file.exists() and run.seconds["rollouts"] > 0
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_a_sweep_on_ray_holds_one_engine_per_worker(rl_child, tmp_path):
+    """``graft --sweep single --engine vllm --executor ray``: the worker builds its engine once (its sweep state),
+    and the outcomes equal the serial hf engine's."""
+    pytest.importorskip("ray")
+    from graftkit.graft.commands import GraftConfig, run_graft_experiments
+
+    common = dict(rl=rl_child, base=SFT, sweep="single", tasks="click-button", seeds=2, episodes=2,
+                  max_new_tokens=24, device="cpu")
+    hf = run_graft_experiments(GraftConfig(engine="hf", run=tmp_path / "hf", **common)).sweeps["A"]
+    ray = run_graft_experiments(GraftConfig(engine="vllm", executor="ray", workers=1, run=tmp_path / "ray",
+                                            **common)).sweeps["A"]
+    for label in hf.configs:
+        np.testing.assert_array_equal(hf.outcomes(label), ray.outcomes(label))
+    assert ray.attrs["placement"]["engine"] == "vllm"
