@@ -94,14 +94,24 @@ def scratch_dir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir=shm if shm.is_dir() and os.access(shm, os.W_OK) else None))
 
 
-def _weight_files(path: Path | None) -> list[Path]:
-    """The safetensors files of a plain HF folder (with its index), or [] where the policy is anything else."""
+def _weight_files(policy: "Policy") -> list[Path]:
+    """The safetensors files holding ``policy``'s weights where it is a plain HF folder whose tensors are the
+    loaded model's by name (no adapter, no trainer layout, no extra files such as a training state); else []."""
+    path = policy.path
     if path is None or not Path(path).is_dir() or not (Path(path) / "config.json").is_file():
         return []
-    if (Path(path) / "adapter_config.json").exists():
+    from ..weights import open_checkpoint
+
+    try:
+        ck = open_checkpoint(Path(path))
+    except GraftkitError:
         return []
-    files = sorted(Path(path).glob("*.safetensors"))
-    return files + sorted(Path(path).glob("*.safetensors.index.json")) if files else []
+    files = sorted({e.file for e in ck.raw.values()})
+    if ck.kind != "hf-folder" or ck.foreign_names or not files or len(ck.raw) != len(ck.metas) \
+            or not set(ck.metas) <= set(policy.model.state_dict()):
+        return []
+    index = sorted(Path(path).glob("*.safetensors.index.json"))
+    return files + index
 
 
 def engine_folder(policy: "Policy", dest: Path) -> Path:
@@ -110,9 +120,8 @@ def engine_folder(policy: "Policy", dest: Path) -> Path:
     config = model.config.to_dict()
     config["architectures"] = [type(model).__name__]
     (dest / "config.json").write_text(json.dumps(config, indent=2))
-    files = _weight_files(policy.path)
-    names = set(model.state_dict())
-    if files and _names_in(files) <= names:
+    files = _weight_files(policy)
+    if files:
         for f in files:
             os.symlink(Path(f).resolve(), dest / f.name)
     else:
@@ -131,12 +140,6 @@ def distinct_tensors(state: Mapping[str, "torch.Tensor"]) -> dict:
             seen.add(key)
             out[n] = t
     return out
-
-
-def _names_in(files: Sequence[Path]) -> set[str]:
-    from ..weights import open_checkpoint
-
-    return set(open_checkpoint(Path(files[0]).parent).metas)
 
 
 class VLLMEngine:
@@ -161,7 +164,8 @@ class VLLMEngine:
         try:
             self.llm = LLM(str(folder), dtype=str(dtype).removeprefix("torch."), skip_tokenizer_init=True, seed=seed,
                            enable_prefix_caching=True, max_model_len=max_model_len, generation_config="vllm",
-                           logprobs_mode="processed_logprobs", enforce_eager=os.environ.get(EAGER_ENV) == "1", **kw)
+                           logprobs_mode="processed_logprobs", enforce_eager=os.environ.get(EAGER_ENV) == "1",
+                           use_tqdm_on_load=False, **kw)
         except Exception as exc:
             self._cleanup()
             raise GraftkitError(f"vLLM could not build an engine over {folder} ({type(exc).__name__}: {exc})"

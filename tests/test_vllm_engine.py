@@ -131,6 +131,7 @@ def test_greedy_episodes_equal_the_hf_engine(sft_pair):
 
 
 @needs_vllm
+@pytest.mark.slow
 def test_sampled_episodes_are_reproducible_and_batch_independent(sft_pair):
     from graftkit.agent import Decode, rollout
 
@@ -149,6 +150,7 @@ def test_sampled_episodes_are_reproducible_and_batch_independent(sft_pair):
 
 
 @needs_vllm
+@pytest.mark.slow
 def test_chat_templated_model_greedy_equals_hf(tmp_path):
     """A tiny random Llama with SmolLM2's chat template (tied head) on a verifiable task and a web task."""
     from chat_models import chat_model_folder
@@ -240,6 +242,7 @@ def _graft_in_engine(vl, base, rl, plan, want):
 
 
 @needs_vllm
+@pytest.mark.slow
 def test_graft_sweep_on_vllm_equals_the_hf_engine(rl_child, tmp_path):
     """``graftkit graft --sweep single --engine vllm``: every configuration's outcomes equal the hf engine's."""
     from graftkit.graft.commands import GraftConfig, run_graft_experiments
@@ -313,6 +316,7 @@ def test_grpo_rollouts_through_vllm_follow_the_trained_weights(tmp_path):
 
 
 @needs_vllm
+@pytest.mark.slow
 def test_train_grpo_with_vllm_rollouts_writes_a_policy_and_logs_the_sync(tmp_path):
     import json
 
@@ -334,6 +338,7 @@ def test_train_grpo_with_vllm_rollouts_writes_a_policy_and_logs_the_sync(tmp_pat
 
 
 @needs_vllm
+@pytest.mark.slow
 def test_eval_and_headroom_commands_on_vllm(rl_child, tmp_path):
     """``eval --engine vllm`` scores the same outcomes as ``--engine hf`` (greedy) and records its engine;
     ``headroom --engine vllm`` is reproducible from its seeds."""
@@ -356,6 +361,7 @@ def test_eval_and_headroom_commands_on_vllm(rl_child, tmp_path):
 
 
 @needs_vllm
+@pytest.mark.slow
 def test_kl_command_plays_each_side_on_its_own_engine(rl_child, tmp_path):
     from graftkit.evaluation.kl import KLConfig, run_kl
 
@@ -402,3 +408,35 @@ def test_cli_refuses_an_unknown_engine_in_one_line(tmp_path):
                         "--run", str(tmp_path)], capture_output=True, text=True)
     assert p.returncode == 2
     assert "--engine 'vlm'" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_engine_folder_links_a_plain_folder_and_writes_anything_else(tmp_path):
+    """A plain HF folder's weight files are linked (a training state beside them is not); a policy with no such
+    folder (a tied tiny model built in memory) is written once, its tied head stored once."""
+    import json
+    import shutil
+
+    from chat_models import chat_model_folder
+
+    from graftkit.agent import load_policy
+    from graftkit.agent.engine import engine_folder
+    from graftkit.weights import open_checkpoint, tensors_bytes
+
+    src = tmp_path / "src"
+    shutil.copytree(SFT, src)
+    (src / "training_state.safetensors").write_bytes(tensors_bytes({"adam.exp_avg.0": torch.zeros(3)}))
+    pol = load_policy(src, device="cpu")
+    (tmp_path / "a").mkdir()
+    out = engine_folder(pol, tmp_path / "a")
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert (out / "model.safetensors").is_symlink()
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
+
+    tied = load_policy(chat_model_folder(tmp_path / "chat", "smollm2", hidden=128), device="cpu")
+    tied.path = None
+    (tmp_path / "b").mkdir()
+    out = engine_folder(tied, tmp_path / "b")
+    assert not (out / "model.safetensors").is_symlink()
+    names = set(open_checkpoint(out).metas)
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
+    assert names == set(tied.model.state_dict()) - {"lm_head.weight"}
