@@ -189,9 +189,10 @@ class GraftConfig(ReadOptions, RunOption, DeviceOption, EngineOption, ExecutorOp
         self._check_sweep()
 
     def _check_engine(self) -> None:
-        from ..agent.engine import resolve_engine
+        if self.engine != "hf":  # hf needs no check, and an export or a delta then never imports the agent (torch)
+            from ..agent.engine import resolve_engine
 
-        resolve_engine(self.engine)
+            resolve_engine(self.engine)
 
     def _check_mode_fields(self) -> None:
         """A mode-specific field (:data:`MODE_FIELDS`) set in a mode that does not read it is an error."""

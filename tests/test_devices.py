@@ -179,7 +179,7 @@ def test_eval_and_headroom_record_their_placement(policies, tmp_path, monkeypatc
                 "--episodes", "1", "--device", "cpu", "--dtype", dtype, "--json"], tmp_path, monkeypatch)
     assert res.exit_code == 0, res.output
     stored = read_result(json.loads(res.stdout)["files"]["model"])
-    assert stored.attrs["placement"] == {"device": "cpu", "dtype": dtype, "torch": torch.__version__}
+    assert stored.attrs["placement"] == {"device": "cpu", "dtype": dtype, "torch": torch.__version__, "engine": "hf"}
     assert stored["success"].shape == (2, 2, 1, 1) and stored.attrs["config"]["dtype"] == dtype
     res = _cli(["headroom", "--model", policies["sft"], "--tasks", "click-button", "--k", "2", "--seeds", "2",
                 "--episodes", "1", "--dtype", dtype, "--json"], tmp_path, monkeypatch)

@@ -23,6 +23,7 @@ GOLDEN = {'arithmetic-full': {'control': {'decoy': 0.6, 'lr': 0.001, 'steps': 60
                      'degrade_seeds': [0, 1, 2, 3, 4, 5],
                      'device': 'auto',
                      'domain': 'arithmetic',
+                     'engine': 'hf',
                      'dtype': 'auto',
                      'eval_episodes': 2,
                      'eval_seeds': 25,
@@ -76,6 +77,7 @@ GOLDEN = {'arithmetic-full': {'control': {'decoy': 0.6, 'lr': 0.001, 'steps': 60
                       'degrade_seeds': [0, 1],
                       'device': 'auto',
                       'domain': 'arithmetic',
+                      'engine': 'hf',
                       'dtype': 'auto',
                       'eval_episodes': 2,
                       'eval_seeds': 10,
@@ -129,6 +131,7 @@ GOLDEN = {'arithmetic-full': {'control': {'decoy': 0.6, 'lr': 0.001, 'steps': 60
                    'degrade_seeds': [0, 1, 2, 3, 4, 5],
                    'device': 'auto',
                    'domain': 'web',
+                   'engine': 'hf',
                    'dtype': 'auto',
                    'eval_episodes': 4,
                    'eval_seeds': 25,
@@ -186,6 +189,7 @@ GOLDEN = {'arithmetic-full': {'control': {'decoy': 0.6, 'lr': 0.001, 'steps': 60
                     'degrade_seeds': [0, 1],
                     'device': 'auto',
                     'domain': 'web',
+                    'engine': 'hf',
                     'dtype': 'auto',
                     'eval_episodes': 1,
                     'eval_seeds': 6,
@@ -243,6 +247,7 @@ GOLDEN = {'arithmetic-full': {'control': {'decoy': 0.6, 'lr': 0.001, 'steps': 60
                   'degrade_seeds': [0, 1, 2],
                   'device': 'auto',
                   'domain': 'web',
+                  'engine': 'hf',
                   'dtype': 'auto',
                   'eval_episodes': 2,
                   'eval_seeds': 25,
@@ -300,6 +305,7 @@ GOLDEN = {'arithmetic-full': {'control': {'decoy': 0.6, 'lr': 0.001, 'steps': 60
                    'degrade_seeds': [0],
                    'device': 'auto',
                    'domain': 'web',
+                   'engine': 'hf',
                    'dtype': 'auto',
                    'eval_episodes': 1,
                    'eval_seeds': 12,
@@ -355,12 +361,12 @@ GOLDEN = {'arithmetic-full': {'control': {'decoy': 0.6, 'lr': 0.001, 'steps': 60
 
 #: sha256 of ``repr((asdict(cfg), grid(cfg)))``: what JSON does not keep (tuples, the order of the regimes and the
 #: suites) and the runs of the grid.
-GOLDEN_REPR = {'arithmetic-full': '5ff6b3c667a34674c2128f48d784833b16cc19e9c5bf9f991abff0611360b1fa',
- 'arithmetic-quick': 'b2b81c463ba84f785b05d3383f524e4a3cf5f1b49df07cc2fe3ea58ce564deb4',
- 'embedded-full': '879360443d53ce0eddc38ed6a53d51a28058369205f0a4b0df18ee37a4986284',
- 'embedded-quick': '451bb3f6fa7430db65bd6c1b1b9d51b44721edf7e771c2a4e71784aa782e335f',
- 'smollm2-full': 'f4ba0808b9ec2f97ff7ae1ab47d585cebdf5d93d02d34ed46a7c7954c11cabe0',
- 'smollm2-quick': '963edd915751d3961c30ca6d5155316506ee1636729b3dd65dad7c1f6c18d734'}
+GOLDEN_REPR = {'arithmetic-full': 'e4077d6c9baa5d3c719edc959bb603815b9529600148e0ee1d0c98f14403538c',
+ 'arithmetic-quick': 'ae393f5eb13078200f9280b734063a568f0ed019eb5e92d3cfca20c2830e5075',
+ 'embedded-full': 'd09d8064bd28845dba394ed8456491f3ee14cd9f3b105c0ad9785b3ee5d43bce',
+ 'embedded-quick': 'd3839900807355a11a3fc2b93ed7ae756d7de1fded8bc8a0cf64c7c507a42fe5',
+ 'smollm2-full': 'a13e0945252642bed03f513e48a69811638f8f2335396e029414440a1874104d',
+ 'smollm2-quick': '66d20f40003069995c3a84bd293baed02ac4521397089c4d857c29c4b30d5f7d'}
 
 
 @pytest.mark.parametrize("name", PRESETS)
