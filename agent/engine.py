@@ -125,21 +125,10 @@ def engine_folder(policy: "Policy", dest: Path) -> Path:
         for f in files:
             os.symlink(Path(f).resolve(), dest / f.name)
     else:
-        from ..weights import write_tensors
+        from ..weights import distinct_tensors, write_tensors
 
         write_tensors(dest / "model.safetensors", distinct_tensors(model.state_dict()))
     return dest
-
-
-def distinct_tensors(state: Mapping[str, "torch.Tensor"]) -> dict:
-    """``state`` without the names that alias an earlier one's storage (a tied head beside its embedding)."""
-    seen, out = set(), {}
-    for n, t in state.items():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)) if t.numel() else (n,)
-        if key not in seen:
-            seen.add(key)
-            out[n] = t
-    return out
 
 
 class VLLMEngine:
@@ -288,4 +277,4 @@ def vllm_engine(policy: "Policy", *, seed: int = 0, dtype: "torch.dtype | None" 
                       seed=seed)
 
 
-__all__ = ["ENGINES", "VLLMEngine", "distinct_tensors", "engine_folder", "resolve_engine", "turn_seed", "vllm_engine", "vllm_installed"]
+__all__ = ["ENGINES", "VLLMEngine", "engine_folder", "resolve_engine", "turn_seed", "vllm_engine", "vllm_installed"]

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..core.errors import GraftkitError
-from ..weights import Checkpoint, check_pair
+from ..weights import Checkpoint, check_pair, storage_key
 from .plan import GraftPlan
 from .splice import row_chunks, splice
 
@@ -85,10 +85,6 @@ def bind_names(model, names) -> tuple[dict[str, str], list[str]]:
         else:
             missing.append(n)
     return bound, missing
-
-
-def _storage_key(t) -> tuple[int, int]:
-    return (t.untyped_storage().data_ptr(), t.storage_offset()) if t.numel() else (id(t), 0)
 
 
 @dataclass
@@ -140,8 +136,8 @@ class InPlaceGraft:
         # One writer per storage: the parameter's own (first) name wins over aliases (tied heads).
         primary = {}
         for n, p in self.model.named_parameters():
-            primary.setdefault(_storage_key(p), n)
-        by_storage: dict[tuple[int, int], list[str]] = {}
+            primary.setdefault(storage_key(p), n)
+        by_storage: dict[tuple, list[str]] = {}
         for ck_name, sd_name in self.bound.items():
             t = self._targets[sd_name]
             meta = self.base.metas[ck_name]
@@ -156,7 +152,7 @@ class InPlaceGraft:
                     f"tensor {ck_name} is {meta.dtype} in {self.base.path} but the loaded model holds {t.dtype}",
                     "load the model from the base checkpoint",
                 )
-            by_storage.setdefault(_storage_key(t), []).append(ck_name)
+            by_storage.setdefault(storage_key(t), []).append(ck_name)
         self.aliases: dict[str, str] = {}  # checkpoint name → the checkpoint name that writes its storage
         for key, names in by_storage.items():
             owner = next((n for n in names if self.bound[n] == primary.get(key)), names[0])

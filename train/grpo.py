@@ -421,15 +421,13 @@ def setup(cfg: GRPOConfig) -> TrainState:
 
 
 def sync_engine(tr: TrainState) -> float:
-    """Send the trainer's weights to its rollout engine if they changed since the last sync (seconds spent)."""
+    """Send the trained weights to the rollout engine if they changed since the last sync (seconds spent); the
+    frozen ones are the init's, which the engine was built over."""
     if tr.policy.engine is None or tr.synced:
         return 0.0
-    from ..agent.engine import distinct_tensors
-
     t0 = time.perf_counter()
     with torch.no_grad():
-        tr.policy.engine.update({n: t.to(tr.compute) if t.is_floating_point() else t
-                                 for n, t in distinct_tensors(tr.model.state_dict()).items()})
+        tr.policy.engine.update({n: p.detach().to(tr.compute) for n, p in tr.trained})
     tr.synced = True
     return time.perf_counter() - t0
 

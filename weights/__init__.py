@@ -34,7 +34,7 @@ from .taxonomy import (
     classify,
     parse_layers,
 )
-from .hf import ImageTextProcessor, is_vision_folder, load_model, load_vlm, read_tensors, save_model, tensors_bytes, write_tensors
+from .hf import ImageTextProcessor, is_vision_folder, load_model, load_vlm, distinct_tensors, read_tensors, save_model, storage_key, tensors_bytes, write_tensors
 from .writer import OutSpec, check_destination, parse_size, write_checkpoint, write_json_atomic
 
 __all__ = [
@@ -43,5 +43,5 @@ __all__ = [
     "pair_distance", "stream_pair_distance", "guard_pair_distance", "check_fine_tune", "describe", "describe_later", "open_rl", "recorded_base",
     "base_of", "checkpoint_of", "checkpoints_of", "open_model", "SafetensorsFile", "TensorEntry", "BANDS", "GROUPS", "Taxonomy", "TensorRole",
     "UnknownTensors", "band_of", "band_rule", "classify", "parse_layers", "OutSpec",
-    "save_model", "load_model", "load_vlm", "is_vision_folder", "ImageTextProcessor", "read_tensors", "tensors_bytes", "write_tensors", "check_destination", "parse_size", "write_checkpoint", "write_json_atomic",
+    "save_model", "load_model", "load_vlm", "is_vision_folder", "ImageTextProcessor", "read_tensors", "tensors_bytes", "write_tensors", "distinct_tensors", "storage_key", "check_destination", "parse_size", "write_checkpoint", "write_json_atomic",
 ]

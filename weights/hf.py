@@ -122,6 +122,21 @@ def write_tensors(path: Path, tensors: Mapping) -> Path:
     return Path(path)
 
 
+def storage_key(t) -> tuple:
+    """Where ``t``'s values live: equal for two names that alias one storage (a tied head beside its embedding)."""
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)) if t.numel() else ("empty", id(t))
+
+
+def distinct_tensors(state: Mapping) -> dict:
+    """``state`` (name → tensor) without the names that alias an earlier one's storage (:func:`storage_key`)."""
+    seen, out = set(), {}
+    for n, t in state.items():
+        if (key := storage_key(t)) not in seen:
+            seen.add(key)
+            out[n] = t
+    return out
+
+
 def read_tensors(path: Path) -> dict:
     """Every tensor of a (small) safetensors file, copied out of the mapping."""
     from .safetensors_file import SafetensorsFile
