@@ -39,6 +39,7 @@ import json
 import os
 import shutil
 import tempfile
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
@@ -149,6 +150,8 @@ class VLLMEngine:
         else:
             kw["gpu_memory_utilization"] = GPU_MEMORY_UTILIZATION
         self.folder, self.scratch = folder, scratch
+        # the files go with the engine: at close, when it is collected, or when the interpreter exits
+        self._cleanup = weakref.finalize(self, shutil.rmtree, scratch, ignore_errors=True)
         self.dtype, self.device = dtype, device
         try:
             self.llm = LLM(str(folder), dtype=str(dtype).removeprefix("torch."), skip_tokenizer_init=True, seed=seed,
@@ -227,9 +230,6 @@ class VLLMEngine:
 
             gc.collect()
         self._cleanup()
-
-    def _cleanup(self) -> None:
-        shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def _version() -> str:

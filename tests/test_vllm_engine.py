@@ -83,6 +83,26 @@ def test_a_head_size_without_a_cpu_kernel_is_one_error(tmp_path):
     assert e.value.fix == "use --engine hf for this model"
 
 
+@needs_vllm
+def test_an_engine_never_closed_leaves_no_files():
+    """A script that exits without closing its engine (or whose engine is collected) leaves nothing in /dev/shm."""
+    import subprocess
+    import sys
+
+    code = "\n".join([
+        "import torch, vllm",
+        "vllm.LLM = lambda *a, **k: object()  # the engine itself is not what is tested",
+        "from graftkit.agent.engine import VLLMEngine, scratch_dir",
+        "s = scratch_dir('graftkit-vllm-'); (s / 'model').mkdir()",
+        "e = VLLMEngine(s / 'model', dtype=torch.float32, device=torch.device('cpu'), max_model_len=None, scratch=s)",
+        "print(s, s.is_dir())",
+    ])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    path, existed = done.stdout.split()[-2:]
+    assert existed == "True" and not Path(path).exists()
+
+
 def test_turn_seeds_differ_by_turn_and_row():
     seeds = {turn_seed(r, t) for r in range(20) for t in range(5)}
     assert len(seeds) == 100 and all(0 <= s < 2**63 for s in seeds)
@@ -98,8 +118,11 @@ def sft_pair():
 
     hf = load_policy(SFT, device="cpu")
     vl = load_policy(SFT, device="cpu", engine="vllm")
+    scratch = vl.engine.scratch
+    assert (scratch / "model" / "config.json").is_file()
     yield hf, vl
     vl.close()
+    assert not scratch.exists()  # the engine's files go with it
 
 
 def _actions(episodes):
