@@ -33,6 +33,7 @@ down: in that mode, build one engine at a time (graftkit's commands do).
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib.util
 import json
@@ -134,7 +135,8 @@ def engine_folder(policy: "Policy", dest: Path) -> Path:
 
 class VLLMEngine:
     """A vLLM engine over a policy's weights: :meth:`generate` one action per prompt, :meth:`update` weights in
-    place, :meth:`prompt_logprobs` of given tokens, :meth:`close` to free it. Build with :func:`vllm_engine`."""
+    place, :meth:`prompt_logprobs` of given tokens, :meth:`close` to hand it back (:func:`vllm_engine` reuses it),
+    :meth:`shutdown` to free it. Build with :func:`vllm_engine`."""
 
     def __init__(self, folder: Path, *, dtype: "torch.dtype", device: "torch.device", max_model_len: int | None,
                  scratch: Path, seed: int = 0):
@@ -165,6 +167,7 @@ class VLLMEngine:
                                 ) from None
         self.placement = {**describe(device, dtype), "engine": "vllm", "vllm": _version()}
         self.updates = 0
+        self.key: tuple = ()
 
     # ---------------------------------------------------------------------------------- generation
 
@@ -212,13 +215,24 @@ class VLLMEngine:
         folder.mkdir()
         try:
             write_tensors(folder / "model.safetensors", tensors)
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
-            self.llm.reset_prefix_cache()
+            self._reload(folder)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         self.updates += 1
 
+    def _reload(self, folder: Path) -> None:
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
+        self.llm.reset_prefix_cache()
+
     def close(self) -> None:
+        """Hand the engine back: it waits, idle, for the next :func:`vllm_engine` of the same architecture (which
+        loads its weights into it instead of starting another), until another is wanted or the process exits."""
+        if "llm" in self.__dict__:
+            _park(self)
+        else:
+            self._cleanup()
+
+    def shutdown(self) -> None:
         """Shut the engine down and remove its files."""
         llm = self.__dict__.pop("llm", None)
         if llm is not None:
@@ -230,6 +244,28 @@ class VLLMEngine:
 
             gc.collect()
         self._cleanup()
+
+
+#: The engine closed last, kept for the next one of its architecture (:func:`vllm_engine`), and what it was built
+#: with: at most one per process, so an idle engine never holds memory another needs.
+_IDLE: dict[tuple, VLLMEngine] = {}
+
+
+def _park(engine: VLLMEngine) -> None:
+    for key, other in list(_IDLE.items()):
+        if other is not engine:
+            del _IDLE[key]
+            other.shutdown()
+    _IDLE[engine.key] = engine
+
+
+def shutdown_idle() -> None:
+    """Shut down the idle engine, if any (at exit, and before an engine of another architecture starts)."""
+    while _IDLE:
+        _IDLE.popitem()[1].shutdown()
+
+
+atexit.register(shutdown_idle)
 
 
 def _version() -> str:
@@ -260,21 +296,49 @@ def _check_cpu_head_size(policy: "Policy") -> None:
 
 def vllm_engine(policy: "Policy", *, seed: int = 0, dtype: "torch.dtype | None" = None) -> VLLMEngine:
     """A vLLM engine over ``policy``'s weights, on its device and in its dtype (or ``dtype``: a trainer's compute
-    dtype), see the module docstring."""
+    dtype), see the module docstring. The idle engine of the same architecture, device, dtype, length and seed is
+    reused where there is one: the policy's weights are loaded into it, all of them, and its prefix cache reset
+    (what it then computes equals a fresh engine's, bit for bit; a start costs a minute on the CPU)."""
     p = next(policy.model.parameters())
     if p.device.type == "cpu":
         _check_cpu_head_size(policy)
+    dtype = dtype or p.dtype
+    max_len = getattr(policy.model.config, "max_position_embeddings", None)
     scratch = scratch_dir("graftkit-vllm-")
     folder = scratch / "model"
     folder.mkdir()
     try:
         engine_folder(policy, folder)
-    except BaseException:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise
-    max_len = getattr(policy.model.config, "max_position_embeddings", None)
-    return VLLMEngine(folder, dtype=dtype or p.dtype, device=p.device, max_model_len=max_len, scratch=scratch,
-                      seed=seed)
+        config = json.loads((folder / "config.json").read_text())
+        config.pop("_name_or_path", None)  # where it was loaded from: not the architecture
+        key = (hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest(), str(dtype), str(p.device),
+               max_len, seed, os.environ.get(EAGER_ENV) == "1")
+        idle = _IDLE.pop(key, None)
+        if idle is not None:
+            try:
+                idle._reload(folder)
+            except BaseException:
+                idle.shutdown()
+                raise
+            idle.updates = 0
+            return idle
+        shutdown_idle()  # another architecture: free its memory first
+        engine = VLLMEngine(folder, dtype=dtype, device=p.device, max_model_len=max_len, scratch=scratch, seed=seed)
+        engine.key = key
+        scratch = None  # the engine's now
+        return engine
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+        else:
+            _drop_weights(folder)
 
 
-__all__ = ["ENGINES", "VLLMEngine", "engine_folder", "resolve_engine", "turn_seed", "vllm_engine", "vllm_installed"]
+def _drop_weights(folder: Path) -> None:
+    """The engine holds its weights once built: the folder's (possibly written) weight files are not needed."""
+    for f in folder.iterdir():
+        if f.name != "config.json":
+            f.unlink()
+
+
+__all__ = ["ENGINES", "VLLMEngine", "engine_folder", "shutdown_idle", "resolve_engine", "turn_seed", "vllm_engine", "vllm_installed"]

@@ -118,11 +118,8 @@ def sft_pair():
 
     hf = load_policy(SFT, device="cpu")
     vl = load_policy(SFT, device="cpu", engine="vllm")
-    scratch = vl.engine.scratch
-    assert (scratch / "model" / "config.json").is_file()
     yield hf, vl
     vl.close()
-    assert not scratch.exists()  # the engine's files go with it
 
 
 def _actions(episodes):
@@ -240,6 +237,33 @@ def test_inplace_graft_in_the_engine_equals_the_exported_graft(rl_child, tmp_pat
         _graft_in_engine(vl, base, rl, plan, want)
     finally:
         vl.close()
+
+
+@needs_vllm
+def test_a_closed_engine_serves_the_next_policy_of_its_architecture(rl_child):
+    """close() parks the engine; the next policy of the same architecture gets it with all its weights reloaded,
+    computing what a fresh engine does, bit for bit; another architecture (here: another seed) shuts it down."""
+    from graftkit.agent import load_policy
+    from graftkit.agent.engine import shutdown_idle, vllm_engine
+
+    shutdown_idle()
+    a = load_policy(rl_child, device="cpu", engine="vllm")
+    engine, fresh = a.engine, a.engine.prompt_logprobs(PROBES)
+    assert not (engine.folder / "model.safetensors").exists()  # built: the weights live in the engine only
+    a.close()
+    b = load_policy(SFT, device="cpu", engine="vllm")
+    assert b.engine is engine and engine.updates == 0
+    sft = b.engine.prompt_logprobs(PROBES)
+    b.close()
+    c = load_policy(rl_child, device="cpu", engine="vllm")
+    assert c.engine is engine and c.engine.prompt_logprobs(PROBES) == fresh != sft
+    c.close()
+    other = vllm_engine(b, seed=1)  # not the parked engine's: that one is shut down first, its files removed
+    try:
+        assert other is not engine and "llm" not in engine.__dict__ and not engine.scratch.exists()
+        assert other.prompt_logprobs(PROBES) == sft  # the reused engine's SFT log-probs were a fresh engine's
+    finally:
+        other.shutdown()
 
 
 def _graft_in_engine(vl, base, rl, plan, want):
