@@ -26,6 +26,11 @@ class) and its weights: links to the checkpoint's own safetensors files where th
 else the loaded model written once (a LoRA adapter merged, a trainer layout, a single file). vLLM's own log
 lines are kept to errors unless ``VLLM_LOGGING_LEVEL`` says otherwise.
 
+An engine is slow to start (a minute or more on the CPU), so :meth:`VLLMEngine.close` parks it and
+:func:`vllm_engine` hands it to the next policy of the same architecture, device, dtype, length and seed, with
+that policy's weights loaded into it (all of them, the prefix cache reset): bit for bit what a fresh engine
+computes. One engine waits at most, per process; it is shut down before another architecture's starts, and at exit.
+
 vLLM runs its engine core in a process of its own (the default); with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` it runs
 in this one, starting faster, but then engines share vLLM's process-wide parallel state, which closing one tears
 down: in that mode, build one engine at a time (graftkit's commands do).

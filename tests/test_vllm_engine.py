@@ -195,9 +195,8 @@ def test_chat_templated_model_greedy_equals_hf(tmp_path):
 # ------------------------------------------------------------------------------------------------ grafts
 
 
-@pytest.fixture(scope="module")
-def rl_child(tmp_path_factory):
-    """An RL child of the default SFT policy: its attention and MLP matrices moved by 0.05·N(0, 1) (planted)."""
+def _child(dest: Path, scale: float) -> Path:
+    """A child of the default SFT policy: its attention and MLP matrices moved by scale·N(0, 1) (planted)."""
     from graftkit.agent import load_policy
     from graftkit.weights import describe, open_checkpoint, save_model
 
@@ -206,10 +205,16 @@ def rl_child(tmp_path_factory):
     with torch.no_grad():
         for n, q in pol.model.named_parameters():
             if q.dim() == 2 and (".mlp." in n or ".self_attn." in n):
-                q.add_(0.05 * torch.randn(q.shape, generator=g))
+                q.add_(scale * torch.randn(q.shape, generator=g))
     d = describe(open_checkpoint(SFT))
-    return save_model(tmp_path_factory.mktemp("vllm-rl") / "rl", pol.model, pol.tokenizer, provenance={
+    return save_model(dest, pol.model, pol.tokenizer, provenance={
         "producer": "test (planted)", "base_model": {"path": d["path"], "fingerprint": d["fingerprint"]}})
+
+
+@pytest.fixture(scope="module")
+def rl_child(tmp_path_factory):
+    """An RL child of the default SFT policy, 0.05·N(0, 1) away in its attention and MLP matrices."""
+    return _child(tmp_path_factory.mktemp("vllm-rl") / "rl", scale=0.05)
 
 
 #: Prompt + action sequences whose log-probs are compared (token ids of the default policy's vocabulary).
@@ -409,13 +414,21 @@ def test_eval_and_headroom_commands_on_vllm(rl_child, tmp_path):
 
 @needs_vllm
 @pytest.mark.slow
-def test_kl_command_plays_each_side_on_its_own_engine(rl_child, tmp_path):
+def test_kl_command_plays_each_side_on_the_engine_reproducibly(tmp_path):
+    """Each side's rollouts come from its own weights (the parked engine reloaded between them), and a second
+    run plays the same sampled episodes, so gives the same KL, bit for bit."""
     from graftkit.evaluation.kl import KLConfig, run_kl
 
-    run = run_kl(KLConfig(model=rl_child, base=SFT, tasks="click-button", seeds=2, episodes=2, max_new_tokens=16,
-                          device="cpu", engine="vllm", run=tmp_path))
-    assert run.result.attrs["placement"]["engine"] == "vllm"
-    assert run.file.exists() and run.seconds["rollouts"] > 0
+    far = _child(tmp_path / "far", scale=1.0)  # a policy far from the SFT one: its samples differ
+    runs = [run_kl(KLConfig(model=far, base=SFT, tasks="click-button", seeds=2, episodes=2, max_new_tokens=16,
+                            device="cpu", engine="vllm", run=tmp_path / str(i))) for i in range(2)]
+    a, b = (r.result.result for r in runs)
+    assert a.attrs["placement"]["engine"] == "vllm" and runs[0].file.exists() and runs[0].seconds["rollouts"] > 0
+    for name in ("token_id", "token_kl", "kl_episode"):
+        np.testing.assert_array_equal(a[name], b[name])
+    side = a["token_side"]
+    rl_tokens, sft_tokens = a["token_id"][side == "rl"], a["token_id"][side == "sft"]
+    assert len(rl_tokens) and len(sft_tokens) and not np.array_equal(rl_tokens, sft_tokens)
 
 
 @needs_vllm
