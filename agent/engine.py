@@ -46,6 +46,7 @@ import os
 import shutil
 import tempfile
 import weakref
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
@@ -154,6 +155,11 @@ class VLLMEngine:
         if device.type == "cpu":
             if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
                 kw["kv_cache_memory_bytes"] = CPU_KV_CACHE_GIB << 30
+            # A prefill split across steps makes vLLM rewind a seeded request's generator by an offset, which a CPU
+            # generator does not have (RuntimeError): each prompt is scheduled whole.
+            kw["enable_chunked_prefill"] = False
+            if max_model_len:
+                kw["max_num_batched_tokens"] = max(max_model_len, 2048)
         else:
             kw["gpu_memory_utilization"] = GPU_MEMORY_UTILIZATION
         self.folder, self.scratch = folder, scratch
@@ -189,7 +195,8 @@ class VLLMEngine:
         else:
             params = [SamplingParams(temperature=decode.temperature, top_p=decode.top_p, seed=int(s), **common)
                       for s in seeds]
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        with self._failing("generating"):
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         tokens, logps = [], []
         for o in outs:
             c = o.outputs[0]
@@ -203,7 +210,8 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params, use_tqdm=False)
+        with self._failing("scoring"):
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params, use_tqdm=False)
         return [[float(d[t].logprob) for t, d in zip(s[1:], o.prompt_logprobs[1:])] for s, o in zip(sequences, outs)]
 
     # -------------------------------------------------------------------------------------- weights
@@ -226,8 +234,23 @@ class VLLMEngine:
         self.updates += 1
 
     def _reload(self, folder: Path) -> None:
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
-        self.llm.reset_prefix_cache()
+        with self._failing("loading weights"):
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
+            self.llm.reset_prefix_cache()
+
+    @contextmanager
+    def _failing(self, what: str):
+        """vLLM's failures inside the block as one error; the engine is shut down (a failed one is not reused)."""
+        try:
+            yield
+        except Exception as exc:
+            try:
+                self.shutdown()
+            except Exception:
+                pass
+            first = (str(exc).splitlines() or [""])[0]
+            raise GraftkitError(f"the vLLM engine failed while {what} ({type(exc).__name__}: {first})",
+                                "vLLM's log above names the cause; --engine hf runs without vLLM") from exc
 
     def close(self) -> None:
         """Hand the engine back: it waits, idle, for the next :func:`vllm_engine` of the same architecture (which

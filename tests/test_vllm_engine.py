@@ -151,6 +151,47 @@ def test_greedy_episodes_equal_the_hf_engine(sft_pair):
 
 
 @needs_vllm
+def test_sampled_requests_beyond_one_step_s_token_budget(sft_pair):
+    """More prompt tokens than one engine step schedules: on the CPU, where a seeded request's prefill may not be
+    split across steps (vLLM rewinds its generator's offset, which a CPU generator has not), each is scheduled
+    whole; every request gets its action, the same as when sent alone."""
+    from graftkit.agent import Decode
+
+    _, vl = sft_pair
+    budget = vl.engine.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    length = 900  # within the model's 1024 positions
+    prompts = [[2] + [5 + (i * 7 + j) % 3000 for j in range(length - 1)] for i in range(budget // length + 3)]
+    decode = Decode(greedy=False, temperature=1.0, max_new_tokens=4)
+    seeds = [turn_seed(i, 0) for i in range(len(prompts))]
+    tokens, logps = vl.engine.generate(prompts, decode, seeds, stop=set())
+    assert len(prompts) * length > budget  # more than one step's prefill
+    assert all(1 <= len(t) <= 4 and len(lp) == len(t) for t, lp in zip(tokens, logps))  # may end at EOS
+    alone = vl.engine.generate(prompts[-1:], decode, seeds[-1:], stop=set())[0]
+    assert alone == tokens[-1:]
+
+
+@needs_vllm
+def test_an_engine_failure_is_one_error_and_the_engine_is_not_reused(sft_pair, monkeypatch):
+    from graftkit.agent import Decode
+    from graftkit.agent.engine import _IDLE
+
+    _, vl = sft_pair
+    engine = vl.engine
+
+    def dies(*a, **k):
+        raise RuntimeError("EngineCore encountered an issue.\nSee stack trace (above) for the root cause.")
+
+    monkeypatch.setattr(engine.llm, "generate", dies)
+    with pytest.raises(GraftkitError) as e:
+        engine.generate([[2, 5, 9]], Decode(max_new_tokens=4), [0], stop=set())
+    assert e.value.what == ("the vLLM engine failed while generating (RuntimeError: EngineCore "
+                            "encountered an issue.)")
+    assert e.value.fix == "vLLM's log above names the cause; --engine hf runs without vLLM"
+    vl.close()
+    assert "llm" not in engine.__dict__ and engine not in _IDLE.values() and not engine.scratch.exists()
+
+
+@needs_vllm
 @pytest.mark.slow
 def test_sampled_episodes_are_reproducible_and_batch_independent(sft_pair):
     from graftkit.agent import Decode, rollout
