@@ -274,8 +274,8 @@ class VLLMEngine:
         self._cleanup()
 
 
-#: The engine closed last, kept for the next one of its architecture (:func:`vllm_engine`), and what it was built
-#: with: at most one per process, so an idle engine never holds memory another needs.
+#: The engine closed last, under what it was built for (architecture, device, dtype, length, seed), kept for the
+#: next :func:`vllm_engine` of the same: at most one per process, so an idle engine never holds memory another needs.
 _IDLE: dict[tuple, VLLMEngine] = {}
 
 
@@ -343,11 +343,7 @@ def vllm_engine(policy: "Policy", *, seed: int = 0, dtype: "torch.dtype | None" 
                max_len, seed, os.environ.get(EAGER_ENV) == "1")
         idle = _IDLE.pop(key, None)
         if idle is not None:
-            try:
-                idle._reload(folder)
-            except BaseException:
-                idle.shutdown()
-                raise
+            idle._reload(folder)  # a failure shuts it down
             idle.updates = 0
             return idle
         shutdown_idle()  # another architecture: free its memory first
