@@ -21,6 +21,7 @@ from typing import Callable, Collection, Sequence
 import numpy as np
 
 from ..core.errors import GraftkitError
+from ..verifiable.user import file_seed, file_size
 from .policy import Policy
 from .tasks import make_task_env, resolve_tasks
 from .rollout import Decode, Episode, rollout
@@ -44,7 +45,8 @@ def plan_episodes(tasks: Sequence[str], seeds: Sequence[int], episodes: int, ite
     A task is left out under ``items="heldout"`` (``"train"``) when an episode finds no evaluation (training)
     item. ``"train"`` plays training items only: the split to choose hyperparameters on. The tasks in
     ``whole`` play every seed's own item under any ``items`` (as ``"all"``): a user's file of items that the
-    run does not train on, so nothing of it needs holding out."""
+    run does not train on, so nothing of it needs holding out. A user's file played on every item (``whole``, or
+    ``items="all"``) plays consecutive items (:func:`file_seed`), so that seeds × episodes ≥ its size covers it."""
     from ..webenv.items import NoItems, draw, item_id
 
     if items not in ITEM_MODES:
@@ -54,10 +56,14 @@ def plan_episodes(tasks: Sequence[str], seeds: Sequence[int], episodes: int, ite
     for t in tasks:
         env = make_task_env(t)
         es, it = np.zeros((len(seeds), episodes), np.int64), np.empty((len(seeds), episodes), object)
+        in_file = file_size(t) is not None  # a user's file: consecutive items cover it
         try:
             for b, s in enumerate(seeds):
                 for e in range(episodes):
-                    if items == "all" or t in whole:
+                    if in_file and (items == "all" or t in whole):
+                        es[b, e] = file_seed(s, e, episodes)
+                        it[b, e] = item_id(env.reset(int(es[b, e])), obs)
+                    elif items == "all" or t in whole:
                         es[b, e] = episode_seed(s, e)
                         it[b, e] = item_id(env.reset(int(es[b, e])), obs)
                     else:
@@ -86,7 +92,7 @@ def first_prompts(tasks: str | Sequence[str], n: int, seed: int = 0) -> list[str
     """``n`` first-turn prompts from the tasks, as the policy reads them in its plain format: prompt k is
     episode ``seed + k // T`` of task ``k mod T`` (T tasks: a suite name or a task list)."""
     from ..verifiable import ProblemObservation, lookup
-    from .policy import format_problem, format_prompt
+    from .policy import format_prompt, plain_problem
     from .tasks import observation_text
 
     names = resolve_tasks(tasks)
@@ -95,7 +101,7 @@ def first_prompts(tasks: str | Sequence[str], n: int, seed: int = 0) -> list[str
     for k in range(n):
         task = names[k % len(names)]
         obs = envs[task].reset(seed + k // len(names))
-        out.append(format_problem(obs.utterance, lookup(task).system) if isinstance(obs, ProblemObservation)
+        out.append(plain_problem(lookup(task).conversation(obs.problem)) if isinstance(obs, ProblemObservation)
                    else format_prompt(observation_text(obs), []))
     for env in envs.values():
         getattr(env, "close", lambda: None)()

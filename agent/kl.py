@@ -74,6 +74,8 @@ class FixedTurn:
     action_ids: tuple[int, ...]
     action: str
     """The output as the task read it (a web action, or a problem's completion)."""
+    valid: bool = True
+    """Whether the output parsed (a web action, or an answer in the task's answer format)."""
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,14 @@ class FixedEpisodes:
         """Each episode's outcome ``[task, seed, episode]`` (int8)."""
         return np.array([ep.success for ep in self.played], np.int8).reshape(self.shape)
 
+    def invalid(self) -> np.ndarray:
+        """Turns per episode whose output did not parse ``[task, seed, episode]`` (int16)."""
+        return np.array([sum(not t.valid for t in ep.turns) for ep in self.played], np.int16).reshape(self.shape)
+
+    def n_turns(self) -> np.ndarray:
+        """Turns per episode ``[task, seed, episode]`` (int16)."""
+        return np.array([len(ep.turns) for ep in self.played], np.int16).reshape(self.shape)
+
 
 def rollout_decode(max_new_tokens: int = 32, seed: int = 0) -> Decode:
     """How the fixed episodes are sampled: temperature 1, top-p 1 (:data:`CONVENTIONS`)."""
@@ -183,7 +193,7 @@ def play_fixed(policy: Policy, side: str, tasks: Sequence[str], seeds: Sequence[
                 ep = played[k]
                 k += 1
                 out.append(FixedEpisode(t, int(s), e, ep.seed, str(item[a, b, e]), ep.success, tuple(
-                    FixedTurn(tuple(turn.prompt_ids), tuple(turn.action_ids), turn.action) for turn in ep.turns)))
+                    FixedTurn(tuple(turn.prompt_ids), tuple(turn.action_ids), turn.action, turn.valid) for turn in ep.turns)))
     return FixedEpisodes(side, tuple(tasks), tuple(int(s) for s in seeds), episodes, tuple(out), decode_seed,
                          max_new_tokens, tuple(dropped))
 

@@ -24,7 +24,7 @@ import string
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 
@@ -42,9 +42,24 @@ def format_prompt(observation_text: str, history: Sequence[str]) -> str:
     return f"{observation_text}\nprevious: {previous}\naction:"
 
 
-def format_problem(prompt: str, system: str) -> str:
-    """The plain prompt of a verifiable problem: the task's instruction, the problem, then ``answer:``."""
-    return f"{system}\n{prompt}\nanswer:"
+def format_problem(prompt: str, system: str | None) -> str:
+    """The plain prompt of a verifiable problem: the task's instruction (none when empty), the problem, then
+    ``answer:``."""
+    return f"{system}\n{prompt}\nanswer:" if system else f"{prompt}\nanswer:"
+
+
+def plain_problem(messages: Sequence[Mapping[str, str]]) -> str:
+    """A problem's conversation in the plain format (:func:`format_problem`): its system message, the other
+    messages' contents, then ``answer:``."""
+    system = messages[0]["content"] if messages and messages[0]["role"] == "system" else None
+    return format_problem("\n".join(m["content"] for m in messages if m["role"] != "system"), system)
+
+
+def _conversation(prompt: str | Sequence[Mapping[str, str]], system: str | None) -> list[dict]:
+    """A problem's messages: a conversation as given, or ``system`` (none when empty) and the prompt."""
+    if not isinstance(prompt, str):
+        return [dict(m) for m in prompt]
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
 
 
 def canonical_action(text: str) -> str:
@@ -136,15 +151,35 @@ class Policy:
     def prompt_ids(self, observation_text: str, history: Sequence[str]) -> list[int]:
         return self._prompt(format_prompt(observation_text, history), SYSTEM)
 
-    def problem_ids(self, prompt: str, system: str) -> list[int]:
-        """The prompt of a verifiable problem: ``system`` then the problem (chat), or :func:`format_problem`."""
-        return self._prompt(prompt if self.chat else format_problem(prompt, system), system)
+    def problem_ids(self, prompt: str | Sequence[Mapping[str, str]], system: str | None = None,
+                    template: str = "auto") -> list[int]:
+        """The prompt of a verifiable problem, written in ``template`` (:data:`graftkit.verifiable.format.TEMPLATES`):
+        ``prompt`` (a conversation of messages, or the problem's text after ``system``, none when empty) through the
+        chat template (``chat``; ``auto`` when the tokenizer has one), as :func:`format_problem` writes it
+        (``plain``; ``auto`` without a chat template), or its text exactly as written (``raw``: the messages'
+        contents joined by newlines, no BOS token — TRL's standard format)."""
+        msgs = _conversation(prompt, system)
+        if template == "chat" and not self.chat:
+            raise GraftkitError(f"--template chat: the tokenizer of {self.path or 'the policy'} has no chat template",
+                                "use --template plain or raw (or auto, which picks plain for it)")
+        if template == "raw":
+            text = "\n".join(m["content"] for m in msgs)
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if self.chat and template in ("auto", "chat"):
+            return self._chat_ids(msgs)
+        return self._plain_ids(plain_problem(msgs))
 
     def _prompt(self, text: str, system: str) -> list[int]:
-        if self.chat:
-            ids = self._render(self._messages(text, system), add_generation_prompt=True, tokenize=True)
-            # transformers 5 returns a BatchEncoding (a mapping, not a dict) where 4.x returned a list
-            return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return self._chat_ids(self._messages(text, system)) if self.chat else self._plain_ids(text)
+
+    def _chat_ids(self, msgs: list[dict]) -> list[int]:
+        if not self.system_role and msgs and msgs[0]["role"] == "system":  # a template without a system role
+            msgs = self._messages(msgs[1]["content"], msgs[0]["content"]) + msgs[2:]
+        ids = self._render(msgs, add_generation_prompt=True, tokenize=True)
+        # transformers 5 returns a BatchEncoding (a mapping, not a dict) where 4.x returned a list
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    def _plain_ids(self, text: str) -> list[int]:
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         bos = self.tokenizer.bos_token_id
         return ([bos] if bos is not None else []) + list(ids)
@@ -154,7 +189,8 @@ class Policy:
         from ..verifiable import ProblemObservation, lookup
 
         if isinstance(obs, ProblemObservation):
-            return self.problem_ids(obs.utterance, lookup(obs.task).system)
+            task = lookup(obs.task)
+            return self.problem_ids(task.conversation(obs.problem), template=task.template)
         from ..webenv.render import render_text
 
         return self.prompt_ids(render_text(obs), history)

@@ -17,6 +17,7 @@ from ..core.env import Env, EpisodeSpec
 from ..core.errors import GraftkitError
 from ..core.suites import suites
 from ..verifiable import ProblemEnv, ProblemObservation, is_verifiable, lookup, resolve_source
+from ..verifiable.format import PromptFormat
 from ..webenv import make_env
 from ..webenv import tasks as webtasks
 
@@ -70,9 +71,11 @@ HINT = (f"suites: {', '.join(suites())}, all; web tasks: {', '.join(sorted(webta
         "arithmetic, multiply, countdown, multiples (-N for difficulty), FILE.jsonl, module:function")
 
 
-def resolve_tasks(spec: str | Sequence[str]) -> list[str]:
+def resolve_tasks(spec: str | Sequence[str], fmt: PromptFormat | None = None) -> list[str]:
     """Task names from a comma list (or sequence) of suites, task names, verifiable tasks, ``.jsonl`` files
-    and ``module:function`` entry points (a user's tasks are loaded and registered here)."""
+    and ``module:function`` entry points (a user's tasks are loaded and registered here). ``fmt``: the command's
+    prompt format of the verifiable ones (:mod:`graftkit.verifiable.format`; None leaves each as it was last
+    resolved, the default format restores the task's own)."""
     names = spec.split(",") if isinstance(spec, str) else list(spec)
     out: list[str] = []
     for n in (x.strip() for x in names if x.strip()):
@@ -83,7 +86,7 @@ def resolve_tasks(spec: str | Sequence[str]) -> list[str]:
         elif n in webtasks.TASKS:
             out.append(n)
         else:
-            found = resolve_source(n)
+            found = resolve_source(n, fmt)
             if found is None:
                 raise GraftkitError(f"unknown task or suite {n!r}", HINT)
             out.extend(found)
@@ -101,15 +104,21 @@ def observation_text(obs) -> str:
     return render_text(obs)
 
 
-def system_of(name: str) -> str | None:
-    """A verifiable task's system message (None for a web task: the policy's own)."""
-    return lookup(name).system if is_problem(name) else None
-
-
 def task_sources(names: Sequence[str]) -> dict[str, str]:
     """Where each verifiable task of ``names`` comes from (``builtin``, a file with its digest, an entry
     point): what results record so that a user's task is identified."""
     return {n: lookup(n).source for n in names if is_problem(n)}
+
+
+def prompt_formats(names: Sequence[str]) -> dict[str, dict]:
+    """How each verifiable task of ``names`` was prompted and read (system message, template, answer format), as it
+    is looked up now: what results record beside its outcomes."""
+    out = {}
+    for n in names:
+        if is_problem(n):
+            task = lookup(n)
+            out[n] = {"system": task.system, "template": task.template, "answer_format": task.answer_format.spec}
+    return out
 
 
 def tiny_words(tasks: Sequence[str]) -> tuple[str, ...]:

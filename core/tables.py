@@ -38,4 +38,17 @@ def points(b) -> str:
     return bounds_text(b, scale=100.0, spec="+.1f")
 
 
-__all__ = ["Table", "bounds_text", "points"]
+def percent(x: float) -> str:
+    """A share as a table shows it, ``37%`` (— where it is unknown)."""
+    return "—" if x is None or x != x else f"{100 * x:.0f}%"
+
+
+def items_text(row: Mapping) -> str:
+    """A row's items as a table shows them: the distinct items played, and for a user's file (``file_items`` in the
+    row) ``/`` its number of items: ``32/64`` is half the file."""
+    if "items" not in row:
+        return "?"
+    return f"{row['items']}/{row['file_items']}" if row.get("file_items") is not None else str(row["items"])
+
+
+__all__ = ["Table", "bounds_text", "items_text", "percent", "points"]

@@ -25,6 +25,7 @@ from ..core.executor import Executor
 from ..stats import compare, fold_episodes, headroom, pass_at_k, wilson_interval
 from ..results.layout import RESULTS, eval_path, glob_pattern, headroom_path, result_labels, run_layout
 from ..results.store import Result, write_result
+from ..verifiable.format import FORMAT_FIX, MOSTLY_UNPARSED, PromptOption
 from ..webenv.items import SPLIT_RULE
 
 DIMS = ("task", "seed", "episode", "sample")
@@ -44,7 +45,7 @@ def check_obs(obs: str, backend: str) -> None:
 
 
 @dataclass(frozen=True, kw_only=True)
-class EpisodeOptions(RunOption, DeviceOption, EngineOption):
+class EpisodeOptions(RunOption, DeviceOption, EngineOption, PromptOption):
     """Which policy plays which episodes, and how (the fields ``eval`` and ``headroom`` share)."""
 
     model: Path = opt(flags=("--model",))
@@ -88,7 +89,7 @@ class EpisodeOptions(RunOption, DeviceOption, EngineOption):
         from ..agent import resolve_tasks, seed_list
         from ..agent.engine import resolve_engine
 
-        resolve_tasks(self.tasks)
+        resolve_tasks(self.tasks, self.prompt_format)
         seed_list(self.seeds)
         check_choice(self.items, ("auto", "heldout", "train", "all"), "--items")
         resolve_engine(self.engine, self.obs)
@@ -105,7 +106,7 @@ class EpisodeOptions(RunOption, DeviceOption, EngineOption):
     def task_list(self) -> list[str]:
         from ..agent import resolve_tasks
 
-        return resolve_tasks(self.tasks)
+        return resolve_tasks(self.tasks, self.prompt_format)
 
     @property
     def seed_list(self) -> list[int]:
@@ -210,20 +211,24 @@ class EvalResult:
     @classmethod
     def from_outcome(cls, outcome, model_desc: dict, config: CommandConfig | None = None, **more_attrs):
         """The view of an ``agent.EvalOutcome`` of the checkpoint ``model_desc`` (``weights.describe``)."""
-        from ..agent.tasks import task_sources
+        from ..verifiable.user import file_size
+        from ..agent.tasks import prompt_formats, task_sources
 
+        sizes = {t: n for t in outcome.tasks if (n := file_size(t)) is not None}
         attrs = {"model": model_desc, "label": Path(model_desc.get("path", "model")).name,
                  "decode": asdict(outcome.decode), "backend": outcome.backend, "obs": outcome.obs,
-                 "episode_seed": ("env seed = 1000 * seed + episode" if outcome.items == "all" else
+                 "episode_seed": ("env seed = 1000 * seed + episode (a user's file played on every item: seed * "
+                                  "episodes + episode)" if outcome.items == "all" else
                                   "env seed = the first of 1000 * seed + episode + j * 2**32 (j = 0, 1, ...) whose item "
                                   f"is {'held out' if outcome.items == 'heldout' else 'a training item'}"),
                  "items": outcome.items, "item_split": SPLIT_RULE, "tasks_without_items": list(outcome.no_items),
-                 # a user's file that this evaluation plays on every item (env seed = 1000 * seed + episode)
+                 # a user's file that this evaluation plays on every item (env seed = seed * episodes + episode)
                  **({"tasks_evaluated_whole": list(outcome.whole)} if outcome.whole else {}),
                  "seconds": outcome.seconds, "success": "raw reward == 1 at the end of the episode",
                  "invalid_outputs": {t: [[text, int(n)] for text, n in rows]
                                      for t, rows in getattr(outcome, "invalid_outputs", {}).items()},
-                 "task_sources": task_sources(outcome.tasks), **more_attrs}
+                 "task_sources": task_sources(outcome.tasks), "prompt_formats": prompt_formats(outcome.tasks),
+                 **({"file_items": sizes} if sizes else {}), **more_attrs}
         if config is not None:
             attrs["config"] = config.as_dict()
         return cls(tuple(outcome.tasks), np.array(outcome.seeds), outcome.success.astype(np.int8), outcome.reward,
@@ -277,8 +282,14 @@ class EvalResult:
             distinct = set(str(x) for x in it.ravel())
             n = int(it.size)
             out[t] = {"episodes": n, "distinct": len(distinct),
-                      "overlap": sum(not is_heldout(x) for x in distinct), "too_few": too_few(len(distinct), n)}
+                      "overlap": sum(not is_heldout(x) for x in distinct), "too_few": too_few(len(distinct), n),
+                      **({"total": self.file_items[t]} if t in self.file_items else {})}
         return out
+
+    @property
+    def file_items(self) -> dict[str, int]:
+        """Per user's file (``FILE.jsonl``) among the tasks, its number of items."""
+        return {str(t): int(n) for t, n in (self.attrs.get("file_items") or {}).items()}
 
     def to_result(self) -> Result:
         return Result(self.kind, self._coords(), self._data(), dict(self.attrs))
@@ -336,9 +347,12 @@ class EvalResult:
             if c["too_few"]:
                 out.append(f"{t}: {c['distinct']} distinct items over {c['episodes']} episodes — too few for this "
                            "evaluation; its intervals cluster by item")
-            if t in whole:
-                out.append(f"{t}: a user's file, evaluated whole ({c['distinct']} distinct items; nothing here trains "
-                           "on it — --items heldout plays only the items a training run never draws)")
+            if t in whole or (t in self.file_items and self.attrs.get("items") == "all"):
+                from ..verifiable.user import coverage, coverage_note
+
+                episodes = int(self.success.shape[2])
+                out.append(coverage_note(t, coverage(self.items_of(t), self.file_items[t]), len(self.seeds), episodes)
+                           if t in self.file_items else f"{t}: a user's file, evaluated on every item")
             elif c["overlap"]:
                 out.append(f"{t}: {c['overlap']} of its {c['distinct']} items are outside the held-out split "
                            "(training may have used them)")
@@ -357,21 +371,40 @@ class EvalResult:
         rows = (self.attrs.get("invalid_outputs") or {}).get(task) or []
         return str(rows[0][0]) if len(rows) else None
 
+    def parsed(self, task: str | None = None) -> float:
+        """The share of turns whose output parsed (a web action, or an answer in the task's answer format)."""
+        return 1.0 - self.unparseable(task)
+
+    def answer_format(self, task: str) -> str:
+        """The answer format a verifiable task was read in (``tags`` where the result did not record it)."""
+        return str(((self.attrs.get("prompt_formats") or {}).get(task) or {}).get("answer_format", "tags"))
+
     def action_notes(self) -> list[str]:
-        """One line for a model at 0% because it never wrote an action (else one per such task)."""
-        never = [t for t in self.tasks if self.unparseable(t) == 1.0]
-        if not never:
-            return []
+        """One line for a model at 0% because it never wrote an action or an answer (else one per such task), and
+        one for each task where most outputs did not parse (:data:`MOSTLY_UNPARSED`), naming what would read them."""
         problems = set(self.attrs.get("task_sources") or {})  # verifiable tasks: an answer, not an action
-        what = {t: "no completion stated an answer as <answer>…</answer>" if t in problems else
-                "no turn parsed as an action" for t in never}
-        fix = ("it does not write the answer format <answer>…</answer>" if all(t in problems for t in never) else
-               "it does not write the action format, click(REF) or type(REF, \"TEXT\")") + \
-            ": fine-tune it on demonstrations first (graftkit train sft --init MODEL)"
-        if len(never) == len(self.tasks) and len(set(what.values())) == 1:
-            seen = self.top_invalid(never[0])
-            return [f"0% on every task because {what[never[0]]} (most common output: {seen!r}); {fix}"]
-        return [f"{t}: 0% because {what[t]} (most common output: {self.top_invalid(t)!r})" for t in never]
+        never = [t for t in self.tasks if self.unparseable(t) == 1.0]
+        what = {t: f"no completion stated an answer in the answer format {self.answer_format(t)}" if t in problems
+                else "no turn parsed as an action" for t in never}
+        out = []
+        if never:
+            fix = (f"it does not write the answer format: if it was trained to answer otherwise, {FORMAT_FIX}; else "
+                   if all(t in problems for t in never) else
+                   "it does not write the action format, click(REF) or type(REF, \"TEXT\"): ") + \
+                "fine-tune it on demonstrations first (graftkit train sft --init MODEL)"
+            if len(never) == len(self.tasks) and len(set(what.values())) == 1:
+                seen = self.top_invalid(never[0])
+                out.append(f"0% on every task because {what[never[0]]} (most common output: {seen!r}); {fix}")
+            else:
+                out += [f"{t}: 0% because {what[t]} (most common output: {self.top_invalid(t)!r})" for t in never]
+        for t in self.tasks:
+            share = self.unparseable(t)
+            if t not in never and share > MOSTLY_UNPARSED:
+                kind = (f"completions stated no answer in the answer format {self.answer_format(t)}" if t in problems
+                        else "turns did not parse as an action")
+                fix = FORMAT_FIX if t in problems else "fine-tune it on demonstrations (graftkit train sft --init MODEL)"
+                out.append(f"{t}: {100 * share:.0f}% of {kind} (most common: {self.top_invalid(t)!r}); {fix}")
+        return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -506,8 +539,12 @@ def item_fields(counts: Mapping[str, dict], task: str) -> dict:
     if not counts:
         return {}
     rows = list(counts.values()) if task == "all" else [counts[task]]
-    return {"items": sum(r["distinct"] for r in rows), "overlap": sum(r["overlap"] for r in rows),
-            "too_few_items": any(r["too_few"] for r in rows)}
+    out = {"items": sum(r["distinct"] for r in rows), "overlap": sum(r["overlap"] for r in rows),
+           "too_few_items": any(r["too_few"] for r in rows)}
+    if task != "all" and "total" in counts[task]:
+        out["file_items"] = counts[task]["total"]  # a user's file: distinct items played of the file's
+    return out
+
 
 
 def eval_rows(model: EvalResult, compare_to: EvalResult | None = None) -> list[dict]:
@@ -519,6 +556,7 @@ def eval_rows(model: EvalResult, compare_to: EvalResult | None = None) -> list[d
         a = model.outcomes(pick)
         row = {"task": t, "model": rate_dict(wilson_interval(int(a.sum()), a.size)), **item_fields(counts, t),
                "unparseable": model.unparseable(None if t == "all" else t),
+               "parsed": model.parsed(None if t == "all" else t),
                "top_invalid": None if t == "all" else model.top_invalid(t)}
         if compare_to is not None:
             (a_flat, clusters), (b_flat, _) = compare_to.clustered(pick), model.clustered(pick)
@@ -612,7 +650,8 @@ def headroom_rows(view: HeadroomResult) -> list[dict]:
                      f"pass@{k}": float(np.mean([pass_at_k(k, int(x), k) for x in c.ravel()])),
                      "headroom": h.headroom, "bootstrap": [h.comparison.bootstrap.low, h.comparison.bootstrap.high],
                      "bayes": [h.comparison.bayes.low, h.comparison.bayes.high], "verdict": h.verdict,
-                     "unparseable": view.unparseable(t), "top_invalid": view.top_invalid(t), **item_fields(counts, t)})
+                     "unparseable": view.unparseable(t), "parsed": view.parsed(t), "top_invalid": view.top_invalid(t),
+                     **item_fields(counts, t)})
     return rows
 
 

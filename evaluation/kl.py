@@ -134,6 +134,16 @@ class KLResult(View):
         """Action tokens per episode ``[task, seed, episode]``."""
         return np.asarray(self.result["tokens"][self.sides.index(side)])
 
+    def parsed(self, side: str, scope: str = "all") -> float:
+        """The share of ``side``'s rollout turns whose output parsed, over one task or all (NaN in a result that
+        did not record it)."""
+        if "invalid" not in self.result.data:
+            return float("nan")
+        pick = slice(None) if scope == "all" else self.tasks.index(scope)
+        i = self.sides.index(side)
+        turns = int(np.asarray(self.result["turns"][i])[pick].sum())
+        return 1.0 - int(np.asarray(self.result["invalid"][i])[pick].sum()) / turns if turns else float("nan")
+
     def token_values(self, side: str, name: str = "token_kl") -> np.ndarray:
         """A per-token array (``token_kl``, ``token_log_ratio``, ``token_id``, ``token_episode``) of ``side``'s
         rollouts, in flat token order."""
@@ -152,6 +162,35 @@ class KLResult(View):
         return self.attrs.get("conventions", {})
 
     @property
+    def file_items(self) -> dict[str, int]:
+        """Per user's file (``FILE.jsonl``) among the tasks, its number of items."""
+        return {str(t): int(n) for t, n in (self.attrs.get("file_items") or {}).items()}
+
+    def notes(self) -> list[str]:
+        """How the rollouts covered each user's file, and a line for each side and task where most outputs did not
+        parse (the flags that read another format)."""
+        from ..verifiable.format import FORMAT_FIX, MOSTLY_UNPARSED
+
+        out = []
+        items = np.asarray(self.result["item"], dtype=object)
+        if self.attrs.get("whole_files"):
+            from ..verifiable.user import coverage, coverage_note
+
+            for t, n in self.file_items.items():
+                out.append(coverage_note(t, coverage(items[self.tasks.index(t)], n), len(self.attrs["seeds"]),
+                                         int(self.attrs["episodes"])))
+        problems = set(self.attrs.get("task_sources") or {})
+        for t in self.tasks:
+            for s in self.sides:
+                share = 1.0 - self.parsed(s, t)
+                if share > MOSTLY_UNPARSED:
+                    what = "completions stated no answer in the task's answer format" if t in problems else \
+                        "turns did not parse as an action"
+                    out.append(f"{t}: {100 * share:.0f}% of {s.upper()}'s {what}" + (f"; {FORMAT_FIX}" if t in problems
+                                                                                     else ""))
+        return out
+
+    @property
     def model_path(self) -> str:
         return str(self.attrs.get("model", {}).get("path", ""))
 
@@ -164,13 +203,15 @@ class KLResult(View):
         with their intervals (what ``graftkit kl --json`` prints under ``tasks``)."""
         items = np.asarray(self.result["item"], dtype=object)  # [task, seed, episode]
         distinct = [len({str(x) for x in items[a].ravel()}) for a in range(len(self.tasks))]
+        sizes = self.file_items
         out = []
         for scope in self.scopes:
             pick = slice(None) if scope == "all" else self.tasks.index(scope)
-            row = {"task": scope, "items": sum(distinct) if scope == "all" else distinct[pick]}
+            row = {"task": scope, "items": sum(distinct) if scope == "all" else distinct[pick],
+                   **({"file_items": sizes[scope]} if scope in sizes else {})}
             for s in self.sides:
                 n = self.tokens(s)[pick]
-                row[s] = {"tokens": int(n.sum()), "episodes": int(np.size(n)),
+                row[s] = {"tokens": int(n.sum()), "episodes": int(np.size(n)), "parsed": self.parsed(s, scope),
                           "kl_per_token": list(self.summary(s, scope, "token")),
                           "kl_per_episode": list(self.summary(s, scope, "episode"))}
             out.append(row)
@@ -229,9 +270,12 @@ def kl_result(fixed: Mapping, scores: Mapping, token_text: Mapping, action_text:
     """The labelled ``kl`` result from each side's fixed episodes (:class:`~graftkit.agent.kl.FixedEpisodes`), its
     :class:`~graftkit.agent.kl.PairScores` (P = the side that played), and the text of every played token and
     turn action per side (for the top lists)."""
+    from ..verifiable.user import file_size
     from ..agent.kl import CONVENTIONS
+    from ..agent.tasks import prompt_formats, task_sources
 
     f0 = fixed["rl"]
+    sizes = {t: n for t in f0.tasks if (n := file_size(t)) is not None}
     if fixed["sft"].shape != f0.shape or fixed["sft"].tasks != f0.tasks:
         raise GraftkitError("RL's and SFT's rollouts cover different episodes", "play both on one grid")
     scopes = [*f0.tasks, "all"]
@@ -260,6 +304,8 @@ def kl_result(fixed: Mapping, scores: Mapping, token_text: Mapping, action_text:
     data = {
         "kl_episode": (side_dims, kl_ep), "tokens": (side_dims, tokens),
         "success": (side_dims, np.stack([fixed[s].success() for s in SIDES])),
+        "invalid": (side_dims, np.stack([fixed[s].invalid() for s in SIDES])),
+        "turns": (side_dims, np.stack([fixed[s].n_turns() for s in SIDES])),
         "item": (("task", "seed", "episode"), items),
         "kl_mean": (("side", "scope", "per", "bound"), summ),
         "token_side": (("token",), np.array([s for s in SIDES for _ in range(n_tok[s])], dtype=object)),
@@ -274,6 +320,9 @@ def kl_result(fixed: Mapping, scores: Mapping, token_text: Mapping, action_text:
             SIDE_KL.values()), "unit": "nats"},
         "tokens": {"what": "action tokens per episode (turn-end tokens included)"},
         "success": {"what": "outcome of each side's rollout (sampled at temperature 1)"},
+        "invalid": {"what": "turns of each side's rollout whose output did not parse (a web action, or an answer in "
+                            "the task's answer format)"},
+        "turns": {"what": "turns of each side's rollout"},
         "item": {"what": "each episode's item id (both sides play the same items)"},
         "kl_mean": {"what": "per token: Σ KL / Σ tokens; per episode: mean over episodes of Σ KL; scope: each task, "
                             "then all tasks pooled", "interval": "clustered by task/item: per token "
@@ -287,6 +336,9 @@ def kl_result(fixed: Mapping, scores: Mapping, token_text: Mapping, action_text:
     return Result("kl", coords, data, {
         **attrs, "sides": dict(SIDE_KL), "tasks": list(f0.tasks), "seeds": list(f0.seeds), "episodes": f0.episodes,
         "tasks_without_items": list(f0.no_items), "conventions": {**CONVENTIONS, "top": TOP_RULE},
+        **({"file_items": sizes, "whole_files": sorted(set(sizes) if cfg.items == "all" else
+                                                      set(sizes) & set(cfg.whole_tasks))} if sizes else {}),
+        "task_sources": task_sources(f0.tasks), "prompt_formats": prompt_formats(f0.tasks),
         "config": cfg.as_dict(),
     }, var_attrs)
 
@@ -305,7 +357,7 @@ class KLRun:
     def as_json(self) -> dict:
         """What ``graftkit kl --json`` prints."""
         v = self.result
-        return {"model": v.model_path, "base": v.base_path, "sides": dict(SIDE_KL), "tasks": v.rows(),
+        return {"model": v.model_path, "base": v.base_path, "sides": dict(SIDE_KL), "tasks": v.rows(), "notes": v.notes(),
                 "top": {what: {d: v.top(what, d) for d in DIRECTIONS} for what in WHAT},
                 "seeds": len(v.attrs["seeds"]), "episodes": v.attrs["episodes"], "conventions": dict(v.conventions),
                 "file": str(self.file), "seconds": dict(self.seconds)}
@@ -316,10 +368,13 @@ class KLRun:
         actions that gained and lost the most probability under RL; where the result went."""
         from ..core.tables import Table, bounds_text
 
+        from ..core.tables import items_text, percent
+
         j = self.as_json()
-        columns = {"task": lambda r: r["task"], "items": lambda r: str(r["items"])}
+        columns = {"task": lambda r: r["task"], "items": items_text}
         for s, (p, q) in (("rl", ("RL", "SFT")), ("sft", ("SFT", "RL"))):
             columns |= {f"{p} tokens": lambda r, s=s: str(r[s]["tokens"]),
+                        f"{p} parsed": lambda r, s=s: percent(r[s]["parsed"]),
                         f"KL({p}‖{q})/token [95%]": lambda r, s=s: bounds_text(r[s]["kl_per_token"]),
                         f"KL({p}‖{q})/episode [95%]": lambda r, s=s: bounds_text(r[s]["kl_per_episode"])}
         out: list = [Table(f"{j['model']} (RL) vs {j['base']} (SFT): KL in nats on each policy's own rollouts "
@@ -332,7 +387,7 @@ class KLRun:
                 {"direction": lambda r: r["direction"], what: lambda r: repr(r["text"]),
                  "log π_RL − log π_SFT": lambda r: f"{r['log_ratio']:+.4g}", "count": lambda r: str(r["count"])},
                 rows, left=("direction", what), fold=(what,)))
-        return out + [f"saved {j['file']} ({j['seconds']['total']:.1f} s)"]
+        return out + [f"note: {n}" for n in j["notes"]] + [f"saved {j['file']} ({j['seconds']['total']:.1f} s)"]
 
 
 def _same_vocabulary(rl, sft, paths: Mapping[str, Path]) -> None:

@@ -235,6 +235,10 @@ class EpisodeGrid:
     batch_size: int = 64
     backend: str = "py"
     obs: str = "text"
+    items: str = "heldout"
+    """Which items the episodes draw (:func:`graftkit.agent.evaluate.plan_episodes`): heldout, train or all."""
+    whole: tuple[str, ...] = ()
+    """Tasks played on every item whatever ``items`` says: a user's file (nothing in the sweep trains on it)."""
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -245,6 +249,22 @@ class EpisodeGrid:
     def count(self) -> int:
         """Episodes one configuration plays."""
         return len(self.tasks) * len(self.seeds) * self.episodes
+
+
+@dataclass(frozen=True)
+class Played:
+    """One configuration's outcomes on a block of seeds ``[task, seed, episode]``: ``success`` (int8), and how
+    many of each episode's turns did not parse (``invalid``) of the turns it played (``turns``) — a policy
+    that writes answers in another format than the task reads scores 0 with every output unparsed."""
+
+    success: np.ndarray
+    invalid: np.ndarray
+    turns: np.ndarray
+
+    @classmethod
+    def concat(cls, blocks: Sequence["Played"]) -> "Played":
+        """Blocks of seeds put together (in seed order)."""
+        return cls(*(np.concatenate([getattr(b, k) for b in blocks], axis=1) for k in ("success", "invalid", "turns")))
 
 
 @dataclass(frozen=True)
@@ -304,8 +324,8 @@ class SweepWorker:
         return self.session
 
     def play(self, unit: SweepUnit, grid: EpisodeGrid, on_episode: Callable[[object], None] | None = None
-             ) -> np.ndarray:
-        """Success ``[task, seed, episode]`` (int8) of ``unit``'s configuration on its block of seeds."""
+             ) -> Played:
+        """The outcomes ``[task, seed, episode]`` of ``unit``'s configuration on its block of seeds."""
         from ..agent import evaluate
 
         e = unit.experiment
@@ -314,8 +334,10 @@ class SweepWorker:
         self._session(unit.run).apply(self.plans[e.label])
         outcome = evaluate(self.policy, list(grid.tasks), [grid.seeds[i] for i in unit.block], grid.episodes,
                            grid.decode, backend=grid.backend, batch_size=grid.batch_size,
-                           on_episode=on_episode or (lambda ep: None), obs=grid.obs)
-        return outcome.success[..., 0].astype(np.int8)
+                           on_episode=on_episode or (lambda ep: None), obs=grid.obs, items=grid.items,
+                           whole=grid.whole)
+        return Played(outcome.success[..., 0].astype(np.int8), outcome.invalid[..., 0].astype(np.int16),
+                      outcome.turns[..., 0].astype(np.int16))
 
     def score_kl(self, run: str, experiments: Sequence[GraftExperiment], grid: EpisodeGrid, *,
                  on_progress: Callable[[str, int, int, str], None] | None = None) -> "SweepKL":
@@ -343,7 +365,7 @@ class SweepWorker:
             what = f"{side.upper()} rollouts (T=1)"
             fixed[side] = play_fixed(self.policy, side, grid.tasks, grid.seeds, grid.episodes,
                                      max_new_tokens=grid.decode.max_new_tokens, backend=grid.backend,
-                                     batch_size=grid.batch_size,
+                                     batch_size=grid.batch_size, items=grid.items, whole=grid.whole,
                                      on_episode=lambda ep, what=what: progress(what, 1, grid.count, "episodes"))
             if fixed[side].no_items:
                 raise GraftkitError(f"{', '.join(fixed[side].no_items)}: no evaluation item, so no fixed episodes to "
@@ -385,7 +407,7 @@ def kl_unit(worker: SweepWorker, run: str, experiments: Sequence[GraftExperiment
 
 
 def play_unit(worker: SweepWorker, unit: SweepUnit, grid: EpisodeGrid,
-              on_episode: Callable[[object], None] | None = None) -> np.ndarray:
+              on_episode: Callable[[object], None] | None = None) -> Played:
     """The work of a sweep's pool: :meth:`SweepWorker.play`."""
     return worker.play(unit, grid, on_episode)
 
@@ -393,24 +415,24 @@ def play_unit(worker: SweepWorker, unit: SweepUnit, grid: EpisodeGrid,
 def execute_sweep(pool, units: Sequence[SweepUnit], grid: EpisodeGrid, *, workers: int | None = None,
                   on_start: Callable[[SweepUnit], None] = lambda u: None,
                   on_episode: Callable[[object], None] | None = None,
-                  on_result: Callable[[GraftExperiment, np.ndarray], None] = lambda e, s: None
-                  ) -> dict[str, np.ndarray]:
+                  on_result: Callable[[GraftExperiment, Played], None] = lambda e, s: None
+                  ) -> dict[str, Played]:
     """Play the units of one run's sweep (:func:`plan_units`) on ``pool``, an executor's pool whose workers
     hold a :class:`SweepWorker` (:meth:`graftkit.core.executor.Executor.pool`; ``workers``: the width the
     units were planned for): one loop whichever executor it is. ``on_start(unit)`` as each unit is handed
-    out; ``on_result(experiment, success [task, seed, episode])``, in this process, as a configuration's last
-    block finishes. ``on_episode`` is called for each episode a unit plays, in the worker's process: pass it
-    only to an executor whose units run in this one. Returns success (int8) by label."""
+    out; ``on_result(experiment, played)`` (:class:`Played` ``[task, seed, episode]``), in this process, as a
+    configuration's last block finishes. ``on_episode`` is called for each episode a unit plays, in the worker's
+    process: pass it only to an executor whose units run in this one. Returns the outcomes by label."""
     work = functools.partial(play_unit, grid=grid, on_episode=on_episode)
     blocks = Counter(u.experiment.label for u in units)
-    pieces: dict[str, dict[tuple[int, ...], np.ndarray]] = {}
-    out: dict[str, np.ndarray] = {}
+    pieces: dict[str, dict[tuple[int, ...], Played]] = {}
+    out: dict[str, Played] = {}
     for i, s in pool.map(work, units, lambda i: on_start(units[i]), workers=workers):
         u = units[i]
         got = pieces.setdefault(u.experiment.label, {})
         got[u.block] = s
         if len(got) == blocks[u.experiment.label]:
-            out[u.experiment.label] = np.concatenate([got[b] for b in sorted(got)], axis=1)
+            out[u.experiment.label] = Played.concat([got[b] for b in sorted(got)])
             on_result(u.experiment, out[u.experiment.label])
     return out
 
@@ -449,8 +471,9 @@ def run_graft_sweep(
     plan_sweep(tax, experiments)  # a bad spec fails here, before any evaluation
     with Executor().pool(lambda: SweepWorker(base, {"A": rl}, policy=policy, unknown=unknown, tax=tax)) as pool:
         played = execute_sweep(pool, plan_units(experiments, len(grid.seeds), 1, done=done), grid,
-                               on_start=lambda u: on_start(u.experiment), on_episode=on_episode, on_result=on_result)
-    return {e.label: played[e.label] if e.label in played else np.asarray(done[e.label], dtype=np.int8)
+                               on_start=lambda u: on_start(u.experiment), on_episode=on_episode,
+                               on_result=lambda e, p: on_result(e, p.success))
+    return {e.label: played[e.label].success if e.label in played else np.asarray(done[e.label], dtype=np.int8)
             for e in experiments}
 
 
@@ -503,6 +526,7 @@ def sweep_result(
     compare_configs: bool = True,
     metric: str = "success",
     kl: SweepKL | None = None,
+    played: Mapping[str, Played] | None = None,
 ) -> Result:
     """The labelled ``graft-sweep`` result: every completed configuration's outcomes, each compared with
     base and RL (:func:`graftkit.stats.compare`; ``compare_configs=False`` leaves NaN, for the partial
@@ -511,7 +535,9 @@ def sweep_result(
 
     ``metric`` (:data:`METRICS`): with kl or both, ``kl`` (:class:`~graftkit.graft.kl.SweepKL`) adds the KL arrays
     (``kl_*``, over a ``side`` axis: whose rollouts) and their attribution beside the success arrays; with kl
-    alone there are no success arrays (``success`` is then unused)."""
+    alone there are no success arrays (``success`` is then unused). ``played``: each configuration's
+    :class:`Played` where known, stored as ``invalid`` and ``turns`` (−1 for a configuration resumed from a result
+    that did not record them), from which :meth:`SweepResult.parsed` reads the share of outputs that parsed."""
     from ..stats import VERDICT_RULE
 
     if metric not in METRICS:
@@ -540,6 +566,14 @@ def sweep_result(
                            np.stack([np.asarray(success[e.label], np.int8) for e in configs]) if configs
                            else np.zeros((0, *shape), np.int8))
         data.update(_comparisons(configs, success, compare_configs, level, n_boot, seed))
+        if played and configs:
+            for name in ("invalid", "turns"):
+                data[name] = (("config", "task", "seed", "episode"),
+                              np.stack([np.asarray(getattr(played[e.label], name), np.int16) if e.label in played
+                                        else np.full(shape, -1, np.int16) for e in configs]))
+            var_attrs["invalid"] = {"what": "turns of the episode whose output did not parse (a web action, or an "
+                                            "answer in the task's answer format); -1: not recorded"}
+            var_attrs["turns"] = {"what": "turns the episode played; -1: not recorded"}
         var_attrs.update({
             "diff_vs_base": {"what": "success(config) − success(base), paired bootstrap interval", "level": level},
             "diff_vs_rl": {"what": "success(config) − success(rl), paired bootstrap interval", "level": level},
@@ -642,6 +676,23 @@ def completed_outcomes(result: Result, experiments: Sequence[GraftExperiment], s
     return {str(label): result["success"][i] for i, label in enumerate(result.coords["config"])}
 
 
+def stored_played(dest: str | Path, labels: Collection[str]) -> dict[str, Played]:
+    """The :class:`Played` outcomes a sweep's partial (or finished) result at ``dest`` recorded for ``labels`` (a
+    resume keeps what its configurations' outputs parsed); those it did not record are left out."""
+    for path in (partial_path(dest), Path(dest)):
+        if path.is_file():
+            try:
+                res = read_result(path)
+            except GraftkitError:
+                continue
+            if not {"success", "invalid", "turns"} <= set(res.data):
+                continue
+            configs = [str(c) for c in res.coords["config"]]
+            return {c: Played(*(np.asarray(res[k][i]) for k in ("success", "invalid", "turns")))
+                    for i, c in enumerate(configs) if c in labels and int(np.min(res["turns"][i])) >= 0}
+    return {}
+
+
 def resume_outcomes(dest: str | Path, experiments: Sequence[GraftExperiment], setup: Mapping) -> dict[str, np.ndarray]:
     """The outcomes an earlier run of the same sweep (same experiments and ``setup``) left for ``dest``: its
     partial result if it was interrupted, else its finished result; else nothing."""
@@ -740,6 +791,17 @@ class SweepResult(View):
         """Success rate of configuration ``label`` over every task, seed and episode."""
         return float(self.outcomes(label).mean())
 
+    def parsed(self, label: str) -> float:
+        """The share of configuration ``label``'s turns whose output parsed (NaN where the result did not
+        record it: a sweep scored by KL alone, a configuration resumed from an older result)."""
+        inv, turns = self.array("invalid"), self.array("turns")
+        if inv is None or turns is None:
+            return float("nan")
+        i = self.configs.index(label)
+        if int(turns[i].min()) < 0 or not int(turns[i].sum()):
+            return float("nan")
+        return 1.0 - float(inv[i].sum()) / float(turns[i].sum())
+
     def diff(self, label: str, ref: str = "base") -> np.ndarray | None:
         """(estimate, low, high) of success(label) − success(ref), ref base or rl; None if no such config."""
         configs = self.configs
@@ -778,6 +840,14 @@ class SweepResult(View):
         """(estimate, low, high) of the fraction of the behavioural change configuration ``label`` reproduces on
         ``side``'s rollouts (:data:`graftkit.graft.kl.REPRODUCED`: 0 for ∅, 1 for the full graft)."""
         return self._kl("kl_reproduced")[self.configs.index(label), self.sides.index(side)]
+
+    def kl_parsed(self, side: str) -> float:
+        """The share of ``side``'s KL rollout turns whose output parsed (NaN where the result did not record it)."""
+        if "kl_rollout_turns" not in self.result.data:
+            return float("nan")
+        i = self.sides.index(side)
+        turns = int(np.asarray(self.result["kl_rollout_turns"][i]).sum())
+        return 1.0 - int(np.asarray(self.result["kl_rollout_invalid"][i]).sum()) / turns if turns else float("nan")
 
     def kl_per_token(self, label: str, side: str) -> float:
         """KL(π_side‖π_label) per action token of ``side``'s rollouts, pooled (nats)."""
@@ -870,5 +940,5 @@ __all__ = [
     "dissociation_result", "expand_sweep", "label_for", "layered_groups", "one_experiment", "plan_sweep",
     "present_groups", "references", "run_graft_sweep", "subset_outcomes", "sweep_result", "SweepResult",
     "DissociationResult", "resume_outcomes", "EpisodeGrid", "SweepUnit", "SweepWorker", "checked_done",
-    "execute_sweep", "plan_units", "play_unit", "kl_unit", "METRICS",
+    "execute_sweep", "plan_units", "play_unit", "kl_unit", "METRICS", "Played", "stored_played",
 ]

@@ -88,6 +88,10 @@ class SweepKL:
     """Wall time of the rollouts and of the scoring."""
     scored_tokens: int
     """Action tokens scored by forward passes (references included)."""
+    invalid: np.ndarray | None = None
+    """[side, task, seed, episode]: turns of each rollout whose output did not parse."""
+    turns: np.ndarray | None = None
+    """[side, task, seed, episode]: turns of each rollout."""
 
     def episode(self, label: str, side: str) -> np.ndarray:
         """K_e(π_side‖π_label) ``[task, seed, episode]``."""
@@ -155,7 +159,8 @@ def sweep_kl(labels: Sequence[str], base: str, rl: str, rollouts: Mapping, per_t
     f0 = fixed[0]
     return SweepKL(tuple(labels), base, rl, f0.tasks, f0.seeds, f0.episodes, kl,
                    np.stack([f.tokens() for f in fixed]), f0.items(), np.stack([f.success() for f in fixed]),
-                   dict(seconds), int(scored_tokens))
+                   dict(seconds), int(scored_tokens), np.stack([f.invalid() for f in fixed]),
+                   np.stack([f.n_turns() for f in fixed]))
 
 
 # ------------------------------------------------------------------------------------------ fractions
@@ -218,6 +223,9 @@ def kl_arrays(kl: SweepKL, labels: Sequence[str], subsets: Mapping[frozenset, st
         "kl_rollout_success": (("side", "task", "seed", "episode"), kl.success.astype(np.int8)),
         "kl_per_token": (("config", "side"), kl.per_token()[idx]),
         "kl_reproduced": (("config", "side", "bound"), bounds),
+        **({"kl_rollout_invalid": (("side", "task", "seed", "episode"), kl.invalid.astype(np.int16)),
+            "kl_rollout_turns": (("side", "task", "seed", "episode"), kl.turns.astype(np.int16))}
+           if kl.invalid is not None else {}),
     }
     var_attrs: dict[str, dict] = {
         "kl_episode": {"what": "Σ over the episode's action tokens of KL(π_side‖π_config), nats; side = whose "
@@ -225,6 +233,8 @@ def kl_arrays(kl: SweepKL, labels: Sequence[str], subsets: Mapping[frozenset, st
         "kl_tokens": {"what": "action tokens per episode of each side's rollouts (turn-end tokens included)"},
         "kl_item": {"what": "each episode's item id (both sides play the same items)"},
         "kl_rollout_success": {"what": "outcome of each side's rollout, sampled at temperature 1"},
+        "kl_rollout_invalid": {"what": "turns of each side's rollout whose output did not parse"},
+        "kl_rollout_turns": {"what": "turns of each side's rollout"},
         "kl_per_token": {"what": "Σ_e K_e / Σ_e tokens_e: KL(π_side‖π_config) per action token, pooled", "unit": "nats"},
         "kl_reproduced": {"formula": REPRODUCED, "endpoints": ENDPOINTS, "interval": LINEARISED, "level": level,
                           "unit": "fraction"},

@@ -19,7 +19,7 @@ ALLOWED = {
     "agent": {"webenv", "weights", "verifiable"},
     # the trainers, and the training commands that write their results
     "train": {"agent", "webenv", "weights", "verifiable", "results", "stats"},
-    "graft": {"weights", "agent", "stats", "results", "rank"},
+    "graft": {"weights", "agent", "stats", "results", "rank", "verifiable"},
     "rank": {"weights", "agent", "stats", "results"},
     # the eval/headroom commands (they write results, which agent may not)
     "evaluation": {"agent", "webenv", "weights", "stats", "results", "verifiable"},

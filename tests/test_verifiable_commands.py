@@ -96,8 +96,10 @@ def test_graft_eval_on_a_problem_task(policies, tmp_path, monkeypatch):
 @pytest.fixture
 def clean_registry():
     registry._REGISTERED.clear()
+    registry._FORMATTED.clear()
     yield
     registry._REGISTERED.clear()
+    registry._FORMATTED.clear()
 
 
 def test_eval_on_a_users_jsonl_and_entry_point(policies, tmp_path, monkeypatch, clean_registry):
@@ -145,7 +147,8 @@ def test_an_untrained_policy_is_told_the_answer_format(tmp_path, monkeypatch):
     res = _run(["eval", "--model", folder, "--tasks", "arithmetic", "--seeds", "1", "--episodes", "4",
                 "--max-new-tokens", "3"], tmp_path, monkeypatch)
     assert res.exit_code == 0, res.output
-    assert "no completion stated an answer as <answer>" in " ".join(res.output.split())
+    said = " ".join(res.output.split())
+    assert "no completion stated an answer in the answer format tags" in said and "--answer-format" in said
 
 
 def _sums_file(tmp_path, name: str, numbers) -> str:
@@ -182,7 +185,7 @@ def test_eval_plays_a_users_file_whole(tmp_path, monkeypatch, clean_registry):
     stored = read_result(payload["files"]["model"])
     assert sorted(stored["item"].ravel()) == sorted(items)
     assert stored.attrs["tasks_evaluated_whole"] == ["four"] and stored.attrs["config"]["items"] == "auto"
-    assert any(n.startswith("four: a user's file, evaluated whole") for n in payload["notes"])
+    assert "four: the whole file played, 4 items, each once" in payload["notes"]
     # what the study asks for, since it trains on the file: only the items training never draws
     res = _run(["eval", "--model", folder, "--tasks", four, "--seeds", "1", "--episodes", "4", "--max-new-tokens", "3",
                 "--items", "heldout", "--json"], tmp_path, monkeypatch)

@@ -6,18 +6,24 @@ optionally, ``process(problem, completion)``: partial credit in [0, 1] from the 
 results (VeriGate's fallback signal when a group's rewards are all equal). ``solution(problem)`` is a
 completion that scores 1 (the demonstration SFT trains on).
 
-Answers are read from a stated format: the last ``<answer>…</answer>`` of the completion
-(:func:`extract_answer`; spaces a word-level tokenizer puts inside the tags are allowed). A completion
-without one is *unparseable*: it scores 0 and is counted as an invalid output, like a web action that
-does not parse.
+Answers are read in the task's answer format (:mod:`.format`): by default the last ``<answer>…</answer>``
+of the completion (:func:`extract_answer`; spaces a word-level tokenizer puts inside the tags are allowed), or
+the format a command or an item sets (``last-number``, ``boxed``, a regex, a function). A completion that
+states no answer in it is *unparseable*: it scores 0 and is counted as an invalid output, like a web action
+that does not parse. How the prompt is written (system message, template) is the task's too
+(:meth:`VerifiableTask.conversation`, :attr:`VerifiableTask.template`); :meth:`VerifiableTask.with_format`
+gives the task in a command's format.
 """
 
 from __future__ import annotations
 
 import re
+import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
+
+from .format import TAGS, AnswerFormat, PromptFormat, answer_format
 
 #: The system message of the built-in tasks (and the default of a user's).
 SYSTEM = "Solve the problem. Write the final answer as <answer>ANSWER</answer>."
@@ -56,6 +62,8 @@ class Problem:
     prompt: str
     answer: str
     data: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    #: The conversation, where the prompt was given as messages (``prompt`` is then its last user message).
+    messages: tuple[Mapping[str, str], ...] | None = field(default=None, compare=False)
 
 
 class VerifiableTask(ABC):
@@ -69,6 +77,10 @@ class VerifiableTask(ABC):
     max_new_tokens: ClassVar[int] = 32
     #: Where the task comes from (``builtin``, a file, an entry point): recorded with results.
     source: str = "builtin"
+    #: Where a completion states its answer (:mod:`.format`; an item of a file may set its own).
+    answer_format: ClassVar[AnswerFormat] = TAGS
+    #: How the prompt is written: auto, chat, plain or raw (:data:`.format.TEMPLATES`).
+    template: ClassVar[str] = "auto"
 
     @abstractmethod
     def problem(self, seed: int) -> Problem:
@@ -83,20 +95,65 @@ class VerifiableTask(ABC):
         return self.reward(problem, completion)
 
     def solution(self, problem: Problem) -> str:
-        """A completion that scores 1 (what SFT demonstrates)."""
-        return answer_text(problem.answer)
+        """A completion that scores 1 (what SFT demonstrates): the answer stated in the problem's format."""
+        return self.stated_answer(problem, problem.answer)
+
+    # -------------------------------------------------------------------- the prompt format
+
+    def reads(self, problem: Problem) -> AnswerFormat:
+        """The answer format of ``problem`` (the task's; a file's item may set its own)."""
+        return self.answer_format
+
+    def stated(self, problem: Problem, completion: str) -> str | None:
+        """The answer ``completion`` states in ``problem``'s answer format, or None when it states none."""
+        return self.reads(problem).read(completion)
+
+    def stated_answer(self, problem: Problem, answer: str) -> str:
+        """A completion stating ``answer`` in ``problem``'s answer format (an error for a format that cannot be
+        written: a regex or a function)."""
+        from ..core.errors import GraftkitError
+
+        out = self.reads(problem).state(answer)
+        if out is None:
+            raise GraftkitError(f"task {self.name}: answer format {self.reads(problem).spec} reads answers but cannot "
+                                "write one, so SFT has nothing to demonstrate",
+                                "train with --answer-format tags, last-number, boxed or whole (or give items a "
+                                '"solution")')
+        return out
+
+    def conversation(self, problem: Problem) -> list[dict]:
+        """The messages the policy reads: the system message (none when it is empty), then the problem."""
+        system = self.system
+        return ([{"role": "system", "content": system}] if system else []) + [{"role": "user",
+                                                                             "content": problem.prompt}]
+
+    def with_format(self, fmt: PromptFormat) -> "VerifiableTask":
+        """This task in a command's prompt format: a copy with the system message, template and answer format
+        ``fmt`` sets (its None fields keep the task's own)."""
+        if fmt.is_default:
+            return self
+        out = copy.copy(self)
+        if fmt.system is not None:
+            object.__setattr__(out, "system", fmt.system)
+        elif fmt.template == "raw" and type(self).system == self.system:
+            object.__setattr__(out, "system", "")  # raw: no system message unless one is given
+        object.__setattr__(out, "template", fmt.template)
+        if fmt.answer is not None:
+            object.__setattr__(out, "answer_format", answer_format(fmt.answer))
+        return out
 
     def answers(self, problem: Problem) -> tuple[str, ...]:
         """Every correct answer, where the task has several (pass@k then counts distinct ones)."""
         return (problem.answer,)
 
-    def parseable(self, completion: str) -> bool:
-        """Whether the completion states an answer in the task's format."""
-        return extract_answer(completion) is not None
+    def parseable(self, completion: str, problem: Problem | None = None) -> bool:
+        """Whether the completion states an answer in ``problem``'s answer format (the task's without one)."""
+        fmt = self.reads(problem) if problem is not None else self.answer_format
+        return fmt.read(completion) is not None
 
     def words(self, seeds: int = 40) -> set[str]:
-        """Text the tiny default tokenizer should know: prompts and solutions of a few problems."""
-        out = {self.system}
+        """Text the tiny default tokenizer should know: system message, prompts and solutions of a few problems."""
+        out = {self.system} if self.system else set()
         for s in range(seeds):
             p = self.problem(s)
             out.update((p.prompt, self.solution(p)))

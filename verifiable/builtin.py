@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 
-from .base import Problem, VerifiableTask, answer_text, extract_answer, parse_number
+from .base import Problem, VerifiableTask, answer_text, parse_number
 
 
 def _rng(task: str, seed: int) -> random.Random:
@@ -61,10 +61,10 @@ class Arithmetic(VerifiableTask):
         return Problem(self.name, f"What is {a} {self.op} {b}?", str(value), {"a": a, "b": b, "value": value})
 
     def reward(self, problem: Problem, completion: str) -> float:
-        return float(parse_number(extract_answer(completion)) == problem.data["value"])
+        return float(parse_number(self.stated(problem, completion)) == problem.data["value"])
 
     def process(self, problem: Problem, completion: str) -> float:
-        return _column_share(extract_answer(completion), problem.data["value"])
+        return _column_share(self.stated(problem, completion), problem.data["value"])
 
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
@@ -135,7 +135,7 @@ class Countdown(VerifiableTask):
         return Problem(self.name, prompt, _strip_outer(expr), {"numbers": nums, "target": target})
 
     def _value(self, problem: Problem, completion: str) -> Fraction | None:
-        stated = extract_answer(completion)
+        stated = self.stated(problem, completion)
         if stated is None:
             return None
         stated = stated.split("=")[0]  # "3 + 4 = 7" states the expression 3 + 4
@@ -193,17 +193,17 @@ class Multiples(VerifiableTask):
         demonstrator whose answers have unequal mass, so an SFT policy has common and rare correct answers."""
         answers = problem.data["answers"]
         rng = _rng(self.name + "/solution", int(problem.data["seed"]))
-        return answer_text(rng.choices(answers, [2.0 ** -i for i in range(len(answers))])[0])
+        return self.stated_answer(problem, rng.choices(answers, [2.0 ** -i for i in range(len(answers))])[0])
 
-    def _number(self, completion: str) -> int | None:
-        value = parse_number(extract_answer(completion))
+    def _number(self, problem: Problem, completion: str) -> int | None:
+        value = parse_number(self.stated(problem, completion))
         return int(value) if value is not None and value == int(value) else None
 
     def reward(self, problem: Problem, completion: str) -> float:
-        return float(str(self._number(completion)) in problem.data["answers"])
+        return float(str(self._number(problem, completion)) in problem.data["answers"])
 
     def process(self, problem: Problem, completion: str) -> float:
-        x, d = self._number(completion), problem.data
+        x, d = self._number(problem, completion), problem.data
         if x is None:
             return 0.0
         inside, multiple = d["lo"] <= x <= d["hi"], x % d["d"] == 0

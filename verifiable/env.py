@@ -35,7 +35,9 @@ class ProblemObservation:
         return self.problem.prompt if self.problem is not None else ""
 
     def item_text(self) -> str:
-        """The text an item id digests: the prompt the policy reads."""
+        """The text an item id digests: the prompt the policy reads (a conversation's every message)."""
+        if self.problem is not None and self.problem.messages:
+            return "\n".join(f"{m['role']}: {m['content']}" for m in self.problem.messages)
         return self.utterance
 
 
@@ -90,7 +92,8 @@ class ProblemEnv:
         return Step(ProblemObservation(self.task, None, process), reward, True)
 
     def parseable(self, completion: str) -> bool:
-        return self._task.parseable(completion)
+        """Whether ``completion`` states an answer in the current problem's answer format."""
+        return self._task.parseable(completion, self._problem)
 
     def demonstration(self, obs: ProblemObservation) -> list[str]:
         return self.spec.oracle(obs)

@@ -12,9 +12,12 @@ from functools import lru_cache
 
 from ..core.errors import GraftkitError
 from .base import VerifiableTask
+from .format import PromptFormat
 from .builtin import builtin
 
 _REGISTERED: dict[str, VerifiableTask] = {}
+#: Tasks in the prompt format of the command that last resolved them (:meth:`VerifiableTask.with_format`).
+_FORMATTED: dict[str, VerifiableTask] = {}
 _ENTRY_POINT = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
@@ -40,7 +43,7 @@ def _builtin(name: str) -> VerifiableTask | None:
 
 def lookup(name: str) -> VerifiableTask:
     """The verifiable task registered or built in as ``name``."""
-    task = _REGISTERED.get(name) or _builtin(name)
+    task = _FORMATTED.get(name) or _REGISTERED.get(name) or _builtin(name)
     if task is None:
         raise GraftkitError(f"unknown verifiable task {name!r}",
                             "use arithmetic, multiply, countdown, multiples (each with -N for difficulty), "
@@ -58,15 +61,24 @@ def registered() -> dict[str, VerifiableTask]:
     return dict(_REGISTERED)
 
 
-def resolve_source(spec: str) -> list[str] | None:
+def resolve_source(spec: str, fmt: PromptFormat | None = None) -> list[str] | None:
     """The task names ``spec`` stands for when it names verifiable tasks (a built-in, a ``.jsonl`` file, an
-    entry point ``module:function``), loading and registering a user's; None when it names none."""
+    entry point ``module:function``), loading and registering a user's; None when it names none. With ``fmt``
+    (a command's prompt format) every later lookup of those names finds them in it (the default format: as they
+    are); without, in the format they were last resolved in."""
     from . import user
 
     if _builtin(spec) is not None or spec in _REGISTERED:
-        return [spec]
-    if spec.endswith(".jsonl"):
-        return [register(user.load_jsonl(spec))]
-    if _ENTRY_POINT.fullmatch(spec):
-        return [register(t) for t in user.load_entry_point(spec)]
-    return None
+        names = [spec]
+    elif spec.endswith(".jsonl"):
+        names = [register(user.load_jsonl(spec))]
+    elif _ENTRY_POINT.fullmatch(spec):
+        names = [register(t) for t in user.load_entry_point(spec)]
+    else:
+        return None
+    if fmt is not None:
+        for name in names:
+            _FORMATTED.pop(name, None)
+            if not fmt.is_default:
+                _FORMATTED[name] = lookup(name).with_format(fmt)
+    return names

@@ -19,9 +19,18 @@ one of
   names itself, and only on this line's say-so (loading never executes anything else).
 
 Optional fields: ``id`` (a string), ``tolerance`` (``numeric`` only), ``solution`` (a completion that
-scores 1: what SFT demonstrates for ``regex`` and function-verified items, whose answer is not one);
-other fields are kept in the problem's data and handed to a function verifier. The system message is the
-task's, not an item's. The task is named after the file's stem (``gsm-mini.jsonl`` → ``gsm-mini``) and
+scores 1: what SFT demonstrates for ``regex`` and function-verified items, whose answer is not one),
+and the item's prompt format (:mod:`.format`), as the trainer that trained on the file wrote it:
+
+- ``system``: the item's system message (``null`` or ``""``: none), instead of the task's;
+- ``prompt`` as a conversation, TRL's conversational format: a list of ``{"role": "system" | "user" |
+  "assistant", "content": ...}`` messages ending with a user message, rendered as written (its own system
+  message or none);
+- ``answer_format``: where the item's completions state their answer (``tags``, ``last-number``, ``boxed``,
+  ``whole``, ``regex:PATTERN``), instead of the command's ``--answer-format``.
+
+Other fields are kept in the problem's data and handed to a function verifier. The task is named after the
+file's stem (``gsm-mini.jsonl`` → ``gsm-mini``) and
 its source is the file's absolute path with the first 16 hex digits of its sha256, so results record
 which version of the file they scored. The whole file is validated when it is loaded; the first bad line
 is one error naming the file, the line and the field.
@@ -41,13 +50,15 @@ import json
 import math
 import numbers
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from ..core.errors import GraftkitError
-from .base import Problem, VerifiableTask, answer_text, extract_answer, parse_number
+from .base import Problem, VerifiableTask, parse_number
+from .format import TAGS, AnswerFormat, answer_format
 
 _FUNCTION = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 _BUILT_IN_VERIFIERS = ("exact", "numeric", "regex")
@@ -68,6 +79,10 @@ class _Item:
     pattern: re.Pattern | None = None
     function: Callable[[str, dict], float] | None = None
     solution: str | None = None
+    #: The item's own answer format (None: the task's).
+    reads: AnswerFormat | None = None
+    #: The item's conversation (a prompt given as messages), else None.
+    messages: tuple[dict, ...] | None = None
 
 
 def _normalised(text: str) -> str:
@@ -91,16 +106,29 @@ class JsonlTask(VerifiableTask):
     def problem(self, seed: int) -> Problem:
         i = item_index(int(seed), len(self._items))
         item = self._items[i]
-        return Problem(self.name, item.fields["prompt"], item.answer, {**item.fields, "index": i})
+        prompt = item.messages[-1]["content"] if item.messages else item.fields["prompt"]
+        return Problem(self.name, prompt, item.answer, {**item.fields, "index": i}, item.messages)
 
     def _item(self, problem: Problem) -> _Item:
         return self._items[problem.data["index"]]
+
+    def reads(self, problem: Problem) -> AnswerFormat:
+        return self._item(problem).reads or self.answer_format
+
+    def conversation(self, problem: Problem) -> list[dict]:
+        """The item's conversation as written, or its system message (the task's when it gives none) and prompt."""
+        item = self._item(problem)
+        if item.messages:
+            return [dict(m) for m in item.messages]
+        system = (item.fields["system"] or "") if "system" in item.fields else self.system
+        return ([{"role": "system", "content": system}] if system else []) + [{"role": "user",
+                                                                             "content": problem.prompt}]
 
     def reward(self, problem: Problem, completion: str) -> float:
         item = self._item(problem)
         if item.function is not None:
             return self._call(item, completion)
-        stated = extract_answer(completion)
+        stated = self.stated(problem, completion)
         if stated is None:
             return 0.0
         if item.verifier == "numeric":
@@ -119,8 +147,8 @@ class JsonlTask(VerifiableTask):
 
     def solution(self, problem: Problem) -> str:
         item = self._item(problem)
-        if item.verifier in ("exact", "numeric"):
-            return answer_text(item.answer)
+        if item.verifier in ("exact", "numeric") and (item.solution is None or self.reads(problem).state(item.answer)):
+            return self.stated_answer(problem, item.answer)
         if item.solution is None:
             raise GraftkitError(f"{self.source} line {item.line}: a {item.verifier} verifier's answer is not a "
                                 "completion, so SFT has nothing to demonstrate",
@@ -130,14 +158,56 @@ class JsonlTask(VerifiableTask):
 
     def words(self, seeds: int = 40) -> set[str]:
         """As the base class's, leaving out the solutions of items that have none."""
-        out = {self.system}
+        out = {self.system} if self.system else set()
         for s in range(seeds):
             p = self.problem(s)
             item = self._item(p)
-            out.add(p.prompt)
-            if item.verifier in ("exact", "numeric") or item.solution is not None:
+            out.update(m["content"] for m in self.conversation(p))
+            if (item.verifier in ("exact", "numeric") and self.reads(p).state(item.answer) is not None
+                    or item.solution is not None):
                 out.add(self.solution(p))
         return out
+
+
+def file_seed(seed: int, episode: int, episodes: int) -> int:
+    """The environment seed of episode ``episode`` of ``episodes`` under evaluation seed ``seed`` on a user's file
+    played on every item: ``seed · episodes + episode``, which shows item ``(seed · episodes + episode) mod N``
+    (:func:`item_index`), so seeds 0..S−1 play S·E consecutive items of the file: every
+    one of N items once when S·E = N, each ⌊S·E/N⌋ or ⌈S·E/N⌉ times when it is more, the first S·E when less."""
+    return seed * episodes + episode
+
+
+def file_size(task: str) -> int | None:
+    """The number of items of a user's file (``FILE.jsonl``); None for a generated task."""
+    from .registry import is_verifiable, lookup
+
+    if not is_verifiable(task):
+        return None
+    found = lookup(task)
+    return len(found) if isinstance(found, JsonlTask) else None
+
+
+def coverage(items, n_items: int) -> dict:
+    """How the episodes whose item ids are ``items`` cover a file of ``n_items`` items: ``distinct`` items played,
+    ``total`` items of the file, ``episodes``, and the least and most times an item was played (least 0 when some
+    were left out)."""
+    flat = items.ravel() if hasattr(items, "ravel") else items
+    counts = Counter(str(x) for x in flat)
+    distinct = len(counts)
+    return {"distinct": distinct, "total": n_items, "episodes": int(sum(counts.values())),
+            "least": min(counts.values()) if distinct >= n_items else 0, "most": max(counts.values(), default=0)}
+
+
+def coverage_note(task: str, cov: dict, seeds: int, episodes: int) -> str:
+    """One line on how an evaluation covered a user's file: whole (and how often each item), or which part and
+    the ``--seeds`` that would cover it."""
+    if cov["distinct"] < cov["total"]:
+        need = -(-cov["total"] // episodes)
+        return (f"{task}: {cov['distinct']} of the file's {cov['total']} items played ({seeds} seeds × {episodes} "
+                f"episodes); pass --seeds {need} (seeds × episodes ≥ {cov['total']}) to play every item")
+    times = ("each once" if cov["most"] == 1 else f"each {cov['most']} times" if cov["least"] == cov["most"]
+             else f"each {cov['least']} or {cov['most']} times ({cov['episodes']} episodes over {cov['total']} items)")
+    return f"{task}: the whole file played, {cov['total']} items, {times}"
 
 
 def load_jsonl(path: str) -> JsonlTask:
@@ -190,11 +260,29 @@ def _parse_item(path: str, line_no: int, text: str, functions: dict[str, Callabl
         return GraftkitError(f'{where}: field "{field}" {what}', fix)
 
     prompt = fields.get("prompt")
-    if not isinstance(prompt, str) or not prompt.strip():
+    messages = None
+    if isinstance(prompt, list):
+        messages = _conversation(prompt, bad)
+    elif not isinstance(prompt, str) or not prompt.strip():
         raise bad("prompt", "is missing or empty" if prompt is None or isinstance(prompt, str)
-                  else f"is {prompt!r}, not a string", 'give every item a non-empty string "prompt"')
+                  else f"is {prompt!r:.60}, not a string or a list of messages",
+                  'give every item a non-empty string "prompt" (or a list of {"role", "content"} messages)')
     if "system" in fields:
-        raise bad("system", "is not a per-item field", "the system message is the task's; remove it from the item")
+        if messages is not None:
+            raise bad("system", "is given beside a conversation prompt",
+                      'put the system message into the conversation as {"role": "system", ...}, or drop "system"')
+        if fields["system"] is not None and not isinstance(fields["system"], str):
+            raise bad("system", f"is {fields['system']!r:.60}, not a string or null",
+                      'write "system" as the system message, or null for none')
+    reads = None
+    if "answer_format" in fields:
+        spec = fields["answer_format"]
+        if not isinstance(spec, str):
+            raise bad("answer_format", f"is {spec!r:.60}, not a string", "write e.g. \"answer_format\": \"last-number\"")
+        try:
+            reads = answer_format(spec, flag='field "answer_format"')
+        except GraftkitError as e:
+            raise GraftkitError(f"{where}: {e.what}", e.fix) from None
     answer = fields.get("answer")
     if answer is None:
         raise bad("answer", "is missing", 'give every item an "answer" (a string or a number)')
@@ -214,7 +302,8 @@ def _parse_item(path: str, line_no: int, text: str, functions: dict[str, Callabl
     if "tolerance" in fields and verifier != "numeric":
         raise bad("tolerance", f"applies to the numeric verifier only, not {verifier}",
                   'remove "tolerance" or set "verifier": "numeric"')
-    item = dict(line=line_no, fields=fields, answer=answer, verifier=verifier, solution=fields.get("solution"))
+    item = dict(line=line_no, fields=fields, answer=answer, verifier=verifier, solution=fields.get("solution"),
+                reads=reads, messages=messages)
 
     if verifier == "numeric":
         item["value"] = parse_number(answer)
@@ -233,14 +322,37 @@ def _parse_item(path: str, line_no: int, text: str, functions: dict[str, Callabl
         except re.error as e:
             raise bad("answer", f"is not a regular expression the regex verifier can compile ({e})",
                       "write the answer as a Python regular expression") from None
-        stated = extract_answer(item["solution"]) if item["solution"] is not None else None
+        reader = reads or TAGS
+        stated = reader.read(item["solution"]) if item["solution"] is not None else None
         if item["solution"] is not None and (stated is None or item["pattern"].fullmatch(stated) is None):
             raise bad("solution", "does not match the answer's regular expression",
-                      "give a solution whose <answer>…</answer> the answer's regex matches in full")
+                      f"give a solution whose answer ({reader.spec}) the answer's regex matches in full")
     elif verifier != "exact":
         item["function"] = functions.get(verifier) or _function(where, verifier)
         functions[verifier] = item["function"]
     return _Item(**item)
+
+
+_ROLES = ("system", "user", "assistant")
+
+
+def _conversation(prompt: list, bad) -> tuple[dict, ...]:
+    """A prompt given as messages (TRL's conversational format), validated: roles, string contents, a system
+    message only first, and a user message last (the policy answers it)."""
+    fix = 'write "prompt" as [{"role": "system", "content": ...}, {"role": "user", "content": ...}]'
+    if not prompt:
+        raise bad("prompt", "is an empty list of messages", fix)
+    out = []
+    for k, m in enumerate(prompt):
+        if not isinstance(m, dict) or m.get("role") not in _ROLES or not isinstance(m.get("content"), str):
+            raise bad("prompt", f"message {k} is {m!r:.60}, not a {{\"role\": system|user|assistant, \"content\": "
+                      "text}", fix)
+        if m["role"] == "system" and k:
+            raise bad("prompt", f"message {k} is a system message after the first", "put the system message first")
+        out.append({"role": m["role"], "content": m["content"]})
+    if out[-1]["role"] != "user" or not out[-1]["content"].strip():
+        raise bad("prompt", "does not end with a non-empty user message", "end the conversation with the user's turn")
+    return tuple(out)
 
 
 def _function(where: str, spec: str) -> Callable:
