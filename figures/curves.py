@@ -1,8 +1,9 @@
 """Training curves: the per-step metrics that `graftkit train sft|grpo` logs, one figure per family.
 
-Input: results of kind ``train-sft`` / ``train-grpo`` (one array per metric over ``step``, written by
-training.py from ``train_log.jsonl``), read through :class:`~graftkit.train.commands.TrainingCurves`. A family
-is drawn when at least one run logged one of its metrics. Given the runs' names, the runs are ordered and
+Input: results of kind ``train-sft`` / ``train-grpo`` / ``train-trainer`` (one array per metric over ``step``,
+written from ``train_log.jsonl`` or a Trainer's ``trainer_state.json``), read through
+:class:`~graftkit.train.commands.TrainingCurves`. A family is drawn when at least one run logged one of its
+metrics; a logged value with no finite neighbour (a run that logged one step) is drawn as a marker. Given the runs' names, the runs are ordered and
 coloured by study regime and a menu shows one regime's runs at a time (figures/runs.py).
 """
 
@@ -51,9 +52,15 @@ FAMILIES = (
 _DASH = ("solid", "dash", "dot", "dashdot")
 
 
+def logs_family(res: Result, family: CurveFamily) -> bool:
+    """Whether the run ``res`` logged at least one metric of ``family``."""
+    c = TrainingCurves.from_result(res)
+    return any(c.has(m) for m in family.metrics)
+
+
 def families_present(runs: Sequence[tuple[str, Result]]) -> list[CurveFamily]:
     """The families with at least one metric logged by at least one run."""
-    return [f for f in FAMILIES if any(TrainingCurves.from_result(r).has(m) for _, r in runs for m in f.metrics)]
+    return [f for f in FAMILIES if any(logs_family(r, f) for _, r in runs)]
 
 
 def training_curve(runs: Sequence[tuple[str, Result]], family: CurveFamily,
@@ -79,8 +86,11 @@ def training_curve(runs: Sequence[tuple[str, Result]], family: CurveFamily,
             unit = "%" if family.scale == 100.0 else ""
             window = smoothing_window(len(y))
             line = {"color": colours[i], "dash": _DASH[j % len(_DASH)]}
+            alone = isolated(y)  # logged values a line cannot join: drawn as markers
             fig.add_trace(go.Scatter(
-                x=step, y=y, mode="lines", name=name, line={**line, "width": 1}, opacity=0.35 if window else 1.0,
+                x=step, y=y, mode="lines+markers" if alone.any() else "lines", name=name, line={**line, "width": 1},
+                opacity=0.35 if window else 1.0,
+                **({"marker": {"color": colours[i], "size": np.where(alone, 8, 0)}} if alone.any() else {}),
                 legendgroup=f"{i}-{j}",
                 hovertemplate=f"%{{fullData.name}}<br>step %{{x}}<br>{metric} %{{y:{family.hover}}}{unit}<extra></extra>",
             ))
@@ -115,6 +125,16 @@ def training_curve(runs: Sequence[tuple[str, Result]], family: CurveFamily,
     if len(groups) > 1:
         fig.update_layout(margin={"t": 110})
     return fig
+
+
+def isolated(y: np.ndarray) -> np.ndarray:
+    """The finite values of a curve with no finite neighbour (a run that logged one step, a step between NaNs):
+    a line alone does not draw them."""
+    ok = np.isfinite(np.asarray(y, dtype=np.float64))
+    joined = np.zeros_like(ok)
+    joined[1:] |= ok[1:] & ok[:-1]
+    joined[:-1] |= ok[:-1] & ok[1:]
+    return ok & ~joined
 
 
 def smoothing_window(n: int) -> int:

@@ -10,8 +10,15 @@ estimate/low/high; ``diff_vs_base[config, bound]``, ``diff_vs_rl[config, bound]`
 percentage points) unless the array's attrs give ``unit`` "points"/"pp". Every optional array that is
 missing only removes its figure. Results are read through :class:`~graftkit.graft.experiments.SweepResult`
 and :class:`~graftkit.graft.experiments.DissociationResult`. The report draws each measure once, a menu picking
-the swept run (:func:`by_sweep`). A sweep's attribution of the KL divergence per group is read through the
-view's :data:`KL_ATTRIBUTION` accessor when the view has one (:func:`kl_per_group`).
+the swept run (:func:`by_sweep`).
+
+A sweep scored by KL (``--metric kl``, or ``both`` beside success; graft/kl.py) adds two figures: the fraction of
+RL's behavioural change each configuration reproduces on each side's rollouts (:func:`kl_reproduced`:
+reproduced_RL on RL's, reproduced_SFT on SFT's, 0 at ∅ and 100% at the full graft) and its attribution per group
+(:func:`kl_attribution`: Shapley values and main effects, or the single / leave-one-out effects the sweep stores).
+The sum of the KL Shapley values is v(N) − v(∅) with N the swept groups (the sweep's recorded ``groups``), named
+so: it is the whole RL model's change only when the swept groups are everything RL moved. The summary reads the
+attribution per group through :func:`kl_per_group`.
 """
 
 from __future__ import annotations
@@ -189,6 +196,128 @@ def kl_per_group(res: Result, side: str = KL_SIDE
             raise ValueError(f"{name}: {len(e)} values for {len(groups)} groups")
         return f"KL {what} ({side} rollouts)", groups, scale * e, scale * lo, scale * hi, shown
     return None
+
+
+#: Each KL side (whose rollouts) of a sweep: the fraction it scores, and how its marks are drawn (RL's rollouts
+#: filled, SFT's open or hatched).
+KL_SIDES = {"rl": ("reproduced_RL (RL's rollouts)", "circle", ""),
+            "sft": ("reproduced_SFT (SFT's rollouts)", "diamond-open", "/")}
+
+
+def _fraction_scale(v: SweepResult, name: str) -> tuple[float, str]:
+    """Factor and unit a KL array is shown in: % of RL's behavioural change for a stored fraction."""
+    unit = str(v.var_attrs(name).get("unit", ""))
+    return (100.0, "% of RL's behavioural change") if unit == "fraction" else (1.0, unit or "as stored")
+
+
+def kl_reproduced(label: str, res: Result) -> go.Figure | None:
+    """Per grafted configuration, the fraction of RL's behavioural change it reproduces on each side's rollouts
+    (reproduced_RL, reproduced_SFT: graft/kl.py ``REPRODUCED``), with 95% intervals; None for a sweep without KL."""
+    v = SweepResult.from_result(res)
+    if not v.has_kl:
+        return None
+    configs = v.configs
+    n = len(configs)
+    groups, layers = v.strings("config_groups"), v.strings("config_layers")
+    alpha = v.array("config_alpha")
+    alpha = np.full(n, np.nan) if alpha is None else alpha.astype(np.float64)
+    s_, unit = _fraction_scale(v, "kl_reproduced")
+    fig = go.Figure()
+    for k, side in enumerate(v.sides):
+        name, symbol, _ = KL_SIDES.get(side, (f"reproduced ({side}'s rollouts)", "square", "x"))
+        e, lo, hi = np.array([v.reproduced(c, side) for c in configs], dtype=np.float64).reshape(n, 3).T
+        who = "RL" if side == "rl" else "SFT" if side == "sft" else side
+        custom = [[esc(groups[i]), esc(layers[i]), f"{alpha[i]:g}", _iv(s_ * e[i], s_ * lo[i], s_ * hi[i]),
+                   f"{v.kl_per_token(configs[i], side):.4g}", who] for i in range(n)]
+        fig.add_trace(go.Scatter(
+            y=esc_all(configs), x=s_ * e, mode="markers", name=esc(name),
+            error_x={**interval_error(e, lo, hi, s_), "color": colour(k)},
+            marker={"size": 11, "symbol": symbol, "color": colour(k), "line": {"color": colour(k), "width": 2}},
+            customdata=custom,
+            hovertemplate="%{y} (%{fullData.name})<br>groups %{customdata[0]} · layers %{customdata[1]} · "
+                          "α %{customdata[2]}<br>reproduced %{customdata[3]} (95% interval)<br>"
+                          "KL(π_%{customdata[5]}‖π_C) %{customdata[4]} nats per action token<extra></extra>",
+        ))
+    zero_line(fig, "x")  # ∅ (SFT)
+    fig.add_vline(x=s_, line={"color": "#444", "width": 1, "dash": "dot"})  # the full graft (RL)
+    fig.update_yaxes(autorange="reversed", type="category")
+    return base_layout(fig, f"Behavioural change each graft reproduces (KL) — {esc(label)}",
+                       "by KL on fixed rollouts of RL and SFT: 0 = SFT's behaviour (∅), 100% = RL's (the full graft); "
+                       "whiskers: 95% intervals", f"reproduced ({esc(unit)})", "grafted configuration",
+                       height=max(320, 140 + 26 * n), legend_title="fraction (whose rollouts)")
+
+
+def _kl_measures(v: SweepResult) -> list[tuple[str, str]]:
+    """The KL attribution arrays a sweep stores, ``(array, name)``, in the order of the success figure (a group
+    effect of kind shapley is the Shapley values again, so left out beside them)."""
+    kind = v.var_attrs("kl_group_effect").get("kind")
+    names = [(n, what) for n, what in (("kl_shapley", "Shapley value"), ("kl_main_effect", "main effect"),
+                                       ("kl_group_effect", f"{kind} effect" if kind else "group effect"))
+             if v.array(n) is not None]
+    if any(n == "kl_shapley" for n, _ in names) and kind == "shapley":
+        names = [x for x in names if x[0] != "kl_group_effect"]
+    return names
+
+
+def swept_groups(v: SweepResult) -> list[str]:
+    """The groups the sweep grafted, as it records them (``attrs["groups"]``), else its group axis."""
+    rec = v.attrs.get("groups")
+    return [str(g) for g in rec] if isinstance(rec, (list, tuple)) and rec else v.groups
+
+
+def kl_shapley_total(v: SweepResult, side: str) -> str | None:
+    """The KL Shapley values' sum on ``side``'s rollouts, named for what it is: v(all swept groups) − v(∅), the
+    swept groups listed (not the whole RL model: the full graft reproduces 100% by definition); None without."""
+    total = v.kl_total(side)
+    if total is None:
+        return None
+    s_, _ = _fraction_scale(v, "kl_shapley")
+    unit = "%" if s_ == 100.0 else ""
+    e, lo, hi = (s_ * float(x) for x in total)
+    return (f"v(all swept groups: {', '.join(swept_groups(v))}) − v(∅) = {e:+.1f}{unit} [{lo:+.1f}, {hi:+.1f}]"
+            if np.isfinite(e) else f"v(all swept groups: {', '.join(swept_groups(v))}) − v(∅) undefined")
+
+
+def kl_attribution(label: str, res: Result) -> go.Figure | None:
+    """The fraction of RL's behavioural change (KL) attributed to each parameter group — Shapley values, main
+    effects, or the sweep's single / leave-one-out effects — on each side's rollouts (solid: RL's, hatched: SFT's),
+    with 95% intervals, and the Shapley total named v(all swept groups) − v(∅); None without KL attribution."""
+    v = SweepResult.from_result(res)
+    if not v.has_kl:
+        return None
+    measures = _kl_measures(v)
+    if not measures:
+        return None
+    fig = go.Figure()
+    unit = ""
+    for k, (name, what) in enumerate(measures):
+        s_, unit = _fraction_scale(v, name)
+        for side in v.sides:
+            arr = v.kl_attribution(name, side)
+            groups = v.axis(name, 1)
+            e, lo, hi = bounds(arr, v.bound_names)
+            fig.add_trace(go.Bar(
+                x=esc_all(groups), y=s_ * e, name=f"{what} · {esc(KL_SIDES.get(side, (side,))[0])}",
+                offsetgroup=f"{name} {side}", legendgroup=name,
+                marker={"color": colour(k), "pattern": {"shape": KL_SIDES.get(side, ("", "", "x"))[2],
+                                                        "fillmode": "overlay", "fgcolor": "#ffffff",
+                                                        "solidity": 0.4}},
+                error_y={**interval_error(e, lo, hi, s_), "color": "#222"},
+                customdata=[[_iv(s_ * e[i], s_ * lo[i], s_ * hi[i])] for i in range(len(e))],
+                hovertemplate="%{x} · %{fullData.name}<br>%{customdata[0]} points of the reproduced fraction "
+                              "(95% interval)<extra></extra>",
+            ))
+    totals = [f"Σ Shapley on {'RL' if side == 'rl' else 'SFT' if side == 'sft' else esc(side)}'s rollouts = {esc(t)}"
+              for side in v.sides if (t := kl_shapley_total(v, side)) is not None]
+    zero_line(fig)
+    fig.update_layout(barmode="group")
+    sub = "<br>".join(["each group's contribution to the fraction of RL's behavioural change a graft reproduces (by "
+                       "KL); solid: on RL's rollouts, hatched: on SFT's; whiskers: 95% intervals", *totals])
+    fig = base_layout(fig, f"Attribution of the behavioural change (KL) to parameter groups — {esc(label)}", sub,
+                      "parameter group", f"contribution ({esc(unit)})", legend_title="measure · whose rollouts",
+                      height=460)
+    fig.update_layout(margin={"t": 116})  # the same for every option of a menu: room for both sides' totals
+    return fig
 
 
 def by_sweep(figures: Sequence[tuple[str, go.Figure]], what: str = "swept run") -> go.Figure:

@@ -4,7 +4,7 @@ Each function takes results — a :class:`~graftkit.results.store.Result`, a typ
 ``SweepResult``, ``RankResult``, ``CouplingResult``, ``TrainingCurves``, ``EvalResult``…), what a command
 function returns (``gk.eval``, ``gk.headroom``, ``gk.train_grpo``, a summary dict with a ``result_file``),
 or the path of a result file — and returns the ``plotly.graph_objects.Figure`` the report draws for the
-same results: it calls the builder the report calls (figures/success.py, anatomy.py, grafts.py, rank.py,
+same results: it calls the builder the report calls (figures/success.py, kl.py, anatomy.py, grafts.py, rank.py,
 curves.py, summary.py) with the arguments the report passes. A per-run figure draws every run of its result
 with a menu picking the run, as the report does (``run=`` draws one); a graft figure of several sweeps is one
 figure with a menu picking the swept run. Series are labelled as in the report (report.base_label: an eval's
@@ -30,7 +30,7 @@ from ..evaluation.commands import EvalResult, EvalRun, HeadroomRun
 from ..graft.anatomy import DeltaResult
 from ..results.store import Result, View, read_result
 from ..train.commands import TrainingCurves
-from . import anatomy, curves, grafts, rank, success, summary
+from . import anatomy, curves, grafts, kl, rank, success, summary
 from .report import base_label, decode_key, delta_label, distinct_labels, training_label
 from .runs import study_in
 
@@ -43,7 +43,7 @@ PRODUCERS = {
     "graft-sweep": "graftkit graft --sweep factorial", "graft-dissociation": "graftkit graft --sweep dissociation",
     "rank-weights": "graftkit rank", "rank-delta": "graftkit rank --what delta",
     "rank-activations": "graftkit rank --what activations", "coupling": "graftkit couple",
-    "train-sft": "graftkit train sft", "train-grpo": "graftkit train grpo",
+    "train-sft": "graftkit train sft", "train-grpo": "graftkit train grpo", "kl": "graftkit kl",
 }
 
 
@@ -208,6 +208,50 @@ def headroom_differences(results: ResultLike | Sequence[ResultLike], labels: Seq
 
 
 # --------------------------------------------------------------------------------------------------
+# Behavioural divergence (report section "kl")
+
+
+def kl_per_task(results: ResultLike | Sequence[ResultLike], label: str | Sequence[str] | None = None) -> go.Figure:
+    """KL(π_RL‖π_SFT) on RL's rollouts and KL(π_SFT‖π_RL) on SFT's, per task and pooled, per action token and per
+    episode, with intervals (a trajectory: its last step); several ``kl`` results: one figure, a menu picking the
+    model."""
+    return _per_sweep(results, ("kl",), _labels(label), kl.kl_per_task, "could not be drawn", "model")
+
+
+def kl_by_model(results: Sequence[ResultLike], labels: Sequence[str] | None = None) -> go.Figure:
+    """Two or more RL models' KL from their base pooled over tasks, both directions, per action token and per
+    episode (the ``kl`` results without a step dimension)."""
+    items = _items(results, ("kl",), labels)
+    for x in items:
+        _guarded(x, lambda x=x: kl.kl_means(x.result))
+    fig = kl.kl_by_model([(x.label, x.result) for x in items])
+    if fig is None:
+        raise GraftkitError(f"{len(items)} kl result(s) without a step dimension: nothing to compare",
+                            "pass two or more `graftkit kl` results (a trajectory over steps: kl_over_steps)")
+    return fig
+
+
+def kl_over_steps(results: ResultLike | Sequence[ResultLike], labels: Sequence[str] | None = None) -> go.Figure:
+    """The KL from the base at every checkpoint step of each ``kl`` result with a ``step`` dimension, pooled over
+    tasks: a line per model and direction."""
+    items = _items(results, ("kl",), labels)
+    for x in items:
+        _guarded(x, lambda x=x: kl.kl_means(x.result))
+    fig = kl.kl_over_steps([(x.label, x.result) for x in items])
+    if fig is None:
+        raise GraftkitError("no kl result with a step dimension (one policy per checkpoint step)",
+                            "compare single policies with kl_by_model")
+    return fig
+
+
+def kl_top(results: ResultLike | Sequence[ResultLike], label: str | Sequence[str] | None = None) -> go.Figure:
+    """The token and action strings that gained and lost the most probability under RL (``graftkit kl --top``);
+    several results: a menu picking the model."""
+    return _per_sweep(results, ("kl",), _labels(label), kl.kl_top,
+                      "no token or action strings listed (graftkit kl --top)", "model")
+
+
+# --------------------------------------------------------------------------------------------------
 # Delta anatomy (report section "anatomy")
 
 
@@ -323,6 +367,22 @@ def movement_vs_effect(results: ResultLike | Sequence[ResultLike], label: str | 
                       "no movement_share array, or no per-group effect (attribution or single-group grafts)")
 
 
+def kl_reproduced(results: ResultLike | Sequence[ResultLike], label: str | Sequence[str] | None = None) -> go.Figure:
+    """The fraction of RL's behavioural change each grafted configuration reproduces (reproduced_RL on RL's rollouts,
+    reproduced_SFT on SFT's), with 95% intervals; sweeps scored with ``--metric kl`` or ``both``."""
+    return _per_sweep(results, ("graft-sweep",), _labels(label), grafts.kl_reproduced,
+                      "no KL arrays (a sweep scored with --metric kl or both writes them)")
+
+
+def kl_attribution(results: ResultLike | Sequence[ResultLike], label: str | Sequence[str] | None = None
+                   ) -> go.Figure:
+    """The fraction of RL's behavioural change attributed to each parameter group on both sides' rollouts, the
+    KL Shapley total named v(all swept groups) − v(∅)."""
+    return _per_sweep(results, ("graft-sweep",), _labels(label), grafts.kl_attribution,
+                      "no KL attribution array (a complete single, loo or factorial sweep scored with --metric kl or "
+                      "both writes them)")
+
+
 def dissociation(results: ResultLike | Sequence[ResultLike], label: str | Sequence[str] | None = None) -> go.Figure:
     """Per group, its effect in RL run A and in RL run B and their difference (double dissociation)."""
     return _per_sweep(results, ("graft-dissociation",), _labels(label), grafts.dissociation,
@@ -406,6 +466,7 @@ def training_curves(results: ResultLike | Sequence[ResultLike], family: str = "l
 
 
 __all__ = ["ResultLike", "success_rates", "paired_differences", "headroom_rates", "headroom_differences",
-           "anatomy_heatmap", "group_shares", "top_tensors", "graft_effects", "attribution", "interactions",
+           "kl_per_task", "kl_by_model", "kl_over_steps", "kl_top", "anatomy_heatmap", "group_shares", "top_tensors",
+           "graft_effects", "kl_reproduced", "attribution", "kl_attribution", "interactions",
            "movement_vs_effect", "dissociation", "rank_by_layer", "coupling_by_layer", "coupling_scatter",
            "both_directions", "study_summary", "training_curves"]

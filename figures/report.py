@@ -10,8 +10,13 @@ the page and entity-escaped inside figures (figures/_common.py says why).
 Sections, in order, each present when its results exist and otherwise a one-line note naming the command
 that adds them: the study at a glance (figures/summary.py: each regime's change against SFT with its
 interval, the positive control, success and KL attribution per group), findings, training curves, success
-with intervals, headroom, delta anatomy, graft effects, rank by layer, rank–success coupling, then the list
-of result files (provenance). Each measure is one figure: a figure drawn per run (anatomy heatmaps, largest
+with intervals, headroom, behavioural divergence (figures/kl.py: every ``kl`` result's KL(π_RL‖π_SFT) on RL's
+rollouts and KL(π_SFT‖π_RL) on SFT's per task, per token and per episode, across models or checkpoint steps, and
+the strings that moved most; captions state the conventions each result records), delta anatomy, graft effects
+(success, and for sweeps scored by KL the fraction of RL's behavioural change each graft reproduces and its
+attribution per group), rank by layer, rank–success coupling, then the list of result files (provenance).
+Every figure and table names the result files it is drawn from (``data-sources``), so a result kind that no
+section draws shows up (tests/test_report_kinds.py). Each measure is one figure: a figure drawn per run (anatomy heatmaps, largest
 movers) or per graft sweep is one figure per result with a menu picking the run (``_common.selector``),
 and every run has one colour throughout, its regime's hue in its seed's shade (figures/runs.py). A result file
 that cannot be read (truncated, garbled attributes) is named with the reason in a notice at the top of the
@@ -40,7 +45,7 @@ from ..stats import Comparison
 from ..core.files import write_atomic
 from ..results.layout import REPORT, result_labels
 from ..results.store import DamagedResult, Result, scan_results
-from . import anatomy, curves, grafts, rank, success, summary
+from . import anatomy, curves, grafts, kl, rank, success, summary
 from ._common import decode_key, fmt
 from .runs import regime_groups, study_in, study_order
 
@@ -58,10 +63,12 @@ class Loaded:
 
 @dataclass(frozen=True)
 class Panel:
-    """One figure and its caption (plain text; escaped when rendered)."""
+    """One figure, its caption (plain text; escaped when rendered) and the result files it is drawn from (named in
+    the page: ``data-sources`` of its ``<figure>``)."""
 
     figure: go.Figure
     caption: str
+    sources: tuple[Path, ...] = ()
 
 
 @dataclass
@@ -77,6 +84,8 @@ class Section:
     #: Visible one-line notes (e.g. a result whose arrays could not be drawn, and why).
     notes: list[str] = field(default_factory=list)
     present: bool = False
+    #: The result files ``html`` (a table) is drawn from.
+    html_sources: list[Path] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -93,8 +102,9 @@ def _model_path(attrs: dict) -> str | None:
 def base_label(path: Path | None, kind: str, res: Result) -> str:
     """The label a result's series carry in figures: an eval or headroom result's recorded label or model
     folder name (`` (sampled)`` / `` [som]`` marked), a training or rank result's label or model folder
-    name, a graft sweep's swept run (its recorded ``rl_label``; `` (KL)`` marks a sweep scored by KL only),
-    anything else its file's stem (its kind when it has no file)."""
+    name, a graft sweep's swept run (its recorded ``rl_label``; `` (KL)`` marks a sweep scored by KL only), a
+    ``kl`` result's RL policy (its recorded ``labels["rl"]``: the run it measures against its base), anything
+    else its file's stem (its kind when it has no file)."""
     model = _model_path(res.attrs)
     named = res.attrs.get("label") if isinstance(res.attrs.get("label"), str) and res.attrs.get("label") else None
     if kind in ("eval", "headroom") and (named or model):
@@ -110,6 +120,9 @@ def base_label(path: Path | None, kind: str, res: Result) -> str:
     swept = res.attrs.get("rl_label")
     if kind == "graft-sweep" and isinstance(swept, str) and swept:
         return swept + (" (KL)" if res.attrs.get("metric") == "kl" else "")
+    pair = res.attrs.get("labels")
+    if kind == "kl" and isinstance(pair, dict) and isinstance(pair.get("rl"), str) and pair["rl"]:
+        return pair["rl"]
     return path.stem if path is not None else kind
 
 
@@ -182,13 +195,16 @@ def _summary(loaded: Sequence[Loaded]) -> Section:
     sec.notes.extend(inputs.notes)
     if inputs.drawable:
         sec.present = True
+        path_of = {(x.kind, x.label): x.path for x in loaded}
+        sources = tuple(path_of[k] for k in inputs.drawn if k in path_of)
         sec.panels.append(Panel(summary.study_summary(inputs),
                                 "Each regime's mean change in greedy success against the SFT policy over its runs, "
                                 "with the 95% interval of the findings (hierarchical bootstrap, the training seed a "
                                 "random effect; one run: conditional on its seed); dots: each run's own change; "
                                 "the positive control when the findings have one. Beside it, per parameter group, "
                                 "what grafting the group contributes to success (and to KL, where the sweeps record "
-                                "it) in each swept run. Colours: a regime's hue, a shade per seed, in every figure."))
+                                "it) in each swept run. Colours: a regime's hue, a shade per seed, in every figure.",
+                                sources))
     return sec
 
 
@@ -206,6 +222,7 @@ def _findings(loaded: Sequence[Loaded]) -> Section:
             rows = ["<tr>" + "".join(f"<td>{_h(cell(f))}</td>" for cell in columns.values()) + "</tr>"
                     for f in view.findings]
             notes = view.notes
+            sec.html_sources.append(item.path)
             sec.html += (f"<table class='findings'><caption>{_h(item.path.name)}" + (f" — {_h(notes)}" if notes else "")
                          + "</caption><thead><tr>" + "".join(f"<th>{_h(h)}</th>" for h in columns)
                          + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
@@ -230,9 +247,10 @@ def _training(loaded: Sequence[Loaded]) -> Section:
     menu = ("; a study's runs in their regime's colour, a shade per seed, and the menu shows one regime's runs"
             if len(regime_groups(names)) > 1 else "")
     for fam in curves.families_present(runs):
+        logged = tuple(x.path for x, (_, res) in zip(items, runs) if curves.logs_family(res, fam))
         sec.panels.append(Panel(curves.training_curve(runs, fam, names),
                                 f"{fam.title} per optimiser step, one line per training run ({', '.join(fam.metrics)})"
-                                f"{menu}."))
+                                f"{menu}.", logged))
     return sec
 
 
@@ -261,7 +279,8 @@ def _success(loaded: Sequence[Loaded]) -> Section:
         return sec
     sec.panels.append(Panel(success.success_rates([(x.label, x.result) for x in drawable]),
                             "Success rate per task for each evaluated model (bars), with 95% Wilson intervals "
-                            "over all episodes; 'all tasks' pools every task of that model."))
+                            "over all episodes; 'all tasks' pools every task of that model.",
+                            tuple(x.path for x in drawable)))
     # The SFT model: a model this run trained with `train sft`, or an eval result marked role = "sft";
     # failing both, the one model whose folder name says sft.
     sft_paths = {_resolved(p) for x in _of(loaded, "train-sft") if (p := _model_path(x.result.attrs))}
@@ -273,6 +292,7 @@ def _success(loaded: Sequence[Loaded]) -> Section:
         if line := success.item_line(item.result):
             sec.notes.append(f"{item.label}: {line}")
     by_ref: dict[str, list[tuple[str, dict[str, Comparison]]]] = {}
+    paired: dict[str, list[Path]] = {}
     for item in drawable:
         if item in refs:
             continue
@@ -283,13 +303,14 @@ def _success(loaded: Sequence[Loaded]) -> Section:
             _guard(sec, item, lambda ref=ref, item=item, rows=rows: rows.update(success.paired_vs(ref.result, item.result)))
             if rows:
                 by_ref.setdefault(ref.label, []).append((item.label, rows))
+                paired.setdefault(ref.label, [ref.path]).append(item.path)
             break
     for ref_label, rows in by_ref.items():
         sec.panels.append(Panel(success.paired_differences(ref_label, rows),
                                 f"Paired difference in success against the SFT model {ref_label} on identical "
                                 "episodes (same tasks, seeds and episodes), with the 95% paired bootstrap interval "
                                 "(clusters of episodes: by item where the results kept items, else by seed); the verdict needs both the bootstrap and the Bayesian "
-                                "interval to exclude zero."))
+                                "interval to exclude zero.", tuple(paired[ref_label])))
     return sec
 
 
@@ -298,25 +319,76 @@ def _headroom(loaded: Sequence[Loaded]) -> Section:
                   "no headroom results in this run — run `graftkit headroom --model M` to add them")
     items = _of(loaded, "headroom")
     sec.present = bool(items)
-    tables = []
+    tables, paired = [], []
     for item in items:
         def build(item=item):
             fig = success.headroom_rates(item.label, item.result)
             sec.panels.append(Panel(fig, f"Greedy and sampled success per task for {item.label}, each with a 95% "
-                                         "Wilson interval."))
+                                         "Wilson interval.", (item.path,)))
             table = success.headroom_of(item.result)
             if table is None:
                 sec.notes.append(f"{item.path.name}: greedy and sampled outcomes cannot be paired, so no headroom "
                                  "interval is drawn for it")
             else:
                 tables.append((item.label, table))
+                paired.append(item.path)
 
         _guard(sec, item, build)
     if tables:
         sec.panels.append(Panel(success.headroom_differences(tables),
                                 "Headroom = sampled − greedy success per task, each greedy episode paired with its "
                                 "k samples, with the 95% paired bootstrap interval; a task has headroom when both "
-                                "the bootstrap and Bayesian intervals lie above zero."))
+                                "the bootstrap and Bayesian intervals lie above zero.", tuple(paired)))
+    return sec
+
+
+def _kl(loaded: Sequence[Loaded]) -> Section:
+    sec = Section("kl", "Behavioural divergence",
+                  "no KL results in this run — run `graftkit kl --model RL` to add them (KL(π_RL‖π_SFT) on RL's "
+                  "rollouts and KL(π_SFT‖π_RL) on SFT's)")
+    items = _of(loaded, "kl")
+    sec.present = bool(items)
+    ok: list[Loaded] = []
+    for item in items:
+        _guard(sec, item, lambda item=item: (kl.kl_means(item.result), kl.side_names(item.result), ok.append(item)))
+    if not ok:
+        return sec
+    conventions = kl.caption_conventions(ok[0].result)
+    if any(kl.caption_conventions(x.result) != conventions for x in ok[1:]):
+        conventions += " (as recorded by the first of these results; the others record other conventions)"
+    fig = kl.kl_over_steps([(x.label, x.result) for x in ok])
+    if fig is not None:
+        traj = [x for x in ok if kl.steps_of(x.result)]
+        sec.panels.append(Panel(fig, "Each trajectory's KL from its base at every checkpoint step, pooled over "
+                                     f"tasks, one line per model and side: {conventions}", tuple(x.path for x in traj)))
+    single = [x for x in ok if not kl.steps_of(x.result)]
+    fig = kl.kl_by_model([(x.label, x.result) for x in single])
+    if fig is not None:
+        sec.panels.append(Panel(fig, f"{len(single)} RL models' KL from their base, pooled over tasks, in study order: "
+                                     f"{conventions}", tuple(x.path for x in single)))
+    per_task, top, top_from = [], [], []
+    for item in ok:
+        def build(item=item):
+            fig, moved = kl.kl_per_task(item.label, item.result), kl.kl_top(item.label, item.result)
+            per_task.append((item.label, fig))
+            if moved is not None:
+                top.append((item.label, moved))
+                top_from.append(item.path)
+
+        _guard(sec, item, build)
+    if per_task:
+        pair = ok[0].result.attrs.get("labels")
+        against = f" against {pair['sft']}" if len(ok) == 1 and isinstance(pair, dict) and pair.get("sft") else ""
+        sec.panels.append(Panel(grafts.by_sweep(per_task, "model"),
+                                f"{_owner([lab for lab, _ in per_task])}{against}: KL per task and pooled over tasks, "
+                                f"per action token (left) and per episode (right): {conventions}",
+                                tuple(x.path for x in ok if x.label in dict(per_task))))
+    if top:
+        sec.panels.append(Panel(grafts.by_sweep(top, "model"),
+                                f"{_owner([lab for lab, _ in top])}: the token strings and action strings that gained "
+                                "and lost the most probability under RL, by the mean over their occurrences on both "
+                                "sides' rollouts of log π_RL − log π_SFT of the played tokens (an action: the sum over "
+                                "its tokens), in nats (graftkit kl --top).", tuple(top_from)))
     return sec
 
 
@@ -325,7 +397,7 @@ def _anatomy(loaded: Sequence[Loaded]) -> Section:
                   "no delta-anatomy results in this run — run `graftkit delta --base SFT --from RL` to add them")
     items = _of(loaded, "delta")
     sec.present = bool(items)
-    bars = []
+    bars, moved = [], []
     for item in items:
         def build(item=item):
             d = DeltaResult.from_result(item.result, item.path)
@@ -338,29 +410,31 @@ def _anatomy(loaded: Sequence[Loaded]) -> Section:
                                  (anatomy.layer_movement_over_steps(label, item.result),
                                   "‖Δ‖_F of each decoder layer's tensors from the base at every saved checkpoint.")):
                     if fig is not None:
-                        sec.panels.append(Panel(fig, cap))
+                        sec.panels.append(Panel(fig, cap, (item.path,)))
             runs = [(delta_label(run, item.path, len(items)), item.result, r) for r, run in enumerate(d.runs)]
             bars.extend(runs)
+            moved.append(item.path)
             whose = _whose([label for label, _, _ in runs])
             if d.has("layer_group_share") and len(d.layers):
                 sec.panels.append(Panel(anatomy.anatomy_heatmaps(runs, "share"),
                                         f"Share of {whose} total squared weight movement in each decoder layer × "
-                                        "parameter group (cells of one run sum to the in-layer share)."))
+                                        "parameter group (cells of one run sum to the in-layer share).",
+                                        (item.path,)))
             if d.has("layer_group_rel_delta") and len(d.layers):
                 sec.panels.append(Panel(anatomy.anatomy_heatmaps(runs, "rel_delta"),
                                         f"Relative change ‖Δ‖_F/‖W‖_F of {whose} weights per decoder layer × "
-                                        "parameter group, pooled over the cell's tensors."))
+                                        "parameter group, pooled over the cell's tensors.", (item.path,)))
             fig = anatomy.top_tensors_by_run(runs)
             if fig is not None:
                 sec.panels.append(Panel(fig, f"The tensors with the largest share of {whose} squared weight "
-                                             "movement."))
+                                             "movement.", (item.path,)))
 
         _guard(sec, item, build)
     if bars:
         try:
             sec.panels.append(Panel(anatomy.group_shares(bars),
                                     "Share of each RL run's total squared weight movement per parameter group, over "
-                                    "all tensors including embeddings and the output head."))
+                                    "all tensors including embeddings and the output head.", tuple(dict.fromkeys(moved))))
         except KeyError as exc:
             sec.notes.append(f"group shares could not be drawn (missing array {exc})")
     return sec
@@ -386,40 +460,59 @@ def _owner(labels: Sequence[str]) -> str:
 
 def _grafts(loaded: Sequence[Loaded]) -> Section:
     sec = Section("grafts", "Graft effects and attribution",
-                  "no graft-experiment results in this run — run `graftkit graft --from RL --sweep factorial` to add them")
+                  "no graft-experiment results in this run — run `graftkit graft --from RL --sweep factorial` (add "
+                  "`--metric both` to score each graft by KL as well) to add them")
     sweeps, dissoc = _of(loaded, "graft-sweep"), _of(loaded, "graft-dissociation")
     sec.present = bool(sweeps or dissoc)
     # measure → (builder, caption); each measure is one figure, a menu picking the swept run
     measures = {
         "effects": (grafts.graft_effects, "success change of each grafted configuration against the base (SFT) and "
                                           "against the RL model, on identical episodes, with 95% paired intervals."),
+        "kl_reproduced": (grafts.kl_reproduced, "the fraction of RL's behavioural change each grafted configuration "
+                                                "reproduces, by KL on fixed rollouts (sweeps scored with --metric kl "
+                                                "or both): reproduced_RL(C) = 1 − KL(π_RL‖π_C)/KL(π_RL‖π_SFT) on RL's "
+                                                "rollouts, reproduced_SFT(C) = KL(π_SFT‖π_C)/KL(π_SFT‖π_RL) on SFT's "
+                                                "(KL summed over each episode's action tokens, nats, pooled over "
+                                                "episodes); 0 for the empty graft, 100% for the full graft; 95% "
+                                                "intervals from the bootstrap of the ratio's linearised "
+                                                "per-episode values."),
         "attribution": (grafts.attribution, "the success change attributed to each parameter group (Shapley values "
                                             "and main effects over the factorial), 95% intervals."),
+        "kl_attribution": (grafts.kl_attribution, "the fraction of RL's behavioural change (KL) attributed to each "
+                                                  "parameter group, on RL's rollouts (solid) and SFT's (hatched), "
+                                                  "with 95% intervals: Shapley values and main effects of a "
+                                                  "factorial, or the effects a single / leave-one-out sweep stores. "
+                                                  "The Shapley values sum to v(all swept groups) − v(∅): the swept "
+                                                  "groups the subtitle names, which is the whole RL model only when "
+                                                  "they are everything RL moved."),
         "interaction": (grafts.interaction_heatmap, "pairwise interaction of grafting two groups together."),
         "movement": (grafts.movement_vs_effect, "how much each group moved (share of squared movement) against what "
                                                 "it did to success; movement is not effect."),
     }
     figs: dict[str, list[tuple[str, go.Figure]]] = {k: [] for k in measures}
+    froms: dict[str, list[Path]] = {k: [] for k in measures}
     for item in sweeps:
         def build(item=item):
             built = {k: build_(item.label, item.result) for k, (build_, _) in measures.items()}
             for k, fig in built.items():  # only once every builder has read the sweep
                 if fig is not None:
                     figs[k].append((item.label, fig))
+                    froms[k].append(item.path)
 
         _guard(sec, item, build)
     for k, (_, caption) in measures.items():
         if figs[k]:
             fig = grafts.by_sweep(figs[k])
-            sec.panels.append(Panel(fig, f"{_owner([lab for lab, _ in figs[k]])}: {caption}"))
-    drawn = []
+            sec.panels.append(Panel(fig, f"{_owner([lab for lab, _ in figs[k]])}: {caption}", tuple(froms[k])))
+    drawn, drawn_from = [], []
     for item in dissoc:
-        _guard(sec, item, lambda item=item: drawn.append((item.label, grafts.dissociation(item.label, item.result))))
+        _guard(sec, item, lambda item=item: (drawn.append((item.label, grafts.dissociation(item.label, item.result))),
+                                             drawn_from.append(item.path)))
     if drawn:
         fig = grafts.by_sweep(drawn, "dissociation")
         sec.panels.append(Panel(fig, f"{_owner([lab for lab, _ in drawn])}: per group, the effect on success in RL "
                                      "run A and in RL run B and their difference (95% intervals); the verdict says "
-                                     "which run's change the group carries."))
+                                     "which run's change the group carries.", tuple(drawn_from)))
     return sec
 
 
@@ -438,7 +531,8 @@ def _rank(loaded: Sequence[Loaded]) -> Section:
             target = rank.TARGETS[kind][0]
             sec.panels.append(Panel(rank.rank_by_layer(kind, [(x.label, x.result) for x in ok]),
                                     f"Rank of the {target} per layer, one line per checkpoint; the menu picks the "
-                                    "measure and the subtitle states its convention as recorded."))
+                                    "measure and the subtitle states its convention as recorded.",
+                                    tuple(x.path for x in ok)))
     return sec
 
 
@@ -452,22 +546,23 @@ def _coupling(loaded: Sequence[Loaded]) -> Section:
             lab, res = item.label, item.result
             sec.panels.append(Panel(rank.coupling_by_layer(lab, res),
                                     f"{lab}: per layer, the correlation across checkpoints between rank and success "
-                                    "(Spearman and Pearson) with pairs-bootstrap intervals."))
+                                    "(Spearman and Pearson) with pairs-bootstrap intervals.", (item.path,)))
             fig = rank.coupling_scatter(lab, res)
             if fig is not None:
-                sec.panels.append(Panel(fig, f"{lab}: each checkpoint's late-layer rank against its success rate."))
+                sec.panels.append(Panel(fig, f"{lab}: each checkpoint's late-layer rank against its success rate.",
+                                        (item.path,)))
             fig = rank.both_directions(lab, res)
             if fig is not None:
                 sec.panels.append(Panel(fig, f"{lab}: among runs that credibly improved and runs that credibly "
                                              "degraded against the SFT parent, the share whose rank moved the same "
-                                             "way as success."))
+                                             "way as success.", (item.path,)))
 
         _guard(sec, item, build)
     return sec
 
 
 SECTIONS: tuple[Callable[[Sequence[Loaded]], Section], ...] = (
-    _summary, _findings, _training, _success, _headroom, _anatomy, _grafts, _rank, _coupling,
+    _summary, _findings, _training, _success, _headroom, _kl, _anatomy, _grafts, _rank, _coupling,
 )
 
 
@@ -523,6 +618,13 @@ _RENDER = """
 """
 
 
+def _sources_attr(run_dir: Path, paths: Sequence[Path]) -> str:
+    """The ``data-sources`` attribute naming the result files (relative to the run) a figure or table is drawn
+    from: a JSON list, escaped."""
+    names = [str(p.relative_to(run_dir) if p.is_relative_to(run_dir) else p) for p in dict.fromkeys(paths)]
+    return f" data-sources='{_h(json.dumps(names))}'" if names else ""
+
+
 def _damaged_html(run_dir: Path, damaged: Sequence[DamagedResult]) -> str:
     """The visible notice naming every result file the report could not read, and why."""
     if not damaged:
@@ -548,14 +650,15 @@ def render_html(run_dir: Path, loaded: Sequence[Loaded], sections: Sequence[Sect
         body.append(f"<section id='{sec.key}'><h2>{_h(sec.title)}</h2>")
         if not sec.present:
             body.append(f"<p class='absent'>{_code(sec.absent[0].upper() + sec.absent[1:])}.</p>")
-        body.append(sec.html)
+        if sec.html:
+            body.append(f"<div class='tables'{_sources_attr(run_dir, sec.html_sources)}>{sec.html}</div>")
         for note in sec.notes:
             body.append(f"<p class='note'>{_h(note)}</p>")
         for panel in sec.panels:
             fid = f"fig-{len(figs) + 1}"
             figs.append(f'{{"id":{json.dumps(fid)},"figure":{pio.to_json(panel.figure, validate=False)}}}')
-            body.append(f"<figure><div class='graph' id='{fid}'></div><figcaption>{_h(panel.caption)}</figcaption>"
-                        "</figure>")
+            body.append(f"<figure{_sources_attr(run_dir, panel.sources)}><div class='graph' id='{fid}'></div>"
+                        f"<figcaption>{_h(panel.caption)}</figcaption></figure>")
         body.append("</section>")
     columns = {"file": lambda x: x.path.relative_to(run_dir) if x.path.is_relative_to(run_dir) else x.path,
                "kind": lambda x: x.kind, "created": lambda x: x.created,

@@ -65,6 +65,9 @@ class SummaryInputs:
     #: (swept run's label, its per-group KL attribution: grafts.kl_per_group) of every sweep with one.
     kl: tuple[tuple[str, tuple], ...]
     notes: tuple[str, ...]
+    #: ``(kind, label)`` of every result drawn: the SFT evaluation and the runs' evaluations of the regimes drawn,
+    #: the findings whose control is drawn, the sweeps whose attribution is drawn.
+    drawn: tuple[tuple[str, str], ...] = ()
 
     @property
     def drawable(self) -> bool:
@@ -136,10 +139,15 @@ def summary_inputs(items: Sequence[tuple[str, str, Result]], study: Study | None
     if ref is not None:
         runs = [(lab, r) for lab, r in evals if r is not ref[1] and decode_key(r) == decode_key(ref[1])]
         effects, notes = regime_effects(ref[1], runs, study)
-    control = None
-    for _, kind, r in items:
+    drawn = [("eval", ref[0]), *(("eval", run) for e in effects for run in e.runs)] if effects else []
+    control, control_of = None, None
+    for lab, kind, r in items:
         if kind == "findings":
-            control = next((f for f in FindingsResult.from_result(r).findings if str(f.number) == CONTROL), control)
+            found = next((f for f in FindingsResult.from_result(r).findings if str(f.number) == CONTROL), None)
+            if found is not None:
+                control, control_of = found, lab
+    if control_of is not None:
+        drawn.append(("findings", control_of))
     # a sweep's bars are named after its swept run (a run's success and KL sweeps may be two files), unless two
     # sweeps of one panel share the run: then after their labels
     sweeps = [(_swept(r) or lab, lab, r) for lab, kind, r in items if kind == "graft-sweep"]
@@ -153,10 +161,12 @@ def summary_inputs(items: Sequence[tuple[str, str, Result]], study: Study | None
                 continue
             if found is not None:
                 per_group[key].append((run, lab, found))
+                drawn.append(("graft-sweep", lab))
     for key, rows in per_group.items():
         runs = [run for run, _, _ in rows]
         per_group[key] = [(run if runs.count(run) == 1 else lab, found) for run, lab, found in rows]
-    return SummaryInputs(tuple(effects), control, tuple(per_group["success"]), tuple(per_group["kl"]), tuple(notes))
+    return SummaryInputs(tuple(effects), control, tuple(per_group["success"]), tuple(per_group["kl"]), tuple(notes),
+                         tuple(dict.fromkeys(drawn)))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -55,10 +55,12 @@ def _notebook_figures(run: Path) -> dict[str, list]:
                      ("success", "reward", "loss", "kl", "entropy", "clip", "grad_norm")],
         "success": [F.success_rates(evals), F.paired_differences(r / "eval-sft-greedy.h5", [r / "eval-rl-greedy.h5"])],
         "headroom": [F.headroom_rates(r / "headroom-sft.h5"), F.headroom_differences([r / "headroom-sft.h5"])],
+        "kl": [F.kl_per_task(r / "kl-rl-vs-sft.h5"), F.kl_top(r / "kl-rl-vs-sft.h5")],
         "anatomy": [F.anatomy_heatmap(delta), F.anatomy_heatmap(delta, metric="rel_delta"), F.top_tensors(delta),
                     F.group_shares(delta)],
         "grafts": [F.graft_effects(sweep), F.attribution(sweep), F.interactions(sweep), F.movement_vs_effect(sweep),
-                   F.dissociation(r / "graft-dissociation-rl.h5")],
+                   F.dissociation(r / "graft-dissociation-rl.h5"), F.kl_reproduced(r / "graft-single-rl-kl.h5"),
+                   F.kl_attribution(r / "graft-single-rl-kl.h5")],
         "rank": [F.rank_by_layer(_files(run, kind)) for kind in ("rank-weights", "rank-delta", "rank-activations")],
         "coupling": [F.coupling_by_layer(coupling), F.coupling_scatter(coupling), F.both_directions(coupling)],
     }
@@ -138,6 +140,13 @@ def test_bad_input_raises_a_specific_error(run, tmp_path):
         F.training_curves(r / "train-sft-sft.h5", "reward")
     with pytest.raises(GraftkitError, match="not a graftkit result"):
         F.graft_effects(42)
+    with pytest.raises(GraftkitError, match=r"graft-factorial-rl\.h5: no KL arrays") as exc:
+        F.kl_reproduced(r / "graft-factorial-rl.h5")  # a sweep scored by success alone
+    assert "--metric kl or both" in str(exc.value)
+    with pytest.raises(GraftkitError, match="nothing to compare"):
+        F.kl_by_model(r / "kl-rl-vs-sft.h5")
+    with pytest.raises(GraftkitError, match="no kl result with a step dimension"):
+        F.kl_over_steps(r / "kl-rl-vs-sft.h5")
     # A figure the report leaves out (its optional arrays missing) raises, naming the file.
     res = read_result(r / "graft-factorial-rl.h5")
     bare = write_result(tmp_path / "bare.h5", Result(res.kind, res.coords, {

@@ -21,11 +21,13 @@ from graftkit.figures import build_report, make_report, write_report
 from graftkit.figures.browser import browser_available
 from graftkit.stats import compare, wilson_interval
 from graftkit.results.store import Result, list_results, read_result, write_result
+from report_results import kl_run, kl_sweep
 
 EVIL = "<script>alert(1)</script><img src=x onerror=\"window.__pwned=1\">"
 EVIL_DIR = "run<img src=x onerror=window.__pwned=1><script>alert(1)"  # a folder name cannot hold '/'
 BOUND = np.array(["estimate", "low", "high"], dtype=object)
-ALL_SECTIONS = ("summary", "findings", "training", "success", "headroom", "anatomy", "grafts", "rank", "coupling")
+ALL_SECTIONS = ("summary", "findings", "training", "success", "headroom", "kl", "anatomy", "grafts", "rank",
+                "coupling")
 #: The sections of a run of arbitrary results (write_run): every one but the study's summary.
 PLAIN = ALL_SECTIONS[1:]
 
@@ -141,6 +143,9 @@ def write_run(run: Path, evil: bool = False, kinds: tuple[str, ...] | None = Non
              "difference": (("group", "bound"), np.array([[-0.1, -0.25, 0.05], [0.1, -0.05, 0.25]])),
              "verdict": (("group",), _s("no credible dissociation", "no credible dissociation" + tag))},
             {"runs": {"A": rl_path, "B": rl_path + "2"}}))
+    if want("kl"):  # graftkit kl, and a sweep scored by KL alone (graft --metric kl)
+        write_result(res_dir / "kl-rl-vs-sft.h5", kl_run("rl", tag=tag))
+        write_result(res_dir / "graft-single-rl-kl.h5", kl_sweep("single", "kl", "rl" + tag))
     if want("rank"):
         metrics = _s("erank", "stable_rank" + tag)
         conv = {"erank": "roy-vetterli sigma: exp(H(sigma/sum(sigma)))", "stable_rank" + tag: "sum(sigma^2)/sigma_1^2"}
@@ -329,8 +334,10 @@ def test_every_section_present_with_its_figures(full_run):
                      "Policy entropy", "Clip fractions", "Gradient norm"],
         "success": ["Success rate per task", "Paired difference vs sft"],
         "headroom": ["Greedy vs sampled success", "Headroom: sampled − greedy"],
+        "kl": ["Behavioural divergence per task", "What moved most under RL"],
         "anatomy": ["Share of squared weight movement", "Relative change", "Largest movers", "Where the weights moved"],
-        "grafts": ["Graft effects", "Attribution", "Interactions", "Movement vs effect", "Double dissociation"],
+        "grafts": ["Graft effects", "Attribution", "Interactions", "Movement vs effect", "Double dissociation",
+                   "Behavioural change each graft reproduces (KL)", "Attribution of the behavioural change (KL)"],
         "rank": ["Rank by layer — weights", "Rank by layer — RL delta", "Rank by layer — activations"],
         "coupling": ["Rank–success coupling by layer", "Late-layer rank vs success", "Both directions"],
     }
@@ -353,7 +360,7 @@ def test_absent_sections_say_which_command_adds_them(tmp_path):
     rep = make_report(run)
     assert rep.sections == ("training",)
     for key, command in (("summary", "graftkit demo"), ("findings", "graftkit demo"),
-                         ("success", "graftkit eval"), ("headroom", "graftkit headroom"),
+                         ("success", "graftkit eval"), ("headroom", "graftkit headroom"), ("kl", "graftkit kl"),
                          ("anatomy", "graftkit delta"), ("grafts", "graftkit graft"), ("rank", "graftkit rank"),
                          ("coupling", "graftkit couple")):
         html_ = _section(page, key)
@@ -878,8 +885,16 @@ def test_report_renders_in_chromium_without_errors(tmp_path):
     assert len(state["figs"]) == rep.n_figures
     for f in state["figs"]:
         assert f["plotly"] and f["traces"] > 0 and f["drawn"] > 0 and f["area"] > 0, f
+    # the behavioural-divergence figures and the grafts' KL figures among them, each drawn
+    page = out.read_text()
+    kl_ids = set(re.findall(r"id='(fig-\d+)'", _section(page, "kl")))
+    grafts = {f["id"]: f for f in _figures(page)}
+    kl_ids |= {i for i in re.findall(r"id='(fig-\d+)'", _section(page, "grafts"))
+               if "(KL)" in grafts[i]["figure"]["layout"]["title"]["text"]}
+    assert len(kl_ids) == 4 and kl_ids <= {f["id"] for f in state["figs"] if f["drawn"] > 0}
     # Plotly shows the planted markup as literal text.
     assert "enter-text<script>alert(1)</script>" in state["text"]
+    assert "act0<script>alert(1)</script>" in state["text"]
 
 
 @pytest.mark.slow

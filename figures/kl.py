@@ -1,0 +1,275 @@
+"""Behavioural divergence: the figures of ``graftkit kl`` results.
+
+Input: results of kind ``kl`` (evaluation/kl.py), read through :class:`~graftkit.evaluation.kl.KLResult`:
+``kl_mean[side, scope, per, bound]`` — side: whose rollouts (``rl``: KL(π_RL‖π_SFT) on RL's own rollouts,
+``sft``: KL(π_SFT‖π_RL) on SFT's, each forward from the policy that played, as the result's ``sides`` and
+``conventions`` record it), scope: each task then ``all`` (pooled), per: ``token`` (Σ KL / Σ action tokens) or
+``episode`` (mean over episodes of Σ KL), bound: estimate/low/high of the clustered interval over items — and the
+strings that moved most (:meth:`~graftkit.evaluation.kl.KLResult.top`: mean log π_RL − log π_SFT of each token or
+action string, gained and lost). Every value is in nats; figures name the direction beside every value.
+
+A result whose ``kl_mean`` has a ``step`` dimension as well (a trajectory: one policy per checkpoint step, the
+dimension anywhere among the others) is drawn as lines over the steps (:func:`kl_over_steps`); its per-task
+figure shows its last step. Without a step dimension, several results (several RL models) are
+compared pooled over tasks in :func:`kl_by_model`, and the report's per-task and strings figures get a menu
+picking the model (``_common.selector``). A model has its run colour (figures/runs.py) in every figure; the side
+is the fill: solid for RL's rollouts, hatched for SFT's (lines: solid and dotted).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ..evaluation.kl import KLResult
+from ..results.store import Result
+from ._common import base_layout, bounds, esc, esc_all, fmt, interval_error
+from .runs import run_colours, study_order
+
+#: What ``per`` measures, as axis titles (the unit with it).
+PER_AXIS = {"token": "KL (nats per action token)", "episode": "KL (nats per episode)"}
+#: Fill pattern and line dash of each side (whose rollouts): solid for RL's, hatched / dotted for SFT's.
+SIDE_PATTERN = {"rl": "", "sft": "/"}
+SIDE_DASH = {"rl": "solid", "sft": "dot"}
+#: The side's direction where the result records none (evaluation/kl.py ``SIDE_KL``).
+SIDE_KL = {"rl": "KL(π_RL‖π_SFT) on RL's rollouts", "sft": "KL(π_SFT‖π_RL) on SFT's rollouts"}
+#: The pooled scope, and how figures name it.
+ALL, ALL_SHOWN = "all", "all tasks"
+
+
+def side_names(res: Result) -> dict[str, str]:
+    """Each side's direction and rollouts as the result records them (``attrs["sides"]``), else
+    :data:`SIDE_KL`."""
+    rec = res.attrs.get("sides")
+    rec = rec if isinstance(rec, Mapping) else {}
+    return {s: str(rec.get(s) or SIDE_KL.get(s, s)) for s in KLResult.from_result(res).sides}
+
+
+def steps_of(res: Result) -> list[int]:
+    """The checkpoint steps of a trajectory (``kl_mean`` over a ``step`` dimension), empty for one policy."""
+    return [int(s) for s in res.coords["step"]] if "step" in res.dims("kl_mean") else []
+
+
+def kl_means(res: Result) -> np.ndarray:
+    """``kl_mean`` as ``[step, side, scope, per, bound]``, whatever the order of its named dimensions (one step
+    for a result without a ``step`` dimension); sides, scopes, pers and bounds in the result's label order."""
+    dims = list(res.dims("kl_mean"))
+    arr = np.asarray(res["kl_mean"], dtype=np.float64)
+    if "step" not in dims:
+        arr, dims = arr[None], ["step", *dims]
+    want = ("step", "side", "scope", "per", "bound")
+    if sorted(dims) != sorted(want):
+        raise ValueError(f"kl_mean over {dims}, expected {list(want)} (step optional)")
+    return np.transpose(arr, [dims.index(d) for d in want])
+
+
+def summary(res: Result, side: str, per: str, step: int = -1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(estimate, low, high) over the scopes (each task, then ``all``) of the KL on ``side``'s rollouts ``per``
+    token or episode, at the ``step``-th step (a result without steps: its one)."""
+    v = KLResult.from_result(res)
+    return bounds(kl_means(res)[step, v.sides.index(side), :, v.labels("per").index(per)], v.labels("bound"))
+
+
+def pooled(res: Result, side: str, per: str, step: int = -1) -> tuple[float, float, float]:
+    """(estimate, low, high) of :func:`summary` pooled over tasks (scope ``all``)."""
+    i = KLResult.from_result(res).scopes.index(ALL)
+    e, lo, hi = summary(res, side, per, step)
+    return float(e[i]), float(lo[i]), float(hi[i])
+
+
+def _scope_labels(v: KLResult) -> list[str]:
+    return [ALL_SHOWN if s == ALL else s for s in v.scopes]
+
+
+def _iv(e: float, lo: float, hi: float, spec: str = ".4g") -> str:
+    return f"{fmt(e, spec)} [{fmt(lo, spec)}, {fmt(hi, spec)}]"
+
+
+def _sides_line(res: Result, lines: bool = False) -> str:
+    """The first subtitle line: how each side is drawn (bars: solid or hatched; lines: solid or dotted) and what it
+    measures, as the result records it."""
+    mark = {"": "solid", "/": "hatched"} if not lines else {"solid": "solid", "dot": "dotted"}
+    style = SIDE_PATTERN if not lines else SIDE_DASH
+    return "; ".join(f"{mark.get(style.get(s, ''), s)}: {esc(n)}" for s, n in side_names(res).items())
+
+
+def _convention_line(res: Result) -> str:
+    """The second subtitle line: the direction and units as the result records them, and the intervals' level."""
+    conv = KLResult.from_result(res).conventions
+    level = res.var_attrs.get("kl_mean", {}).get("level", 0.95)
+    return esc(f"{conv.get('direction') or 'forward KL from the policy that played its rollouts'}; "
+               f"log base {conv.get('log_base') or 'e (nats)'}; whiskers: {fmt(100 * float(level), '.3g')}% intervals "
+               "over items")
+
+
+def _two_lines(fig: go.Figure) -> go.Figure:
+    """Room for a two-line subtitle above the subplots' titles."""
+    fig.update_layout(margin={"t": 125})
+    return fig
+
+
+def kl_per_task(label: str, res: Result) -> go.Figure:
+    """One model's KL per task and pooled, both sides with their intervals: per action token (left) and per
+    episode (right); a trajectory's last step."""
+    v = KLResult.from_result(res)
+    steps = steps_of(res)
+    names = side_names(res)
+    c = run_colours([label])[0]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("per action token", "per episode"), horizontal_spacing=0.1)
+    x = esc_all(_scope_labels(v))
+    n_tok = {s: v.tokens(s) for s in v.sides} if not steps else {}
+    for col, per in enumerate(("token", "episode"), start=1):
+        for s in v.sides:
+            e, lo, hi = summary(res, s, per)
+            tokens = ([int(n_tok[s].sum()) if scope == ALL else int(n_tok[s][v.tasks.index(scope)].sum())
+                       for scope in v.scopes] if n_tok else ["—"] * len(v.scopes))
+            fig.add_trace(go.Bar(
+                x=x, y=e, name=esc(names[s]), legendgroup=s, showlegend=col == 1,
+                marker={"color": c, "pattern": {"shape": SIDE_PATTERN.get(s, "x"), "fillmode": "overlay",
+                                                "fgcolor": "#ffffff", "solidity": 0.4}},
+                error_y={**interval_error(e, lo, hi), "color": "#222"},
+                customdata=[[_iv(e[i], lo[i], hi[i]), tokens[i]] for i in range(len(e))],
+                hovertemplate=f"%{{x}} · %{{fullData.name}}<br>%{{customdata[0]}} nats per {per} (95% interval)"
+                              "<br>action tokens: %{customdata[1]}<extra></extra>",
+            ), row=1, col=col)
+        fig.update_yaxes(title_text=PER_AXIS[per], rangemode="tozero", row=1, col=col)
+        fig.update_xaxes(title_text="task", row=1, col=col)
+    fig.update_layout(barmode="group")
+    at = f" at step {steps[-1]}" if steps else ""
+    base_layout(fig, f"Behavioural divergence per task — {esc(label)}{at}",
+                f"{_sides_line(res)}<br>{_convention_line(res)}", "task", PER_AXIS["token"],
+                legend_title="direction (whose rollouts)")
+    return _two_lines(fig)
+
+
+def kl_by_model(items: Sequence[tuple[str, Result]]) -> go.Figure | None:
+    """Several models' KL from their base, pooled over tasks, both sides with intervals, per action token (left)
+    and per episode (right); models in study order in their run colours. None for fewer than two results
+    without a step dimension (a trajectory is :func:`kl_over_steps`'s)."""
+    items = [(label, res) for label, res in items if not steps_of(res)]
+    if len(items) < 2:
+        return None
+    order = study_order([label for label, _ in items])
+    labels = [items[i][0] for i in order]
+    colours = run_colours(labels)
+    names = side_names(items[order[0]][1])
+    sides = list(names)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("per action token", "per episode"), horizontal_spacing=0.1)
+    for col, per in enumerate(("token", "episode"), start=1):
+        for s in sides:
+            e, lo, hi = np.array([pooled(items[i][1], s, per) for i in order]).T
+            fig.add_trace(go.Bar(
+                x=esc_all(labels), y=e, name=esc(names[s]), legendgroup=s, showlegend=col == 1, text=esc_all(labels),
+                textposition="none",
+                marker={"color": colours, "pattern": {"shape": SIDE_PATTERN.get(s, "x"), "fillmode": "overlay",
+                                                      "fgcolor": "#ffffff", "solidity": 0.4}},
+                error_y={**interval_error(e, lo, hi), "color": "#222"},
+                customdata=[[_iv(e[i], lo[i], hi[i])] for i in range(len(e))],
+                hovertemplate=f"%{{x}} · %{{fullData.name}}<br>%{{customdata[0]}} nats per {per}, all tasks "
+                              "(95% interval)<extra></extra>",
+            ), row=1, col=col)
+        fig.update_yaxes(title_text=PER_AXIS[per], rangemode="tozero", row=1, col=col)
+        fig.update_xaxes(title_text="RL model (against its base)", row=1, col=col)
+    fig.update_layout(barmode="group")
+    first = items[order[0]][1]
+    return _two_lines(base_layout(fig, "Behavioural divergence from the base, by model",
+                                  f"pooled over tasks; {_sides_line(first)}<br>{_convention_line(first)}",
+                                  "RL model (against its base)", PER_AXIS["token"],
+                                  legend_title="direction (whose rollouts)"))
+
+
+def kl_over_steps(items: Sequence[tuple[str, Result]]) -> go.Figure | None:
+    """KL from the base at each checkpoint step of every trajectory (results with a ``step`` dimension), pooled
+    over tasks, per action token (left) and per episode (right): a line per model and side, its interval a band
+    of whiskers. None when no result has steps."""
+    traj = [(label, res) for label, res in items if steps_of(res)]
+    if not traj:
+        return None
+    order = study_order([label for label, _ in traj])
+    colours = dict(zip([traj[i][0] for i in order], run_colours([traj[i][0] for i in order])))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("per action token", "per episode"), horizontal_spacing=0.1)
+    for col, per in enumerate(("token", "episode"), start=1):
+        for i in order:
+            label, res = traj[i]
+            v = KLResult.from_result(res)
+            steps, names = steps_of(res), side_names(res)
+            for s in v.sides:
+                e, lo, hi = np.array([pooled(res, s, per, k) for k in range(len(steps))]).T
+                fig.add_trace(go.Scatter(
+                    x=steps, y=e, mode="lines+markers", name=f"{esc(label)} · {esc(names[s])}",
+                    legendgroup=f"{esc(label)} {s}", showlegend=col == 1,
+                    line={"color": colours[label], "dash": SIDE_DASH.get(s, "dash")}, marker={"size": 6},
+                    error_y={**interval_error(e, lo, hi), "color": colours[label]},
+                    customdata=[[_iv(e[k], lo[k], hi[k])] for k in range(len(e))],
+                    hovertemplate=f"%{{fullData.name}}<br>step %{{x}}<br>%{{customdata[0]}} nats per {per}, all "
+                                  "tasks (95% interval)<extra></extra>",
+                ), row=1, col=col)
+        fig.update_yaxes(title_text=PER_AXIS[per], rangemode="tozero", row=1, col=col)
+        fig.update_xaxes(title_text="checkpoint step", row=1, col=col)
+    first = traj[order[0]][1]
+    return _two_lines(base_layout(fig, "Behavioural divergence from the base over training",
+                                  f"pooled over tasks; {_sides_line(first, lines=True)}<br>"
+                                  f"{_convention_line(first)}", "checkpoint step", PER_AXIS["token"],
+                                  legend_title="model · direction"))
+
+
+#: The strings figure's panels: (what, title).
+TOP_PANELS = (("token", "tokens"), ("action", "actions"))
+
+
+def top_rows(res: Result, what: str) -> list[tuple[str, dict]]:
+    """``(direction, row)`` of every listed string of ``what`` (token, action): gained then lost, best first."""
+    v = KLResult.from_result(res)
+    return [(d, row) for d in ("gained", "lost") for row in v.top(what, d)]
+
+
+def kl_top(label: str, res: Result) -> go.Figure | None:
+    """The token strings (left) and action strings (right) that gained (green) and lost (red) the most
+    probability under RL: mean log π_RL − log π_SFT over their occurrences on both sides' rollouts, in nats.
+    None when the result lists none."""
+    rows = {what: top_rows(res, what) for what, _ in TOP_PANELS}
+    if not any(rows.values()):
+        return None
+    n = max(len(r) for r in rows.values())
+    fig = make_subplots(rows=1, cols=2, subplot_titles=[t for _, t in TOP_PANELS], horizontal_spacing=0.28)
+    for col, (what, _) in enumerate(TOP_PANELS, start=1):
+        for d, c in (("gained", "#1a9850"), ("lost", "#d73027")):
+            picked = [row for dd, row in rows[what] if dd == d]
+            fig.add_trace(go.Bar(
+                y=esc_all(repr(r["text"]) for r in picked), x=[r["log_ratio"] for r in picked], orientation="h",
+                name=f"{d} under RL", legendgroup=d, showlegend=col == 1, marker_color=c,
+                customdata=[[r["count"], what] for r in picked],
+                hovertemplate="%{y}<br>log π_RL − log π_SFT = %{x:+.4g} nats (mean over %{customdata[0]} "
+                              "occurrences of this %{customdata[1]})<extra></extra>",
+            ), row=1, col=col)
+        fig.update_yaxes(autorange="reversed", type="category", automargin=True, row=1, col=col)
+        fig.update_xaxes(title_text="log π_RL − log π_SFT (nats, mean)", zeroline=True, zerolinecolor="#444",
+                         row=1, col=col)
+    return base_layout(fig, f"What moved most under RL — {esc(label)}",
+                       "token and action strings played on both sides' rollouts, by their mean log-probability ratio "
+                       "log π_RL − log π_SFT (nats); green: gained probability, red: lost",
+                       "log π_RL − log π_SFT (nats, mean)", "", height=max(360, 140 + 22 * n),
+                       legend_title="direction")
+
+
+def caption_conventions(res: Result) -> str:
+    """The conventions a KL section's caption states, as the result records them (plain text)."""
+    v = KLResult.from_result(res)
+    conv, names = v.conventions, side_names(res)
+    mean = v.result.var_attrs.get("kl_mean", {})
+    level = mean.get("level")
+    parts = [" and ".join(names.values()),
+             f"direction: {conv['direction']}" if conv.get("direction") else "",
+             f"units: nats, log base {conv['log_base']}" if conv.get("log_base") else "units: nats",
+             f"tokens: {conv['tokens']}" if conv.get("tokens") else "",
+             f"per token and per episode: {mean['what']}" if mean.get("what") else "",
+             (f"{fmt(100 * float(level), '.3g')}% intervals" if level is not None else "intervals")
+             + (f" {mean['interval']}" if mean.get("interval") else "")]
+    return "; ".join(p for p in parts if p) + "."
+
+
+__all__ = ["caption_conventions", "kl_by_model", "kl_means", "kl_over_steps", "kl_per_task", "kl_top", "pooled",
+           "side_names", "steps_of", "summary", "top_rows"]
