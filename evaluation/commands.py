@@ -490,8 +490,17 @@ class EvalRun:
 
     @property
     def notes(self) -> list[str]:
-        """How each role's checkpoint was read, where it is a single file."""
-        return list(dict.fromkeys(n for r in self.results.values() for n in r.notes))
+        """What each model's result notes (how its checkpoint was read, its items, what did not parse): a note
+        every model shares once, any other after the model's label."""
+        each = {role: r.notes for role, r in self.results.items()}
+        shared = set.intersection(*(set(n) for n in each.values())) if each else set()
+        out = [n for n in dict.fromkeys(n for notes in each.values() for n in notes) if n in shared]
+        if len(each) > 1:
+            out += [f"{self.results[role].label or role}: {n}" for role, notes in each.items() for n in notes
+                    if n not in shared]
+        else:
+            out += [n for notes in each.values() for n in notes if n not in shared]
+        return out
 
     def as_json(self, cfg: "EvalConfig") -> dict:
         """What ``graftkit eval --json`` prints: the first model's rows under ``tasks``, every model's under

@@ -16,6 +16,11 @@ moved: log π_RL − log π_SFT of every played action token on both sets, aggre
 action string (an action's value is the sum over its tokens, log π_RL(action) − log π_SFT(action)), the
 top N each way. Conventions (direction, token selection, temperature, dtype, log base) are
 :data:`graftkit.agent.kl.CONVENTIONS`, stored in the result beside the values (:class:`KLResult`, kind ``kl``).
+
+With ``--all-checkpoints`` a trainer's output_dir is its training trajectory: every checkpoint in step order against
+the same base. SFT's rollouts are played once and scored by each checkpoint (forward passes), each checkpoint plays
+its own with the same decode seed, so each step's result is the one ``kl --model OUTPUT_DIR/checkpoint-N`` writes,
+bit for bit, and records its ``step`` and ``trainer_run``; :class:`KLTrajectory` is one row per step.
 """
 
 from __future__ import annotations
@@ -30,9 +35,9 @@ import numpy as np
 
 from ..core.config import OnProgress, no_progress, opt
 from ..core.errors import GraftkitError
-from ..results.layout import kl_path, result_labels, run_layout
+from ..results.layout import RESULTS, glob_pattern, kl_path, result_labels, run_layout
 from ..results.store import Result, View, write_result
-from ..stats import mean_interval, ratio_interval
+from ..stats import mean_interval, ratio_interval, wilson_interval
 from .commands import EpisodeOptions, check_obs
 
 SIDES = ("rl", "sft")  # graftkit.agent.kl.SIDES, spelled here so that reading a result loads no torch
@@ -59,6 +64,10 @@ class KLConfig(EpisodeOptions):
     base: Path | None = opt(None, flags=("--base",))
     """The SFT policy it is compared with (default: the parent recorded in --model's graftkit.json, or a LoRA
     adapter's base)."""
+    all_checkpoints: bool = False
+    """A trainer's output_dir given to --model stands for every one of its checkpoints, in step order (the training
+    trajectory), each compared with the same --base, whose rollouts are played once: one result per checkpoint and a
+    row per step."""
     top: int = 10
     """Token and action strings listed each way (gained, lost probability)."""
     min_count: int = 1
@@ -91,6 +100,10 @@ class KLConfig(EpisodeOptions):
                                 "drop --temperature and --top-p")
         self.check_episodes()
         self.check_models(self.base)
+        if self.all_checkpoints and self.save is not None:
+            raise GraftkitError("--save names one result file, but --all-checkpoints writes one per checkpoint",
+                                f"drop --save: each checkpoint's result goes to RUN/{RESULTS}/"
+                                f"{glob_pattern('kl', a='RUN-checkpoint-N', b='BASE')}")
 
 
 # ------------------------------------------------------------------------------------------- view
@@ -144,6 +157,25 @@ class KLResult(View):
         turns = int(np.asarray(self.result["turns"][i])[pick].sum())
         return 1.0 - int(np.asarray(self.result["invalid"][i])[pick].sum()) / turns if turns else float("nan")
 
+    def success(self, side: str, scope: str = "all"):
+        """The success rate of ``side``'s rollouts (sampled at temperature 1) over one task or all, with its Wilson
+        interval (:class:`~graftkit.stats.RateInterval`)."""
+        pick = slice(None) if scope == "all" else self.tasks.index(scope)
+        won = np.asarray(self.result["success"][self.sides.index(side)])[pick]
+        return wilson_interval(int(won.sum()), int(won.size), float(self.attrs.get("config", {}).get("level", 0.95)))
+
+    @property
+    def step(self) -> int | None:
+        """N of the checkpoint-N this result measured, where ``kl --all-checkpoints`` wrote it (else None)."""
+        step = self.attrs.get("step")
+        return None if step is None else int(step)
+
+    @property
+    def trainer_run(self) -> str | None:
+        """The trainer's output_dir whose checkpoint this result measured, where ``kl --all-checkpoints`` wrote it."""
+        run = self.attrs.get("trainer_run")
+        return None if run is None else str(run)
+
     def token_values(self, side: str, name: str = "token_kl") -> np.ndarray:
         """A per-token array (``token_kl``, ``token_log_ratio``, ``token_id``, ``token_episode``) of ``side``'s
         rollouts, in flat token order."""
@@ -184,7 +216,8 @@ class KLResult(View):
             for s in self.sides:
                 share = 1.0 - self.parsed(s, t)
                 if share > MOSTLY_UNPARSED:
-                    what = "completions stated no answer in the task's answer format" if t in problems else \
+                    fmt = ((self.attrs.get("prompt_formats") or {}).get(t) or {}).get("answer_format", "tags")
+                    what = f"completions stated no answer in the answer format {fmt}" if t in problems else \
                         "turns did not parse as an action"
                     out.append(f"{t}: {100 * share:.0f}% of {s.upper()}'s {what}" + (f"; {FORMAT_FIX}" if t in problems
                                                                                      else ""))
@@ -390,6 +423,77 @@ class KLRun:
         return out + [f"note: {n}" for n in j["notes"]] + [f"saved {j['file']} ({j['seconds']['total']:.1f} s)"]
 
 
+@dataclass(frozen=True)
+class KLTrajectory:
+    """What :func:`run_kl` wrote with ``all_checkpoints``: each checkpoint's :class:`KLRun` in step order, all
+    against one base whose rollouts were played once and scored by every checkpoint."""
+
+    run: Path
+    """The trainer's output_dir."""
+    steps: tuple[int, ...]
+    """N of each checkpoint-N, in step order."""
+    runs: tuple[KLRun, ...]
+    """Each step's run: its result's view and file."""
+    seconds: Mapping[str, float]
+
+    def rows(self) -> list[dict]:
+        """One per step (what ``graftkit kl --all-checkpoints --json`` prints under ``trajectory``): the step, its
+        checkpoint, and per side (whose rollouts: rl, sft) KL per action token with its interval, the share of
+        outputs that parsed and the rollouts' success with its Wilson interval (SFT's: the same rollouts at every
+        step), pooled over tasks; and the step's result file."""
+        out = []
+        for step, r in zip(self.steps, self.runs):
+            v = r.result
+            row = {"step": step, "checkpoint": v.attrs["labels"]["rl"], "model": v.model_path, "file": str(r.file)}
+            for s in SIDES:
+                won = v.success(s)
+                row[s] = {"kl_per_token": list(v.summary(s, "all", "token")), "parsed": v.parsed(s),
+                          "success": {"rate": won.rate, "low": won.low, "high": won.high}}
+            out.append(row)
+        return out
+
+    def notes(self) -> list[str]:
+        """Each step's notes once: a note every step gives as it is, another prefixed by the checkpoints it is of."""
+        said: dict[str, list[str]] = {}
+        for r in self.runs:
+            for n in r.result.notes():
+                said.setdefault(n, []).append(r.result.attrs["labels"]["rl"])
+        return [n if len(who) == len(self.runs) else f"{', '.join(who)}: {n}" for n, who in said.items()]
+
+    def as_json(self) -> dict:
+        """What ``graftkit kl --all-checkpoints --json`` prints: the rows, and each step's own JSON."""
+        first = self.runs[0].result
+        return {"run": str(self.run), "base": first.base_path, "sides": dict(SIDE_KL), "trajectory": self.rows(),
+                "notes": self.notes(), "seeds": len(first.attrs["seeds"]), "episodes": first.attrs["episodes"],
+                "steps": [r.as_json() for r in self.runs], "files": [str(r.file) for r in self.runs],
+                "seconds": dict(self.seconds)}
+
+    def tables(self) -> list:
+        """What ``graftkit kl --all-checkpoints`` prints (from :meth:`as_json`): one row per step with KL per token
+        each way, the share of outputs that parsed on each side and RL's success; SFT's success; where the results
+        went."""
+        from ..core.tables import Table, bounds_text, percent
+
+        j = self.as_json()
+
+        def rate(r: dict) -> str:
+            return f"{100 * r['rate']:.1f}% [{100 * r['low']:.1f}, {100 * r['high']:.1f}]"
+
+        columns = {"step": lambda r: str(r["step"]), "checkpoint": lambda r: r["checkpoint"],
+                   "KL(RL‖SFT)/token [95%]": lambda r: bounds_text(r["rl"]["kl_per_token"]),
+                   "KL(SFT‖RL)/token [95%]": lambda r: bounds_text(r["sft"]["kl_per_token"]),
+                   "RL parsed": lambda r: percent(r["rl"]["parsed"]), "SFT parsed": lambda r: percent(r["sft"]["parsed"]),
+                   "RL success (95% Wilson)": lambda r: rate(r["rl"]["success"])}
+        rows = j["trajectory"]
+        out: list = [Table(f"{j['run']} (RL, {len(rows)} checkpoints) vs {j['base']} (SFT): KL in nats per action "
+                           f"token on each policy's own rollouts, by step ({j['seeds']} seeds × {j['episodes']} "
+                           "episodes per task, T=1; intervals over items)", columns, rows, left=("checkpoint",))]
+        out.append(f"SFT's rollouts, played once and scored by every checkpoint: success {rate(rows[0]['sft']['success'])}"
+                   f" (95% Wilson), {percent(rows[0]['sft']['parsed'])} parsed")
+        return out + [f"note: {n}" for n in j["notes"]] + [f"saved {f}" for f in j["files"]] + [
+            f"{len(rows)} checkpoints in {j['seconds']['total']:.1f} s"]
+
+
 def _same_vocabulary(rl, sft, paths: Mapping[str, Path]) -> None:
     """Both policies read and write one tokenizer, and give one logit per token of it."""
     sizes = {k: int(p.model.get_output_embeddings().weight.shape[0]) for k, p in (("rl", rl), ("sft", sft))}
@@ -399,25 +503,59 @@ def _same_vocabulary(rl, sft, paths: Mapping[str, Path]) -> None:
                             "vocabulary", "compare a fine-tune with its own base (the same tokenizer files)")
 
 
-def run_kl(cfg: KLConfig, on_progress: OnProgress = no_progress) -> KLRun:
+def run_kl(cfg: KLConfig, on_progress: OnProgress = no_progress) -> KLRun | KLTrajectory:
     """Play each policy's own rollouts, score both sets with both policies, write one ``kl`` result (``cfg.save``,
-    else ``RUN/results/kl-<model>-vs-<base>.h5``) and return its view."""
-    from ..agent import load_policy
+    else ``RUN/results/kl-<model>-vs-<base>.h5``) and return its view.
+
+    With ``cfg.all_checkpoints``, every checkpoint of the trainer run ``cfg.model`` in step order against one base:
+    the SFT policy stays loaded and its rollouts are played once (at the first step) and scored by each checkpoint;
+    each checkpoint is loaded in turn, plays its own rollouts with the same decode seed, and gets its own result
+    (recording its ``step`` and ``trainer_run``). Returns the :class:`KLTrajectory`."""
     from ..agent.engine import resolve_engine
-    from ..agent.kl import play_fixed, score_pair
-    from ..agent.policy import with_engine
-    from ..weights import base_of, checkpoint_of, describe, open_model
+    from ..weights import base_of, checkpoint_of, checkpoints_of
+    from ..weights.runs import checkpoint_step
 
     t0 = time.perf_counter()
-    model = checkpoint_of(cfg.model, "--model")  # a trainer's output_dir: its last checkpoint
-    base = checkpoint_of(base_of(model, cfg.base), "--base")
-    cfg = cfg.replace(model=model, base=base)
-    paths = {"rl": Path(model), "sft": Path(base)}
+    # a trainer's output_dir: its last checkpoint, or with --all-checkpoints every one in step order
+    models = checkpoints_of(cfg.model, all_checkpoints=cfg.all_checkpoints, flag="--model")
+    base = checkpoint_of(base_of(models[-1], cfg.base), "--base")
     engine = resolve_engine(cfg.engine)
+    if not cfg.all_checkpoints:
+        return _kl_step(cfg.replace(model=models[0], base=base), engine, {}, on_progress, t0)
+    labels = result_labels(models)
+    shared: dict = {}  # the SFT policy, its rollouts and description: one for every step
+    runs = []
+    for path, label in zip(models, labels):
+        step = {"step": checkpoint_step(path), "trainer_run": str(Path(cfg.model))}
+        runs.append(_kl_step(cfg.replace(model=path, base=base), engine, shared, _labelled(on_progress, label),
+                             time.perf_counter(), step))
+    return KLTrajectory(Path(cfg.model), tuple(checkpoint_step(p) for p in models), tuple(runs),
+                        {"total": time.perf_counter() - t0})
+
+
+def _labelled(on_progress: OnProgress, label: str) -> OnProgress:
+    """``on_progress`` with each bar named after the checkpoint."""
+    return lambda what, advance, total, unit: on_progress(f"{label}: {what}", advance, total, unit)
+
+
+def _kl_step(cfg: KLConfig, engine: str, shared: dict, on_progress: OnProgress, t0: float,
+             step: Mapping | None = None) -> KLRun:
+    """One ``kl`` result of the checkpoint ``cfg.model`` against ``cfg.base`` (both resolved): what :func:`run_kl`
+    does for one checkpoint. ``shared`` keeps the SFT side across the steps of a trajectory (its policy, rollouts,
+    placement and description), filled at the first; ``step`` (``step``, ``trainer_run``) goes into the result's
+    attrs."""
+    from ..agent import load_policy
+    from ..agent.kl import play_fixed, score_pair
+    from ..agent.policy import with_engine
+    from ..weights import describe, open_model
+
+    paths = {"rl": Path(cfg.model), "sft": Path(cfg.base)}
     policies = {"rl": load_policy(paths["rl"], allow_pickle=cfg.allow_pickle, config=cfg.config, base=paths["sft"],
-                                  device=cfg.device, dtype=cfg.dtype),
-                "sft": load_policy(paths["sft"], allow_pickle=cfg.allow_pickle, config=cfg.config, device=cfg.device,
-                                   dtype=cfg.dtype)}
+                                  device=cfg.device, dtype=cfg.dtype)}
+    if "policy" not in shared:
+        shared["policy"] = load_policy(paths["sft"], allow_pickle=cfg.allow_pickle, config=cfg.config,
+                                       device=cfg.device, dtype=cfg.dtype)
+    policies["sft"] = shared["policy"]
     _same_vocabulary(policies["rl"], policies["sft"], paths)
     t1 = time.perf_counter()
     items = "heldout" if cfg.items == "auto" else cfg.items
@@ -425,6 +563,9 @@ def run_kl(cfg: KLConfig, on_progress: OnProgress = no_progress) -> KLRun:
     fixed = {}
     placement = {}
     for s in SIDES:
+        if s == "sft" and "fixed" in shared:  # SFT's rollouts: played once for every step of a trajectory
+            fixed[s], placement[s] = shared["fixed"], shared["placement"]
+            continue
         what = f"{s.upper()} rollouts (T=1)"
         # with --engine vllm each side's rollouts come from an engine of its own, one at a time; scoring is
         # forward passes of the transformers models
@@ -437,6 +578,7 @@ def run_kl(cfg: KLConfig, on_progress: OnProgress = no_progress) -> KLRun:
             placement[s] = policy.placement
         finally:
             policy.close()
+    shared.update(fixed=fixed["sft"], placement=placement["sft"])
     t2 = time.perf_counter()
     n_tokens = sum(f.n_tokens for f in fixed.values())
     other = {"rl": "sft", "sft": "rl"}
@@ -451,14 +593,16 @@ def run_kl(cfg: KLConfig, on_progress: OnProgress = no_progress) -> KLRun:
     token_text = {s: [shown[i] for i in ids[s].tolist()] for s in SIDES}
     action_text = {s: [t.action for _, t in fixed[s].turns()] for s in SIDES}
     labels = dict(zip(SIDES, result_labels([paths["rl"], paths["sft"]])))
+    if "base" not in shared:
+        shared["base"] = describe(open_model(paths["sft"], None, allow_pickle=cfg.allow_pickle, config=cfg.config))
     desc = {"model": describe(open_model(paths["rl"], paths["sft"], allow_pickle=cfg.allow_pickle, config=cfg.config)),
-            "base": describe(open_model(paths["sft"], None, allow_pickle=cfg.allow_pickle, config=cfg.config)),
-            "placement": placement["rl"], "labels": labels}
+            "base": shared["base"], "placement": placement["rl"], "labels": labels}
     seconds = {"load": t1 - t0, "rollouts": t2 - t1, "scoring": t3 - t2}
-    res = kl_result(fixed, scores, token_text, action_text, cfg, {**desc, "seconds": seconds})
+    res = kl_result(fixed, scores, token_text, action_text, cfg, {**desc, "seconds": seconds, **(step or {})})
     dest = cfg.save or kl_path(run_layout(cfg.run).results, labels["rl"], labels["sft"])
     written = write_result(dest, res, flag="--save" if cfg.save else None)
     return KLRun(KLResult.from_result(res, written), written, {**seconds, "total": time.perf_counter() - t0})
 
 
-__all__ = ["DIRECTIONS", "KLConfig", "KLResult", "KLRun", "SIDE_KL", "TOP_RULE", "kl_result", "run_kl", "top_strings"]
+__all__ = ["DIRECTIONS", "KLConfig", "KLResult", "KLRun", "KLTrajectory", "SIDE_KL", "TOP_RULE", "kl_result", "run_kl",
+           "top_strings"]

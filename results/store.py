@@ -170,6 +170,28 @@ def _as_h5(values: np.ndarray) -> np.ndarray:
     return values
 
 
+#: The dataset attribute that marks a string array written with :func:`_escape_nul` (HDF5's variable-length
+#: strings end at a NUL, and a decoded token of a byte-level tokenizer may be one).
+ESCAPED_NUL = "escaped_nul"
+
+
+def _escape_nul(arr: np.ndarray) -> tuple[np.ndarray, bool]:
+    """``arr`` with every NUL written as ``\\0`` and every backslash as ``\\\\`` when any string holds a NUL
+    (read back exactly by :func:`_unescape_nul`); else ``arr`` untouched."""
+    if arr.dtype != object or not any(isinstance(x, str) and "\x00" in x for x in arr.ravel()):
+        return arr, False
+    out = np.array([x.replace("\\", "\\\\").replace("\x00", "\\0") if isinstance(x, str) else x
+                    for x in arr.ravel()], dtype=object).reshape(arr.shape)
+    return out, True
+
+
+def _unescape_nul(arr: np.ndarray) -> np.ndarray:
+    def one(x):
+        return re.sub(r"\\(\\|0)", lambda m: "\x00" if m[1] == "0" else "\\", x) if isinstance(x, str) else x
+
+    return np.array([one(x) for x in arr.ravel()], dtype=object).reshape(arr.shape)
+
+
 def _json_default(o: Any) -> Any:
     """numpy scalars and arrays as their Python values (not their str), anything else as its str."""
     if isinstance(o, (np.generic, np.ndarray)):
@@ -240,13 +262,17 @@ def result_image(result: Result) -> bytes:
         # netCDF-4: coordinate variables and arrays side by side in the root group (see the module docstring)
         scales = {}
         for dim, labels in result.coords.items():
-            arr = _as_h5(labels)
+            arr, escaped = _escape_nul(_as_h5(labels))
             ds = f.create_dataset(dim, data=arr, dtype=_STR if arr.dtype == object else arr.dtype)
+            if escaped:
+                ds.attrs[ESCAPED_NUL] = 1
             ds.make_scale(dim)
             scales[dim] = ds
         for name, (dims, values) in result.data.items():
-            arr = _as_h5(values)
+            arr, escaped = _escape_nul(_as_h5(values))
             ds = f.create_dataset(name, data=arr, dtype=_STR if arr.dtype == object else arr.dtype)
+            if escaped:
+                ds.attrs[ESCAPED_NUL] = 1
             ds.attrs["attrs"] = json.dumps(dict(result.var_attrs.get(name, {})), default=_json_default)
             for i, d in enumerate(dims):
                 ds.dims[i].label = d
@@ -269,7 +295,8 @@ def write_result(path: str | os.PathLike, result: Result, flag: str | None = Non
 
 def _from_h5(ds: h5py.Dataset) -> np.ndarray:
     if h5py.check_string_dtype(ds.dtype) is not None:
-        return np.array(ds.asstr()[()], dtype=object)
+        out = np.array(ds.asstr()[()], dtype=object)
+        return _unescape_nul(out) if ds.attrs.get(ESCAPED_NUL) else out
     return ds[()]
 
 

@@ -231,3 +231,14 @@ def test_no_temporary_file_is_left_after_success(tmp_path):
     write_result(tmp_path / "r.h5", sample(scale=3.0))  # replaces
     assert os.listdir(tmp_path) == ["r.h5"]
     np.testing.assert_array_equal(read_result(tmp_path / "r.h5")["fro"], sample(scale=3.0)["fro"])
+
+
+def test_strings_holding_a_nul_are_stored_and_read_back_exactly(tmp_path):
+    """A decoded token of a byte-level tokenizer can be a NUL, which HDF5's variable-length strings cannot hold."""
+    texts = np.array(["a\x00b", "back\\slash", "\\0 literal", "\x00", "plain"], dtype=object)
+    res = Result("demo", {"token": texts}, {"text": (("token",), texts.copy())})
+    path = write_result(tmp_path / "r.h5", res)
+    back = read_result(path)
+    assert list(back.coords["token"]) == list(texts) and list(back["text"]) == list(texts)
+    plain = Result("demo", {"token": np.array(["x", "y"], dtype=object)}, {})
+    assert list(read_result(write_result(tmp_path / "p.h5", plain)).coords["token"]) == ["x", "y"]
