@@ -169,15 +169,17 @@ def import_gguf(cfg: ImportConfig, as_json: bool):
 # --------------------------------------------------------------------------------------------- delta
 
 
-def _top_table(title: str, labels, values: Callable[[str], np.ndarray], order: np.ndarray, limit: int) -> Table:
+def _top_table(title: str, labels, values: Callable[[str], np.ndarray], order: np.ndarray, limit: int,
+               shown_as=DELTA_LABELS) -> Table:
     """Rows ``order[:limit]`` of ``labels`` with every delta metric, ``values(metric) [row]``; each column is
-    named and formatted by the metric's :data:`~graftkit.graft.anatomy.LABELS` entry."""
+    named and formatted by the metric's entry in ``shown_as`` (the result's :attr:`DeltaResult.labels`: the
+    tolerance column names its tolerance)."""
     def column(metric: str) -> Callable[[int], str]:
-        v, shown = values(metric), DELTA_LABELS[metric]
+        v, shown = values(metric), shown_as[metric]
         return lambda i: shown.cell(v[i])
 
     return _rows_table(title, {"name": lambda i: escape(str(labels[i])),
-                               **{shown.header: column(m) for m, shown in DELTA_LABELS.items()}},
+                               **{escape(shown.header): column(m) for m, shown in shown_as.items()}},
                        order[:limit], fold=("name",))
 
 
@@ -194,24 +196,34 @@ def delta(cfg: DeltaConfig, as_json: bool, top: int):
 
 
 def _delta_tables(d: DeltaResult, top: int, seconds: float) -> None:
-    def total(metric: str, run: int) -> str:
-        return DELTA_LABELS[metric].cell(d.total(metric, run))
+    shown_as = d.labels
 
+    def total(metric: str, run: int) -> str:
+        return shown_as[metric].cell(d.total(metric, run))
+
+    said = set()  # a run that did not move is one line, not tables of zeros
     for i, lab in enumerate(d.runs):
+        if (line := d.identical_line(i)) is not None:
+            out.print(escape(line), soft_wrap=True)
+            said.add(line)
+            continue
         out.print(_top_table(f"{escape(lab)} vs {escape(d.base_path)}: groups", d.groups, lambda m: d.group(m, i),
-                             np.argsort(-d.group("share", i), kind="stable"), len(d.groups)))
+                             np.argsort(-d.group("share", i), kind="stable"), len(d.groups), shown_as))
         out.print(_top_table(f"largest movers (top {min(top, len(d.tensors))} of {len(d.tensors)} tensors)",
-                             d.tensors, lambda m: d.tensor(m, i), np.argsort(-d.tensor("share", i), kind="stable"), top))
-        out.print("total " + ", ".join(f"{DELTA_LABELS[m].header} {total(m, i)}" for m in ("fro_delta", "rel_delta"))
-                  + f", {total('frac_unchanged', i)} of entries bitwise unchanged (tol {d.tol:g})")
+                             d.tensors, lambda m: d.tensor(m, i), np.argsort(-d.tensor("share", i), kind="stable"), top,
+                             shown_as))
+        out.print("total " + ", ".join(f"{shown_as[m].header} {total(m, i)}" for m in ("fro_delta", "rel_delta"))
+                  + f"; entries: {total('frac_unchanged', i)} bitwise unchanged, {total('frac_within_tol', i)} with "
+                  + escape(d.within_tol))
         out.print(f"precision{f' of {escape(lab)}' if len(d.runs) > 1 else ''}: "
                   + escape(precision_sentence(d.precision(i))))
     if len(d.runs) > 1:
-        t = _table("cosine between runs' deltas (all tensors)", ("run", *map(escape, d.runs)), left=("run",))
+        t = _table("cosine between runs' deltas (all tensors)", ("run", *map(escape, d.runs)), left=("run",),
+                   caption="— undefined: a run that did not move has no direction" if said else None)
         for i, lab in enumerate(d.runs):
-            t.add_row(escape(lab), *(f"{c:.3f}" for c in d.cosine_total()[i]))
+            t.add_row(escape(lab), *(f"{c:.3f}" if np.isfinite(c) else "—" for c in d.cosine_total()[i]))
         out.print(t)
-    _notes(d.notes)
+    _notes(n for n in d.notes if n not in said)
     out.print(f"saved {escape(str(d.path))} ({seconds:.1f} s)")
 
 
@@ -407,10 +419,18 @@ def sweep(cfg: SweepConfig, as_json: bool):
 # ---------------------------------------------------------------------------------------------- rank
 
 
-@command(app, RankConfig, "rank")
-def rank(cfg: RankConfig, as_json: bool):
+#: rank's base is --base, as in delta, graft and kl; --vs names a second RL run (graft --vs) and is refused here.
+_RANK_VS = inspect_.Parameter("vs", inspect_.Parameter.KEYWORD_ONLY, annotation=Path | None,
+                              default=typer.Option(None, "--vs", hidden=True, help="Not an option of rank: use --base."))
+
+
+@command(app, RankConfig, "rank", extra=(_RANK_VS,))
+def rank(cfg: RankConfig, as_json: bool, vs: Path | None):
     """Spectral ranks of every weight matrix (or of the RL delta), per tensor and per decoder layer, or of
     the hidden states on probe prompts, per layer."""
+    if vs is not None:
+        raise GraftkitError("rank takes its base as --base, not --vs (--vs names a second RL run, in graft)",
+                            f"pass --base {vs}")
     with Bars() as bars:
         payload = run_rank(cfg, bars)
     if as_json:

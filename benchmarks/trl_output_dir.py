@@ -6,7 +6,7 @@ grpo_setting.py for a few steps with ``save_steps`` so that ``OUT/full/checkpoin
 ``trainer_state.json``, the trainer's pickles). Then, from the project's venv:
 
     graftkit inspect OUT/full ; graftkit delta --base POLICY --from OUT/full --all-checkpoints
-    graftkit graft --base POLICY --from OUT/lora --groups attn --out G ; graftkit rank --model OUT/lora --vs POLICY
+    graftkit graft --base POLICY --from OUT/lora --groups attn --out G ; graftkit rank --model OUT/lora --base POLICY
     graftkit eval --model OUT/full ; graftkit report
 
     .venv-trl/bin/python benchmarks/trl_output_dir.py --policy DIR --out OUT [--steps 4 --save-steps 2]

@@ -10,8 +10,15 @@ float32 checkpoint of another trainer: the upcast is exact, and one note per dty
 - ``max_abs_delta``  max |Δ|
 - ``frac_unchanged`` fraction of entries whose bits are identical in W and W' (stored in different dtypes:
   identical after the exact upcast, i.e. equal values)
-- ``frac_within_tol`` fraction with |Δ| ≤ tol (tol is recorded with the result)
+- ``frac_within_tol`` fraction with |Δ| ≤ atol + rtol·|W| entrywise (numpy.isclose's convention: ``tol`` is atol,
+  default 1e-5, ``rtol`` default 0; both are recorded with the result, in ``attrs["conventions"]``)
 - ``cosine``         ⟨Δ_a, Δ_b⟩ / (‖Δ_a‖ ‖Δ_b‖) between two runs' deltas (same base)
+
+Where ‖Δ‖ = 0 a ratio over it has no value, and each says so rather than drawing one: ``share`` is 0 (the run
+moved nothing), ``cosine`` is NaN (undefined; null in JSON), ``round_to_delta_bf16`` ∞ where bf16 would round the
+unmoved tensor and 0 where it would not. A run bit-identical to its base (every entry unchanged: a trainer's
+checkpoint after steps with zero reward) is stated in one line (``attrs["identical"]``,
+:meth:`DeltaResult.identical`), not drawn as a table of zeros.
 
 ``graftkit delta`` is :class:`DeltaConfig` + :func:`run_delta`; readers go through :class:`DeltaResult`, and
 tables and figures name each metric through :data:`LABELS` (header, axis title, unit).
@@ -39,7 +46,7 @@ import numpy as np
 from ..core.config import OnProgress, RunOption, no_progress, opt
 from ..core.errors import GraftkitError
 from ..results.store import Result, View
-from ..weights import Checkpoint, PairDistance, Taxonomy, check_fine_tune, check_pair, pair_distance
+from ..weights import Checkpoint, PairDistance, Taxonomy, check_pair, judge_pair, pair_distance
 from ..weights.pair import blocked_dot as _dot, exact_float as _to_float, judged_matrices, upcast_code
 from ..weights.commands import ReadOptions
 from ..weights.taxonomy import DECODER
@@ -82,7 +89,7 @@ def _bits(x: np.ndarray) -> np.ndarray:
 
 def tensor_delta_stats(
     base, rls: Sequence, tol: float, chunk: int = STATS_CHUNK, code: str | None = None,
-    rl_codes: Sequence[str] | None = None,
+    rl_codes: Sequence[str] | None = None, rtol: float = 0.0,
 ) -> tuple[float, np.ndarray, np.ndarray]:
     """Statistics of Δ_r = rls[r] − base for one tensor.
 
@@ -92,7 +99,8 @@ def tensor_delta_stats(
     when one is float64) before subtracting. Returns ``(sumsq_base, sums[r, SUMS], dots[r, s])`` with
     ``dots[r, s] = ⟨Δ_r, Δ_s⟩`` over finite entries; ``n_unchanged`` compares stored bits, or for a run
     stored in another dtype the bits after the upcast (equal values); ``n_erased_bf16`` and ``sumsq_round_bf16``
-    are the bf16 probe (:data:`PROBE`).
+    are the bf16 probe (:data:`PROBE`); ``n_within_tol`` counts the finite entries with |Δ| ≤ tol + rtol·|W|
+    (``numpy.isclose(W', W, rtol, tol)`` on the upcast values).
     Works through the flattened tensor in chunks, so memory stays bounded. The reductions run in numpy
     (single-threaded SIMD; torch's bool reductions are far slower on a shared CPU); dot products
     accumulate in float32 over blocks of 1024 entries and in float64 across blocks.
@@ -116,6 +124,7 @@ def tensor_delta_stats(
     b_buf, r_buf, a_buf = (np.empty(m, work) for _ in range(3))
     d_buf = np.empty((k, m), work)
     mask = np.empty(m, bool)
+    t_buf = np.empty(m, work) if rtol else None  # atol + rtol·|W| per entry
     # the bf16 probe: exact where a run is stored above bf16, bounded where it is bf16
     floats = code in _FLOATS and all(c in _FLOATS for c in rl_codes)
     exact = [floats and c != "BF16" for c in rl_codes]
@@ -130,10 +139,19 @@ def tensor_delta_stats(
         b = _to_float(b_raw, code, b_buf)
         b_bits = _bits(b_raw)
         sb = _dot(b, b)
-        if not np.isfinite(sb):
+        b_nonfinite = not np.isfinite(sb)
+        if b_nonfinite:
             finite_b = np.where(np.isfinite(b), b, 0.0)
             sb = _dot(finite_b, finite_b)
         sumsq_base += sb
+        if rtol:  # numpy.isclose's right side, in its order: atol + rtol·|W|
+            thr = np.abs(b, out=t_buf[:n])
+            np.multiply(thr, rtol, out=thr)
+            np.add(thr, tol, out=thr)
+            if b_nonfinite:  # a non-finite W makes Δ non-finite: counted in n_nonfinite, not here
+                thr[~np.isfinite(thr)] = np.inf
+        else:
+            thr = tol
         if any(exact):
             b_round = round_bf16_bits(b if work is np.float32 else b.astype(np.float32), bb_buf[:n])
         for r, fr in enumerate(flat_r):
@@ -174,7 +192,7 @@ def tensor_delta_stats(
             if not np.isfinite(bd):  # d's non-finite entries are zero by now: b's remain
                 bd = _dot(np.where(np.isfinite(b), b, 0.0), d)
             sums[r, 5] += bd
-            sums[r, 3] += np.count_nonzero(np.less_equal(a, tol, out=mask[:n])) - bad
+            sums[r, 3] += np.count_nonzero(np.less_equal(a, thr, out=mask[:n])) - bad
             sums[r, 4] += bad
         for r in range(k):
             dots[r, r] = sums[r, 0]
@@ -275,8 +293,10 @@ def tensor_places(names: Sequence[str], tax: Taxonomy) -> TensorPlaces:
 
 
 def stream_sums(base: Checkpoint, rls: Sequence[Checkpoint], names: Sequence[str], tol: float,
-                on_tensor: Callable[[str, int], None] = lambda name, nbytes: None, workers: int = 2) -> TensorSums:
-    """Read every tensor of ``names`` once from ``base`` and each RL checkpoint; their :class:`TensorSums`."""
+                on_tensor: Callable[[str, int], None] = lambda name, nbytes: None, workers: int = 2,
+                rtol: float = 0.0) -> TensorSums:
+    """Read every tensor of ``names`` once from ``base`` and each RL checkpoint; their :class:`TensorSums`
+    (``n_within_tol``: |Δ| ≤ tol + rtol·|W|)."""
     k, n = len(rls), len(names)
     sumsq_base, numel = np.zeros(n), np.zeros(n)
     sums, dots = np.zeros((k, n, len(SUMS))), np.zeros((k, k, n))
@@ -285,7 +305,7 @@ def stream_sums(base: Checkpoint, rls: Sequence[Checkpoint], names: Sequence[str
         name = names[j]
         b = base.array(name)
         return j, b.size, tensor_delta_stats(b, [r.array(name) for r in rls], tol, code=base.metas[name].code,
-                                             rl_codes=[r.metas[name].code for r in rls])
+                                             rl_codes=[r.metas[name].code for r in rls], rtol=rtol)
 
     # numpy releases the GIL in every reduction: two threads keep two cores busy. Largest tensors
     # first, so the last one to finish is small.
@@ -370,6 +390,31 @@ def _per_run(labels: Sequence[str], notes: Sequence[str], lab: str) -> list[str]
     return [f"{lab}: {x}" if len(labels) > 1 else x for x in notes]
 
 
+def tolerance_rule(atol: float, rtol: float) -> str:
+    """What ``frac_within_tol`` counts, with the tolerances filled in: "|Δ| ≤ 1e-05" or
+    "|Δ| ≤ 1e-05 + 0.001·|W_base|"."""
+    return f"|Δ| ≤ {atol:g}" + (f" + {rtol:g}·|W_base|" if rtol else "")
+
+
+def conventions(atol: float, rtol: float) -> dict:
+    """The conventions a ``delta`` result stores beside its fractions (``attrs["conventions"]``)."""
+    return {"frac_unchanged": "entries whose stored bits are identical in base and RL (stored in different dtypes: "
+                              "equal after the exact upcast)",
+            "frac_within_tol": f"finite entries with |Δ| ≤ atol + rtol·|W_base| ({tolerance_rule(atol, rtol)}), "
+                               "numpy.isclose(W_rl, W_base, rtol, atol) on the upcast values",
+            "atol": atol, "rtol": rtol,
+            "undefined": "a ratio over ‖Δ‖ = 0 has no value: share 0, cosine NaN (null in JSON), "
+                         "round_to_delta_bf16 ∞ where bf16 would round the unmoved tensor, else 0"}
+
+
+def identical_sentence(label: str, base: str, n_tensors: int, bitwise: bool = True) -> str:
+    """The one line that says run ``label`` did not move from its base at all."""
+    same = "bit-identical to" if bitwise else "equal in every value (stored in other dtypes) to"
+    return (f"{label} is {same} base {base} in all {n_tensors} tensors: nothing moved, so every movement figure "
+            "is 0 and the ratios over ‖Δ‖ (its cosine with another run, bf16 rounding against its movement) are "
+            "undefined")
+
+
 def delta_anatomy(
     base: Checkpoint,
     rls: Sequence[Checkpoint],
@@ -380,24 +425,33 @@ def delta_anatomy(
     provenance: dict | None = None,
     workers: int = 2,
     force_pair: bool = False,
+    rtol: float = 0.0,
 ) -> Result:
     """Stream every tensor of ``base`` and each RL checkpoint once; return the labelled anatomy.
 
     Base and RL may store tensors in different floating dtypes (compared after an exact upcast; one note
     per dtype pair in ``attrs["pair_notes"]``). After the pass, an RL run that is no fine-tune of ``base``
-    (:data:`graftkit.weights.FINE_TUNE_RULE`, from the pass's own sums) is refused, unless ``force_pair``
-    (then a note says so); the figures of every run are in ``attrs["fine_tune"]``."""
+    (:data:`graftkit.weights.FINE_TUNE_RULE`, from the pass's own sums) is refused, unless its graftkit.json
+    records this base as its parent (:func:`graftkit.weights.judge_pair`) or ``force_pair`` (then a note says
+    which); the figures of every run, and how it was accepted, are in ``attrs["fine_tune"]``. A run
+    bit-identical to the base is named in ``attrs["identical"]`` and stated in one note.
+    ``n_within_tol`` counts |Δ| ≤ tol + rtol·|W| (:data:`conventions`)."""
     pair_notes: list[str] = []
     for lab, r in zip(labels, rls):
         # one clear error (e.g. a vocabulary mismatch), not a shape error mid-way
         pair_notes += _per_run(labels, check_pair(base, r, tax, dtypes="upcast"), lab)
-    s = stream_sums(base, rls, anatomy_tensors(tax), tol, on_tensor, workers)
+    s = stream_sums(base, rls, anatomy_tensors(tax), tol, on_tensor, workers, rtol=rtol)
     judged = judged_matrices(base)
-    fine_tune = {}
+    fine_tune, identical = {}, {}
     for i, (lab, r) in enumerate(zip(labels, rls)):
         dist = run_distance(s, i, judged)
-        pair_notes += _per_run(labels, check_fine_tune(dist, base, r, force=force_pair), lab)
-        fine_tune[lab] = dist.as_dict()
+        verdict = judge_pair(dist, base, r, force=force_pair)
+        pair_notes += _per_run(labels, verdict.notes, lab)
+        fine_tune[lab] = {**dist.as_dict(), "accepted": verdict.accepted}
+        if s.names and np.array_equal(s.sums[i, :, 2], s.numel):  # every entry unchanged
+            bitwise = all(r.metas[n].code == base.metas[n].code for n in s.names)
+            identical[lab] = identical_sentence(lab, str(base.path), len(s.names), bitwise)
+            pair_notes.append(identical[lab])
     places = tensor_places(s.names, tax)
     coords = {
         "run": np.array(labels, dtype=object),
@@ -409,6 +463,9 @@ def delta_anatomy(
     }
     attrs = {
         "tol": tol,
+        "rtol": rtol,
+        "conventions": conventions(tol, rtol),
+        "identical": identical,
         "delta_dtype": "float32 (float64 when either tensor is float64), both upcast exactly before subtracting",
         "pair_notes": pair_notes,
         "fine_tune": fine_tune,
@@ -436,7 +493,10 @@ class DeltaConfig(ReadOptions, RunOption):
     base: Path | None = None
     """The SFT base (default: the parent recorded in graftkit.json)."""
     tol: float = 1e-5
-    """Count entries with |Δ| ≤ tol as (nearly) unchanged."""
+    """Absolute tolerance (numpy.isclose's atol): frac_within_tol counts entries with |Δ| ≤ tol + rtol·|W_base|."""
+    rtol: float = 0.0
+    """Relative tolerance (numpy.isclose's rtol): adds rtol·|W_base| entrywise to tol, so a small learning rate's
+    moves are judged against the weights' own size (e.g. --rtol 1e-3 --tol 0). Default 0: tol alone, as before."""
     save: Path | None = opt(None, flags=("--save",))
     """HDF5 result file (default: RUN/results/delta-*.h5)."""
     allow_nonfinite: bool = False
@@ -452,6 +512,9 @@ class DeltaConfig(ReadOptions, RunOption):
         super().__post_init__()
         if not self.rl:
             raise GraftkitError("no RL checkpoint given", "pass --from RL (repeatable)")
+        for flag, value in (("--tol", self.tol), ("--rtol", self.rtol)):
+            if not value >= 0:
+                raise GraftkitError(f"{flag} {value:g} is not a tolerance", f"pass {flag} 0 or more")
 
 
 #: The per-tensor metrics of every scope (tensor, group, total), in the order readers list them.
@@ -499,6 +562,14 @@ LABELS: dict[str, MetricLabel] = {
 }
 
 
+def delta_labels(atol: float, rtol: float = 0.0) -> dict[str, MetricLabel]:
+    """:data:`LABELS` of a result measured with these tolerances: ``frac_within_tol``'s header and axis say which
+    (|Δ|≤1e-05, or |Δ|≤1e-05+0.001|W| with a relative tolerance)."""
+    header = f"|Δ|≤{atol:g}" + (f"+{rtol:g}|W|" if rtol else "")
+    within = MetricLabel(header, f"entries with {tolerance_rule(atol, rtol)} (%)", percent=True)
+    return {m: within if m == "frac_within_tol" else shown for m, shown in LABELS.items()}
+
+
 #: The bf16 probe's figures (:meth:`DeltaResult.precision`) → the metric each is.
 PRECISION_METRICS = {"frac_erased": "frac_erased_bf16", "frac_unchanged_bf16": "frac_unchanged_bf16",
                      "round_to_delta": "round_to_delta_bf16"}
@@ -511,6 +582,8 @@ def precision_sentence(p: dict) -> str:
         read += f"; below the precision it was trained in: {p['below_trained']}"
     if "round_to_delta" not in p:
         return read
+    if p.get("moved") is False:  # ‖Δ‖ = 0: no movement for rounding to erase or swamp
+        return f"{read}. Nothing moved, so there is no movement for bf16 rounding to erase"
     ratio = p["round_to_delta"]
     ratio_text = "∞" if ratio is None else f"{ratio:.3g}×"
     if p["exact"]:
@@ -539,12 +612,14 @@ class DeltaResult(View):
         runs = {}
         for i, lab in enumerate(self.runs):
             group, tensor = ({m: get(m, i) for m in METRICS} for get in (self.group, self.tensor))
-            runs[lab] = {"precision": self.precision(i), "total": {m: self.total(m, i) for m in METRICS},
+            runs[lab] = {"identical": self.identical(i), "precision": self.precision(i),
+                         "total": {m: self.total(m, i) for m in METRICS},
                          "groups": {g: {m: float(v[j]) for m, v in group.items()} for j, g in enumerate(self.groups)},
                          "tensors": [{"name": n, "group": self.tensor_group[j], "layer": int(self.tensor_layer[j]),
                                       **{m: float(v[j]) for m, v in tensor.items()}}
                                      for j, n in sorted(enumerate(self.tensors), key=lambda x: -tensor["share"][x[0]])]}
-        payload = {"base": self.base_path, "tol": self.tol, "runs": runs, "result_file": str(self.path),
+        payload = {"base": self.base_path, "tol": self.tol, "rtol": self.rtol, "conventions": self.conventions,
+                   "runs": runs, "result_file": str(self.path),
                    "seconds": seconds, "notes": self.notes,
                    "fine_tune": {lab: {k: (None if isinstance(v, float) and not np.isfinite(v) else v)
                                        for k, v in f.items()} for lab, f in self.fine_tune.items()}}
@@ -570,7 +645,43 @@ class DeltaResult(View):
 
     @property
     def tol(self) -> float:
+        """The absolute tolerance of ``frac_within_tol`` (numpy.isclose's atol)."""
         return self.result.attrs["tol"]
+
+    @property
+    def rtol(self) -> float:
+        """The relative tolerance of ``frac_within_tol`` (0 for results written before it existed)."""
+        return float(self.result.attrs.get("rtol") or 0.0)
+
+    @property
+    def conventions(self) -> dict:
+        """What the fractions count, with their tolerances (:func:`conventions`)."""
+        return dict(self.result.attrs.get("conventions") or conventions(self.tol, self.rtol))
+
+    @property
+    def labels(self) -> dict[str, MetricLabel]:
+        """How tables and figures show each metric of this result (:func:`delta_labels`)."""
+        return delta_labels(self.tol, self.rtol)
+
+    @property
+    def within_tol(self) -> str:
+        """What ``frac_within_tol`` counts here, e.g. "|Δ| ≤ 1e-05"."""
+        return tolerance_rule(self.tol, self.rtol)
+
+    def identical(self, run: int) -> bool:
+        """Whether run ``run`` is bit-identical to the base (every entry of every tensor unchanged): nothing
+        moved, and tables and the report say so in one line (:meth:`identical_line`) instead of drawing zeros."""
+        if "identical" in self.result.attrs:
+            return self.runs[run] in self.result.attrs["identical"]
+        return bool(np.array_equal(np.asarray(self.result["n_unchanged"][run]), np.asarray(self.result["numel"])))
+
+    def identical_line(self, run: int) -> str | None:
+        """The one line that says run ``run`` did not move (None when it did)."""
+        if not self.identical(run):
+            return None
+        lab = self.runs[run]
+        return (self.result.attrs.get("identical") or {}).get(lab) or identical_sentence(lab, self.base_path,
+                                                                                          len(self.tensors))
 
     @property
     def notes(self) -> list[str]:
@@ -636,7 +747,8 @@ class DeltaResult(View):
         side was read above bf16, so the figures are measured, not bounded); over all tensors ``frac_erased``
         (of the entries that moved, the share bf16 copies of both sides show unchanged; None when not exact),
         ``frac_unchanged_bf16`` (the entries such copies show unchanged; None when not exact) and
-        ``round_to_delta`` (‖bf16 rounding of W'‖ / ‖Δ‖; not exact: its bound); and per group the same three."""
+        ``round_to_delta`` (‖bf16 rounding of W'‖ / ‖Δ‖; not exact: its bound); ``moved`` (‖Δ‖ > 0: where it is
+        not, the ratio has no value and :func:`precision_sentence` says nothing moved); and per group the same three."""
         runs = self.result.attrs.get("runs") or []
         read = dict((runs[run] if run < len(runs) else {}).get("precision") or {})
         if not self.has("total_round_to_delta_bf16"):  # a result written before the probe existed
@@ -647,6 +759,7 @@ class DeltaResult(View):
 
         erased = self.total("frac_erased_bf16", run)
         probe = {m: num(self.total(k, run)) for m, k in PRECISION_METRICS.items()}
+        probe["moved"] = self.total("fro_delta", run) > 0
         groups = {g: {m: num(float(self.group(k, run)[j])) for m, k in PRECISION_METRICS.items()}
                   for j, g in enumerate(self.groups)}
         return {**read, "probe": PROBE, "exact": bool(np.isfinite(erased)), **probe, "groups": groups}
@@ -689,7 +802,7 @@ def run_delta(cfg: DeltaConfig, on_progress: OnProgress = no_progress) -> DeltaR
     prov = {"base": describe(b), "base_path": str(b.path), "runs": [describe(r) for r in rls], "config": cfg.as_dict(),
             "steps": [checkpoint_step(p) for p in paths]}
     res = delta_anatomy(b, rls, labels, tax, cfg.tol, provenance=prov, force_pair=cfg.force_pair,
-                        on_tensor=lambda name, nbytes: on_progress("delta", nbytes, total, "bytes"))
+                        on_tensor=lambda name, nbytes: on_progress("delta", nbytes, total, "bytes"), rtol=cfg.rtol)
     results = run_layout(cfg.run).results
     default = trajectory_path(results, result_labels([cfg.rl[0]])[0]) if cfg.all_checkpoints else \
         delta_path(results, labels)

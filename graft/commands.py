@@ -401,9 +401,41 @@ def sweep_json(v: X.SweepResult, rl_path) -> dict:
     return payload
 
 
+#: What share of RL's squared movement outside the swept groups still counts as movement (1 − Σ of the swept
+#: groups' shares is a difference of floats, ~1e-16 when they hold it all).
+UNSWEPT_MOVEMENT = 1e-9
+
+
+def shapley_total_of(v: X.SweepResult) -> dict:
+    """What a sweep's Shapley total v(N) − v(∅) is of: N, the swept groups (at the sweep's layers), and whether
+    graft(N) is the RL model, i.e. the total RL's whole change: only when the sweep covers every layer and the
+    groups it left out hold none of RL's squared weight movement (``unswept_movement_share``, from the
+    movement shares the sweep stored; None when it stored none, and then ``whole_change`` is None too)."""
+    groups, layers, share = list(v.groups), str(v.attrs.get("layers", "all")), v.movement_share
+    unswept = None if share is None else max(0.0, 1.0 - sum(share.values()))
+    whole = None if unswept is None else (layers == "all" and unswept <= UNSWEPT_MOVEMENT)
+    name = f"v(all swept groups: {', '.join(groups)}{'' if layers == 'all' else f'; layers {layers}'}) − v(∅)"
+    return {"groups": groups, "layers": layers, "unswept_movement_share": unswept, "whole_change": whole,
+            "what": name}
+
+
+def shapley_total_caveat(of: dict) -> str | None:
+    """Why a Shapley total is not the RL model's whole change, one clause (None when it is)."""
+    if of["whole_change"]:
+        return None
+    if of["whole_change"] is None:
+        return "whether the swept groups hold all of RL's movement was not recorded"
+    unswept, layers = of["unswept_movement_share"], of["layers"]
+    parts = ([f"the groups not swept hold {100 * unswept:.3g}% of RL's squared weight movement"]
+             if unswept > UNSWEPT_MOVEMENT else [])
+    parts += [f"only layers {layers} were grafted"] if layers != "all" else []
+    return "not the RL model's whole change: " + " and ".join(parts)
+
+
 def kl_json(v: X.SweepResult) -> dict:
     """The KL attribution of a sweep as JSON: per side (whose rollouts) and group each stored KL attribution
-    array, the factorial's interactions and Shapley total, and the definitions of the fractions."""
+    array, the factorial's interactions and Shapley total (``shapley_total_of``: which groups, and whether it is
+    RL's whole change, :func:`shapley_total_of`), and the definitions of the fractions."""
     from .kl import ENDPOINTS, REPRODUCED
 
     groups, out = v.groups, {"reproduced": REPRODUCED, "endpoints": ENDPOINTS, "sides": {}}
@@ -419,6 +451,7 @@ def kl_json(v: X.SweepResult) -> dict:
         total = v.kl_total(s)
         if total is not None:
             side["shapley_total"] = total.tolist()
+            out["shapley_total_of"] = shapley_total_of(v)
         out["sides"][s] = side
     return out
 
@@ -489,7 +522,10 @@ def kl_tables(run: dict, label: str, n_seeds: int, episodes: int) -> list:
         out += [f"KL interaction {names[s][0]} {'×'.join(r['groups'])}: {points(r['interaction'])}"
                 for r in side.get("interactions", [])]
         if "shapley_total" in side:
-            out.append(f"KL Shapley total {names[s][0]} (v(all) − v(∅)): {points(side['shapley_total'])}")
+            of = kl["shapley_total_of"]
+            caveat = shapley_total_caveat(of)
+            out.append(f"KL Shapley total {names[s][0]} ({of['what']}) = {points(side['shapley_total'])}"
+                       + (f" — {caveat}" if caveat else " — all of RL's change"))
     return out
 
 
@@ -561,7 +597,8 @@ class _Survey:
     movement: dict[str, dict[str, float]]
     """Run key → group → share of the run's squared weight movement."""
     forced: tuple[str, ...]
-    """The notes of a pair graded no fine-tune but forced (--force-pair)."""
+    """The notes of the pair's delta pass: one graded no fine-tune but analysed (its graftkit.json records this
+    base, or --force-pair), or one in which nothing moved."""
     base: dict
     rls: dict[str, dict]
     """The checkpoints' descriptions (path, fingerprint), the RL runs' by key."""

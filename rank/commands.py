@@ -38,7 +38,7 @@ class RankConfig(ReadOptions, RunOption, DeviceOption):
     command = "rank"
     model: tuple[Path, ...] = opt((), flags=("--model",))
     """Checkpoint(s) (default: every model folder of the current run)."""
-    vs: Path | None = opt(None, flags=("--vs",))
+    base: Path | None = opt(None, flags=("--base",))
     """Base for --what delta, and of a LoRA adapter (default: what each model records: its graftkit.json parent,
     else the adapter's local base_model_name_or_path)."""
     what: str = opt("weights", flags=("--what",))
@@ -121,7 +121,7 @@ def _models(cfg: RankConfig, run: Path) -> list[Path]:
         models = [checkpoint_of(p, "--model") for p in cfg.model]  # a trainer's output_dir: its last checkpoint
     else:
         models = run_checkpoints(run)
-        if cfg.what == "delta" and cfg.vs is None:
+        if cfg.what == "delta" and cfg.base is None:
             models = [p for p in models if recorded_base(p) is not None]
     if not models:
         raise GraftkitError(f"no checkpoints found in {run}" + (" with a recorded SFT parent" if cfg.what == "delta"
@@ -162,11 +162,11 @@ def _rank_weights(cfg: RankConfig, models: list[Path], labels: list[str], run: P
         prov = {"config": cfg.as_dict()}
         base_ck = None
         if cfg.what == "delta":
-            base_ck, (ckpt,) = open_pair(base_of(path, cfg.vs, flag="--vs"), [path], **read, base_flag="--vs")
+            base_ck, (ckpt,) = open_pair(base_of(path, cfg.base), [path], **read)
             if cfg.shared_vocab:
                 ckpt = shared_vocab(ckpt, base_ck, base_ck.taxonomy(cfg.unknown))
         else:
-            ckpt = open_model(path, cfg.vs, flag="--vs", **read)
+            ckpt = open_model(path, cfg.base, **read)
         tax = (base_ck or ckpt).taxonomy(cfg.unknown)
         total = (base_ck or ckpt).nbytes * (2 if base_ck else 1)
         tick = lambda n, nbytes: on_progress(f"rank {lab}", nbytes, total, "bytes")  # noqa: E731
@@ -200,9 +200,9 @@ def _rank_activations(cfg: RankConfig, models: list[Path], labels: list[str], ru
                      "tokens": cfg.tokens, "centred": cfg.centred, "probes": {"n": len(prompts), **source},
                      "models": {}}
     for path, lab in zip(models, labels):
-        # opened first: a LoRA adapter whose base is not found is refused naming --vs, before any loading
-        desc = describe(open_model(path, cfg.vs, flag="--vs", allow_pickle=cfg.allow_pickle, config=cfg.config))
-        policy = load_policy(Path(path), allow_pickle=cfg.allow_pickle, config=cfg.config, base=cfg.vs,
+        # opened first: a LoRA adapter whose base is not found is refused naming --base, before any loading
+        desc = describe(open_model(path, cfg.base, allow_pickle=cfg.allow_pickle, config=cfg.config))
+        policy = load_policy(Path(path), allow_pickle=cfg.allow_pickle, config=cfg.config, base=cfg.base,
                              device=cfg.device, dtype=cfg.dtype)
         tick = lambda n: on_progress(f"rank activations {lab}", n, len(prompts), "prompts")  # noqa: E731
         # the model was loaded for the measurement alone: TransformerBridge may rewire it in place

@@ -441,7 +441,7 @@ def delta_ranks(
     metrics = _check_metrics(metrics, METRICS + PAIR_METRICS)
     pair_notes = list(check_pair(base, rl, tax, dtypes="upcast"))
     dist = stream_pair_distance(base, rl)
-    pair_notes += check_fine_tune(dist, base, rl, force=force_pair, base_flag="--vs")
+    pair_notes += check_fine_tune(dist, base, rl, force=force_pair)
     names, skipped, chosen = select_tensors(base, tax, layers)
     want_pair = any(m in PAIR_METRICS for m in metrics)
     t0 = time.perf_counter()

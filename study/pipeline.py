@@ -681,7 +681,7 @@ def stage_ranks(st: Study) -> None:
                 run_rank(RankConfig(model=(path,), what="activations", probes=cfg.probes, tasks=cfg.probe_tasks, save=a,
                                     **cfg.placement))
             if not label.startswith("sft") and not d.exists():
-                run_rank(RankConfig(model=(path,), what="delta", vs=st.parent(label), layers=cfg.rank_weight_layers,
+                run_rank(RankConfig(model=(path,), what="delta", base=st.parent(label), layers=cfg.rank_weight_layers,
                                     save=d, force_pair=True))
 
         st.stage(f"rank {label}", [w, a] + ([d] if not label.startswith("sft") else []), go, "weights, activations"

@@ -58,7 +58,7 @@ def test_one_function_per_command_and_the_grafted_context(tmp_path, monkeypatch)
     assert list(ds["share"].dims) == ["run", "tensor"] and (ds["share"].values == d.result["share"]).all()
     plan = gk.graft(rl, ["attn", "mlp"], dry_run=True)
     assert {row["group"] for row in plan["selected"]} == {"attn", "mlp"}
-    ranks = gk.rank(rl, what="delta", vs=sft)
+    ranks = gk.rank(rl, what="delta", base=sft)
     assert ranks["what"] == "delta" and ranks["models"]
     with pytest.raises(GraftkitError, match="--unknown"):
         gk.delta(rl, unknown="maybe")

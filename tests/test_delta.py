@@ -248,6 +248,85 @@ def test_tensor_delta_stats_in_chunks_equals_one_pass():
     assert one[1][0, 4] == 1 and one[1][1, 2] == b.numel()  # one NaN; a copy is bitwise unchanged
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_a_relative_tolerance_counts_what_numpy_isclose_does(runs, dtype):
+    """frac_within_tol with --rtol: |Δ| ≤ atol + rtol·|W_base| entrywise, numpy.isclose(W_rl, W_base, rtol, atol)
+    on the upcast values, NaN/Inf entries left out; streamed in chunks, recorded with the result."""
+    R, rtol, atol = runs[dtype], 0.05, 1e-4
+    labels = ["rl", "nonfinite"]
+    res = delta_anatomy(R.base, [open_checkpoint(R.paths[lab]) for lab in labels], labels, R.tax, atol, rtol=rtol)
+    assert res.attrs["rtol"] == rtol and res.attrs["tol"] == atol
+    assert res.attrs["conventions"]["rtol"] == rtol and res.attrs["conventions"]["atol"] == atol
+    differs = 0
+    for k, n in enumerate(res.coords["tensor"]):
+        b = R.pair.base_sd[n].float().numpy()
+        for r, lab in enumerate(labels):
+            w = R.sds[lab][n].float().numpy()
+            want = int(np.count_nonzero(np.isclose(w, b, rtol=rtol, atol=atol) & np.isfinite(w - b)))
+            assert res["n_within_tol"][r, k] == want, (lab, n)
+            differs += want != int(np.count_nonzero(np.isclose(w, b, rtol=0, atol=atol) & np.isfinite(w - b)))
+    assert differs  # the relative part counted entries the absolute one alone does not
+    g = torch.Generator().manual_seed(1)
+    b = torch.randn(37, 11, generator=g)
+    rls = [b * (1 + 0.02 * torch.randn(37, 11, generator=g)), b + 1e-3]
+    one, many = (tensor_delta_stats(b, rls, 1e-4, chunk=c, rtol=0.01)[1][:, 3] for c in (1 << 20, 13))
+    bn = b.numpy()
+    assert one.tolist() == many.tolist() == [int(np.isclose(r.numpy(), bn, rtol=0.01, atol=1e-4).sum()) for r in rls]
+
+
+def test_a_run_identical_to_its_base_is_said_to_be_one(runs, tmp_path):
+    """A copy of the base (a trainer's checkpoint after steps with zero reward): every entry unchanged, said in
+    one note and flagged; shares 0, cosines with it undefined (NaN), the bf16 ratio no "noise of ∞" sentence."""
+    import shutil
+
+    from graftkit.graft.anatomy import DeltaResult, precision_sentence
+
+    R = runs["bf16"]
+    copy_ = shutil.copytree(R.pair.base, tmp_path / "copy")
+    res = delta_anatomy(R.base, [open_checkpoint(R.paths["rl"]), open_checkpoint(copy_)], ["rl", "copy"], R.tax,
+                        provenance={"base_path": str(R.pair.base)})
+    d = DeltaResult(read_result(write_result(tmp_path / "d.h5", res)))
+    assert [d.identical(i) for i in range(2)] == [False, True] and list(res.attrs["identical"]) == ["copy"]
+    line = d.identical_line(1)
+    assert line.startswith(f"copy is bit-identical to base {R.pair.base} in all {len(d.tensors)} tensors")
+    assert d.identical_line(0) is None and [n for n in d.notes if "bit-identical" in n] == [line]
+    assert d.total("share", 1) == 0 and d.total("fro_delta", 1) == 0 and d.total("frac_unchanged", 1) == 1
+    cos = d.cosine_total()
+    assert np.isnan(cos[0, 1]) and np.isnan(cos[1, 1]) and cos[0, 0] == pytest.approx(1.0)
+    p = d.precision(1)
+    assert p["moved"] is False and "Nothing moved" in precision_sentence(p) and "∞" not in precision_sentence(p)
+    assert d.precision(0)["moved"] is True and "Nothing moved" not in precision_sentence(d.precision(0))
+    j = d.as_json(0.0)
+    assert j["runs"]["copy"]["identical"] is True and j["runs"]["rl"]["identical"] is False
+
+
+def test_a_trainer_run_whose_first_checkpoint_did_not_move(tmp_path):
+    """A TRL output_dir whose checkpoint-2 is the base (zero reward: no gradient) and later ones moved:
+    delta --all-checkpoints says checkpoint-2 is identical in one line, the others are measured."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from graftkit.cli import app
+    from planted import planted_pair
+    from trl_shapes import trl_run
+
+    sft, _ = planted_pair(tmp_path)
+    out = trl_run(tmp_path / "trl", sft, steps=(2, 4), still=(2,))
+    got = CliRunner().invoke(app, ["delta", "--base", str(sft), "--from", str(out), "--all-checkpoints",
+                                   "--save", str(tmp_path / "d.h5"), "--json"])
+    assert got.exit_code == 0, got.output
+    j = json.loads(got.stdout)
+    flags = {lab: run["identical"] for lab, run in j["runs"].items()}
+    assert list(flags.values()) == [True, False], flags
+    first = next(iter(flags))
+    assert [n for n in j["notes"] if "bit-identical" in n] == [
+        f"{first} is bit-identical to base {sft} in all {len(j['runs'][first]['tensors'])} tensors: nothing "
+        "moved, so every movement figure is 0 and the ratios over ‖Δ‖ (its cosine with another run, bf16 rounding "
+        "against its movement) are undefined"]
+    assert j["cosine"]["total"][0] == [None, None]
+
+
 def test_summarise_uses_sums_not_mean_of_ratios():
     # two tensors, one large and unmoved, one small and moved: group rel = √(Σ‖Δ‖² / Σ‖W‖²)
     sumsq_base = np.array([100.0, 1.0])

@@ -246,7 +246,7 @@ def test_delta_save_into_a_folder(pair, tmp_path):
 @pytest.mark.parametrize("command", [("delta",), ("rank", "--what", "delta")], ids=["delta", "rank"])
 def test_a_save_onto_a_folder_names_the_flag(pair, tmp_path, command):
     (tmp_path / "dir").mkdir()
-    args = ("--from", pair.rl, "--base", pair.base) if command == ("delta",) else ("--model", pair.rl, "--vs", pair.base)
+    args = ("--from", pair.rl, "--base", pair.base) if command == ("delta",) else ("--model", pair.rl, "--base", pair.base)
     one_line_exit_2(gk(*command, *args, "--save", tmp_path / "dir", cwd=tmp_path), "--save", "is a folder, not a file")
     assert list((tmp_path / "dir").iterdir()) == [] and temps(tmp_path) == []
 

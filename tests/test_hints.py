@@ -59,7 +59,7 @@ def test_the_flags_of_the_reading_commands_hints_are_their_own():
     """The hints of the commands that read a LoRA adapter or an RL checkpoint name that command's own flag."""
     flags = _command_flags()
     assert "--base" in flags["inspect"] and "--base" in flags["eval"] and "--base" in flags["headroom"]
-    assert "--vs" in flags["rank"] and "--base" not in flags["rank"]
+    assert "--base" in flags["rank"]  # one name for the base in every command; graft's --vs is a second RL run
     assert {"--force-pair", "--all-checkpoints", "--run"} <= flags["delta"]
     assert {"--force-pair", "--cast", "--run"} <= flags["graft"]
     for cmd in ("eval", "headroom", "rank", "delta", "graft", "train sft"):

@@ -1,5 +1,5 @@
 """PEFT LoRA adapters everywhere a model is read: inspect, eval, headroom and rank (weights of the merged
-model, and the delta), with the base from --base / --vs, the adapter's local base_model_name_or_path, or
+model, and the delta), with the base from --base, the adapter's local base_model_name_or_path, or
 one clear error when it names a hub id."""
 
 from __future__ import annotations
@@ -96,8 +96,8 @@ def test_rank_weights_and_delta_of_an_adapter(tmp_path, monkeypatch, adapters):
     for ra, rm in zip(a["layers"], m["layers"]):
         assert ra["erank"] == pytest.approx(rm["erank"], rel=1e-5)
     one_line_error(run(tmp_path, monkeypatch, "rank", "--what", "delta", "--model", adapters["hub"], code=2),
-                   HUB_ID, "--vs")
-    out = run(tmp_path, monkeypatch, "rank", "--what", "delta", "--model", adapters["hub"], "--vs", adapters["base"],
+                   HUB_ID, "--base")
+    out = run(tmp_path, monkeypatch, "rank", "--what", "delta", "--model", adapters["hub"], "--base", adapters["base"],
               "--metric", "numerical_rank", "--json").stdout
     (d,) = json.loads(out)["models"].values()
     ranks = {r["layer"]: r["groups"]["attn"]["numerical_rank"] for r in d["layers"]}

@@ -7,6 +7,10 @@
 - A random init of the same architecture is no fine-tune of the base: ``delta``, ``graft`` and
   ``rank --what delta`` refuse it with the figures of :data:`graftkit.weights.FINE_TUNE_RULE`, and
   analyse it with ``--force-pair``; the genuine planted fine-tune passes silently.
+- A pair as far apart whose RL side's graftkit.json records this very base (fingerprint equal) is analysed with
+  one note of its figures, by every command that judges pairs (a GRPO run at a high learning rate moves that
+  far); a record of another base, a changed base or no fingerprint is refused with what would help.
+- A pair in which nothing moved is said to be one.
 """
 
 from __future__ import annotations
@@ -29,8 +33,9 @@ from graftkit.core.errors import GraftkitError  # noqa: E402
 from graftkit.graft import GraftSpec, InPlaceGraft, delta_anatomy, plan_graft  # noqa: E402
 from graftkit.graft.commands import GraftConfig  # noqa: E402
 from graftkit.rank import delta_ranks  # noqa: E402
-from graftkit.weights import (FINE_TUNE_RULE, cast_like, check_fine_tune, check_pair, load_model,  # noqa: E402
-                              open_checkpoint, pair_distance, save_model, stream_pair_distance)
+from graftkit.weights import (FINE_TUNE_RULE, cast_like, check_fine_tune, check_pair, describe,  # noqa: E402
+                              guard_pair_distance, judge_pair, load_model, open_checkpoint, pair_distance, save_model,
+                              stream_pair_distance)
 from graftkit.weights.pair import FAR_RHO, matrix_sums  # noqa: E402
 
 LAYERS = 3
@@ -61,9 +66,14 @@ def world(tmp_path_factory):
     mixed["rl"] = P.save_rl(root / "f32-rl", rl_f32, mixed["base"], note="float32 RL of a bfloat16 base")
     same = {"base": P.save_base(root / "f32-base", model)}
     same["rl"] = P.save_rl(root / "f32-planted", _plant(copy.deepcopy(model)), same["base"])
-    # an unrelated model: a random init of the same architecture, recorded (wrongly) as a child of the base
-    same["unrelated"] = P.save_rl(root / "random-init", P.tiny_model("qwen3", LAYERS, seed=1), same["base"],
-                                  note="random init")
+    # an unrelated model: a random init of the same architecture that records no parent
+    far = P.tiny_model("qwen3", LAYERS, seed=1)
+    same["unrelated"] = P.save_base(root / "random-init", far)
+    # as far from the base, but its graftkit.json records this base: a run that moved that far from it
+    same["recorded"] = P.save_rl(root / "far-child", far, same["base"], note="far, records its base")
+    # as far, recording another base (the float32 base of another seed)
+    same["other_base"] = P.save_base(root / "other-base", P.tiny_model("qwen3", LAYERS, seed=2))
+    same["other"] = P.save_rl(root / "far-other", far, same["other_base"], note="far, records another base")
     return {"root": root, "mixed": mixed, "same": same}
 
 
@@ -205,7 +215,10 @@ def test_rank_delta_of_mixed_dtypes_uses_the_coarser_storage_dtype(world, cli):
         assert np.isclose(res["tol"][i], eps * ref, rtol=1e-9), name
         assert np.isclose(res["value"][i, col["frobenius_sq"]], float(((W1 - W0) ** 2).sum()), rtol=1e-5), name
     assert res.attrs["fine_tune"]["plausible"] and res.attrs["fine_tune"]["far"] == 0
-    ran = cli("rank", "--what", "delta", "--model", world["mixed"]["rl"], "--vs", world["mixed"]["base"], "--json")
+    # --vs is graft's second RL run: rank's base is --base, as everywhere, and --vs there is one line naming it
+    one_line_error(cli("rank", "--what", "delta", "--model", world["mixed"]["rl"], "--vs", world["mixed"]["base"]),
+                   "rank takes its base as --base, not --vs", f"pass --base {world['mixed']['base']}")
+    ran = cli("rank", "--what", "delta", "--model", world["mixed"]["rl"], "--base", world["mixed"]["base"], "--json")
     assert ran.exit_code == 0, ran.output
 
 
@@ -360,9 +373,10 @@ def test_a_random_init_is_refused_by_delta_graft_and_rank(world, cli):
     far, count, med_rho, med_cos = reference_distance(tensors(s["base"]), tensors(s["unrelated"]))
     assert far > count / 2 and med_cos < 0.5  # the reference agrees: no fine-tune
     figures = f"‖Δ‖/‖W‖ > {FAR_RHO:g} in {far} of {count} matrices (median {med_rho:.3g}), median cos(W, W+Δ) {med_cos:.2f}"
-    head = f"RL {s['unrelated']} is not a fine-tune of base {s['base']}: {figures}"
-    one_line_error(cli("delta", "--base", s["base"], "--from", s["unrelated"]), head,
-                   "pass the RL model's own SFT parent as --base, or --force-pair")
+    head = f"RL {s['unrelated']} is not a fine-tune of base {s['base']}: {figures}, and it records no parent"
+    err = one_line_error(cli("delta", "--base", s["base"], "--from", s["unrelated"]), head,
+                         "if RL was trained from this base", "pass --force-pair")
+    assert "own SFT parent" not in err  # --base was given: passing "its SFT parent as --base" is no advice
     out = cli.cwd / "g"
     one_line_error(cli("graft", "--base", s["base"], "--from", s["unrelated"], "--groups", "attn", "--out", out),
                    head, "--base", "--force-pair")
@@ -380,8 +394,8 @@ def test_a_random_init_is_refused_by_delta_graft_and_rank(world, cli):
     assert {p.name: p.read_bytes() for p in earlier.iterdir()} == before
     assert sorted(p.name for p in cli.cwd.iterdir() if p.name.startswith(".earlier")) == []  # no temporary left
     one_line_error(cli("graft", "--base", s["base"], "--from", s["unrelated"], "--eval", "--groups", "attn"), head)
-    one_line_error(cli("rank", "--what", "delta", "--model", s["unrelated"], "--vs", s["base"]), head,
-                   "pass the RL model's own SFT parent as --vs")
+    one_line_error(cli("rank", "--what", "delta", "--model", s["unrelated"], "--base", s["base"]), head,
+                   "pass --force-pair", "as --base")
     b, u = open_checkpoint(s["base"]), open_checkpoint(s["unrelated"])
     with pytest.raises(GraftkitError, match="is not a fine-tune"):
         delta_anatomy(b, [u], ["u"], b.taxonomy())
@@ -394,6 +408,7 @@ def test_a_random_init_is_analysed_with_force_pair(world, cli):
     got = json.loads(d.stdout)
     (note,) = [n for n in got["notes"] if "is not a fine-tune" in n]
     assert note.endswith("(analysed anyway: --force-pair)") and not got["fine_tune"]["random-init"]["plausible"]
+    assert got["fine_tune"]["random-init"]["accepted"] == "forced"
     out = cli.cwd / "g"
     g = cli("graft", "--base", s["base"], "--from", s["unrelated"], "--groups", "attn", "--out", out, "--force-pair")
     assert g.exit_code == 0, g.output
@@ -418,6 +433,186 @@ def test_a_planted_fine_tune_passes_silently(world, cli):
     assert not any("fine-tune" in n for n in json.loads(g.stdout)["notes"])
     res = delta_anatomy(b, [r], ["rl"], b.taxonomy())
     assert res.attrs["pair_notes"] == [] and res.attrs["fine_tune"]["rl"]["plausible"]
+
+
+# --------------------------------------------------------------------- far, but the record names the base
+
+
+def _figures(base: Path, rl: Path) -> str:
+    far, count, med_rho, med_cos = reference_distance(tensors(base), tensors(rl))
+    assert far > count / 2 and med_cos < 0.5  # the rule alone would refuse the pair
+    return f"‖Δ‖/‖W‖ > {FAR_RHO:g} in {far} of {count} matrices (median {med_rho:.3g}), median cos(W, W+Δ) {med_cos:.2f}"
+
+
+def _far_notes(notes) -> list[str]:
+    return [n for n in notes if "moved far" in n]
+
+
+def test_a_far_run_that_records_this_base_is_analysed_with_one_note(world, cli):
+    s = world["same"]
+    figures = _figures(s["base"], s["recorded"])
+    fp = json.loads((s["recorded"] / "graftkit.json").read_text())["base_model"]["fingerprint"]
+    want = (f"RL {s['recorded']} moved far from base {s['base']}: {figures}; analysed as a fine-tune because its "
+            f"graftkit.json records this base as its parent (fingerprint {fp[:19]}… equal)")
+    for given in (("--base", s["base"]), ()):  # the base given, or taken from the record itself
+        d = cli("delta", *given, "--from", s["recorded"], "--json")
+        assert d.exit_code == 0, d.output
+        got = json.loads(d.stdout)
+        assert _far_notes(got["notes"]) == [want.replace(str(s["base"]), got["base"])]
+        ft = got["fine_tune"]["far-child"]
+        assert ft["accepted"] == "recorded parent" and not ft["plausible"]
+    text = cli("delta", "--base", s["base"], "--from", s["recorded"])
+    assert text.exit_code == 0 and f"note: {want}\n" in text.stdout, text.output
+    out = cli.cwd / "g"
+    g = cli("graft", "--base", s["base"], "--from", s["recorded"], "--groups", "attn", "--out", out, "--json")
+    assert g.exit_code == 0, g.output
+    assert _far_notes(json.loads(g.stdout)["notes"]) == [want]
+    assert _far_notes(json.loads((out / "graftkit.json").read_text())["notes"]) == [want]
+    r = cli("rank", "--what", "delta", "--model", s["recorded"], "--base", s["base"], "--layers", "late",
+            "--metric", "erank", "--json")
+    assert r.exit_code == 0, r.output
+    (m,) = json.loads(r.stdout)["models"].values()
+    assert _far_notes(m["notes"]) == [want]
+    # the graft sweeps judge their pair through delta_anatomy
+    b, u = open_checkpoint(s["base"]), open_checkpoint(s["recorded"])
+    res = delta_anatomy(b, [u], ["u"], b.taxonomy())
+    assert _far_notes(res.attrs["pair_notes"]) == [want] and res.attrs["fine_tune"]["u"]["accepted"] == "recorded parent"
+    # the far pair recorded with its own (other) base is analysed against it too
+    d = cli("delta", "--from", s["other"], "--json")
+    assert d.exit_code == 0, d.output
+    assert json.loads(d.stdout)["fine_tune"]["far-other"]["accepted"] == "recorded parent"
+
+
+def test_a_record_that_names_another_base_is_refused(world, cli):
+    s = world["same"]
+    head = f"RL {s['other']} is not a fine-tune of base {s['base']}: {_figures(s['base'], s['other'])}"
+    parent = str(s["other_base"].resolve())
+    for args in (("delta", "--base", s["base"], "--from", s["other"]),
+                 ("graft", "--base", s["base"], "--from", s["other"], "--groups", "attn", "--out", cli.cwd / "g"),
+                 ("rank", "--what", "delta", "--base", s["base"], "--model", s["other"])):
+        err = one_line_error(cli(*args), head, f"records another parent, {parent} (fingerprint blake3:",
+                             f"pass its recorded parent {parent} as --base, or --force-pair")
+        assert "own SFT parent" not in err and str(s["base"]) not in err.split(" — ")[1], err  # the fix is not --base
+    assert not (cli.cwd / "g").exists()
+
+
+def _with_record(folder: Path, src: Path, record: dict | None) -> Path:
+    """A copy of ``src``'s weights and config whose graftkit.json records ``record`` as its base_model."""
+    import shutil
+
+    folder.mkdir(parents=True)
+    for name in ("model.safetensors", "config.json"):
+        shutil.copy(src / name, folder / name)
+    (folder / "graftkit.json").write_text(json.dumps({"producer": "test", **({"base_model": record} if record else {})}))
+    return folder
+
+
+def test_records_that_cannot_vouch_for_the_base_are_refused_with_what_would_help(world, tmp_path):
+    s = world["same"]
+    b = open_checkpoint(s["base"])
+    here = str(s["base"].resolve())
+    real = json.loads((s["recorded"] / "graftkit.json").read_text())["base_model"]["fingerprint"]
+    cases = {  # record → (words of the error, words of its fix)
+        "changed": ({"path": here, "fingerprint": "blake3:" + "0" * 64},
+                    "the base at the path its graftkit.json records has changed since", f"restore the base RL was "
+                    f"trained from at {here}, or pass --force-pair"),
+        "path-only": ({"path": here}, "records this base as its parent without a fingerprint",
+                      "pass --force-pair to analyse it against this base anyway"),
+        "sha1": ({"path": here, "fingerprint": "sha1:abc"}, "by a fingerprint graftkit cannot compute (sha1:abc)",
+                 "pass --force-pair"),
+        "gone": ({"path": str(tmp_path / "moved-away"), "fingerprint": "blake3:" + "1" * 64},
+                 f"records another parent, {tmp_path / 'moved-away'}", "pass the base it was trained from (fingerprint "
+                 "blake3:111111111111…) as --base, or --force-pair"),
+        "none": (None, "records no parent", "if RL was trained from this base"),
+    }
+    for name, (record, what, fix) in cases.items():
+        r = open_checkpoint(_with_record(tmp_path / name, s["recorded"], record))
+        dist = stream_pair_distance(b, r)
+        with pytest.raises(GraftkitError) as e:
+            judge_pair(dist, b, r, force=False)
+        assert what in e.value.what and fix in e.value.fix, (name, str(e.value))
+        assert here not in e.value.fix or name == "changed", name  # never "pass the base you gave"
+        (note,) = judge_pair(dist, b, r, force=True).notes
+        assert what in note and note.endswith("(analysed anyway: --force-pair)"), name
+    # the same weights with the record graftkit writes: analysed
+    ok = open_checkpoint(_with_record(tmp_path / "ok", s["recorded"], {"path": here, "fingerprint": real}))
+    assert judge_pair(stream_pair_distance(b, ok), b, ok, force=False).accepted == "recorded parent"
+    assert real == describe(b)["fingerprint"]
+
+
+def test_a_record_the_trainer_wrote_vouches_for_its_init(tmp_path):
+    """graftkit's GRPO trainer records its init by path and fingerprint. Its policy after a step with zero reward
+    is bit-identical to the init (said in one line); the same record beside weights as far from the init as a
+    collapsed run's lets the pair be analysed, and against another base it is refused, naming the init."""
+    from conftest import planted_policies
+    from safetensors.torch import save_file
+
+    from graftkit.graft import DeltaConfig, run_delta
+    from graftkit.train.grpo import GRPOConfig, run_grpo
+
+    pol = planted_policies(tmp_path / "pol", children=())
+    rl = run_grpo(GRPOConfig(init=str(pol["sft"]), out=str(tmp_path / "rl"), tasks=("click-button",), steps=1,
+                             prompts_per_step=1, group_size=2, max_new_tokens=4, threads=1))
+    assert [json.loads(x)["success"] for x in (rl / "train_log.jsonl").read_text().splitlines()] == [0.0]
+    d = run_delta(DeltaConfig(rl=(rl,), save=tmp_path / "d.h5"))  # the base from the trainer's record
+    assert d.identical(0) and d.identical_line(0).startswith(f"rl is bit-identical to base {pol['sft'].resolve()}")
+    sft = open_checkpoint(pol["sft"])
+    g = torch.Generator().manual_seed(3)
+    save_file({n: torch.randn(sft.metas[n].shape, generator=g).to(sft.read(n).dtype) * float(sft.read(n).float().std())
+               for n in sft.metas}, str(rl / "model.safetensors"))
+    r = open_checkpoint(rl)
+    dist = stream_pair_distance(sft, r)
+    assert not dist.plausible
+    verdict = judge_pair(dist, sft, r, force=False)
+    assert verdict.accepted == "recorded parent" and "records this base as its parent" in verdict.notes[0]
+    other = _with_record(tmp_path / "other", pol["sft"], None)
+    save_file({n: sft.read(n) * 1.5 for n in sft.metas}, str(other / "model.safetensors"))
+    o = open_checkpoint(other)
+    with pytest.raises(GraftkitError) as e:
+        judge_pair(stream_pair_distance(o, r), o, r, force=False)
+    init = str(pol["sft"].resolve())
+    assert f"records another parent, {init}" in e.value.what and f"pass its recorded parent {init} as --base" in e.value.fix
+
+
+def test_fingerprints_are_read_only_where_the_rule_would_refuse(world, monkeypatch):
+    """Fingerprinting a base reads all of it: a plausible pair is judged without it, a far one with it."""
+    import graftkit.weights.pair as pair
+
+    s = world["same"]
+    calls = []
+    real = pair.file_digests
+    monkeypatch.setattr(pair, "file_digests", lambda files, algorithm="blake3": calls.append(algorithm)
+                        or real(files, algorithm))
+    b = open_checkpoint(s["base"])
+    r = open_checkpoint(s["rl"])
+    assert check_fine_tune(stream_pair_distance(b, r), b, r, force=False) == ()
+    delta_anatomy(b, [r], ["rl"], b.taxonomy())
+    assert calls == []
+    u = open_checkpoint(s["recorded"])
+    assert judge_pair(stream_pair_distance(b, u), b, u, force=False).accepted == "recorded parent"
+    assert calls == ["blake3"]
+
+
+def test_a_pair_in_which_nothing_moved_is_said_to_be_one(world, cli, tmp_path):
+    import shutil
+
+    s = world["same"]
+    copy_ = tmp_path / "copy"
+    shutil.copytree(s["base"], copy_)
+    b, c = open_checkpoint(s["base"]), open_checkpoint(copy_)
+    dist, sampled = guard_pair_distance(b, c, chunk=64)
+    assert dist.unmoved and not sampled  # "nothing moved" is said of the whole pair, never of a sample
+    (note,) = check_fine_tune(dist, b, c, force=False)
+    assert note.startswith(f"RL {copy_} has not moved from base {s['base']} in any of its {len(dist.names)} matrices")
+    g = cli("graft", "--base", s["base"], "--from", copy_, "--groups", "attn", "--out", cli.cwd / "g", "--json")
+    assert g.exit_code == 0, g.output
+    assert any("has not moved" in n and "a graft of them copies the base" in n for n in json.loads(g.stdout)["notes"])
+    r = cli("rank", "--what", "delta", "--model", copy_, "--base", s["base"], "--layers", "late", "--json")
+    assert r.exit_code == 0, r.output
+    (m,) = json.loads(r.stdout)["models"].values()
+    assert [n for n in m["notes"] if "has not moved" in n] == [note]
+    assert check_fine_tune(stream_pair_distance(b, open_checkpoint(s["rl"])), b, open_checkpoint(s["rl"]),
+                           force=False) == ()  # a pair that moved says nothing
 
 
 # ---------------------------------------------------------------------------------- a resized vocabulary

@@ -246,7 +246,7 @@ def test_every_command_on_a_lora_and_an_sft_trainer_run_and_nothing_is_overwritt
         _cli(tmp_path, monkeypatch, "inspect", out)
         _cli(tmp_path, monkeypatch, "delta", "--base", sft, "--from", out, "--all-checkpoints")
         _cli(tmp_path, monkeypatch, "eval", "--model", out, *ep)
-        _cli(tmp_path, monkeypatch, "rank", "--model", out, "--what", "delta", "--vs", sft)
+        _cli(tmp_path, monkeypatch, "rank", "--model", out, "--what", "delta", "--base", sft)
         _cli(tmp_path, monkeypatch, "graft", "--base", sft, "--from", out, "--groups", "attn",
              "--out", tmp_path / f"g-{out.name}")
     results = tmp_path / "runs" / "results"

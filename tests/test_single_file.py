@@ -143,7 +143,7 @@ def test_graft_eval_of_a_single_file_equals_the_folders(world, cli):
 @pytest.mark.parametrize("style", STYLE_IDS)
 def test_rank_of_a_single_file_equals_the_folders(world, cli, style):
     f = world["files"][style]
-    for what in (("--what", "weights"), ("--what", "delta", "--vs", world["sft"])):
+    for what in (("--what", "weights"), ("--what", "delta", "--base", world["sft"])):
         want = _ok(cli("rank", "--model", world["rl"], *what, "--save", cli.tmp / "ref.h5", "--json"))
         got = _ok(cli("rank", "--model", f, *what, "--allow-pickle", "--save", cli.tmp / "f.h5", "--json"))
         (w,), (g,) = want["models"].values(), got["models"].values()

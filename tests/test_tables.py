@@ -26,7 +26,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 import graftkit.cli as C  # noqa: E402
 from graftkit.core.files import fmt_size  # noqa: E402
-from graftkit.graft.anatomy import LABELS, METRICS  # noqa: E402
+from graftkit.graft.anatomy import LABELS, METRICS, delta_labels, tolerance_rule  # noqa: E402
 
 SCALES = {"embed": 0.1, "attn": lambda layer: 0.02 if layer >= 2 else 0.0, "mlp": 0.01}
 NAN_TENSOR = "model.layers.2.self_attn.v_proj.weight"
@@ -205,24 +205,28 @@ def pairs(tmp_path_factory):
     def plant(params):
         params[NAN_TENSOR][0, :3] = torch.tensor([float("nan"), float("inf"), float("-inf")])
 
-    return {"pair": P.make_pair(root / "pair", "qwen3", layers=4, scales=SCALES),
+    import shutil
+
+    made = {"pair": P.make_pair(root / "pair", "qwen3", layers=4, scales=SCALES),
             "nan": P.make_pair(root / "nan", "llama", layers=3, scales=SCALES, mutate=plant)}
+    made["copy"] = shutil.copytree(made["pair"].base, root / "copy")  # a checkpoint that did not move
+    return made
 
 
 # --------------------------------------------------------------------------------------------------
 # delta
 
 
-def _check_metric_cells(row: dict[str, str], values: dict[str, float], what: str) -> None:
+def _check_metric_cells(row: dict[str, str], values: dict[str, float], what: str, labels=LABELS) -> None:
     """Each metric column of a delta table row shows the JSON value of the metric its header names."""
-    by_header = {shown.header: metric for metric, shown in LABELS.items()}
+    by_header = {shown.header: metric for metric, shown in labels.items()}
     for header, cell in row.items():
         if header == "name":
             continue
         metric = by_header[header]  # a header no metric owns fails here
         v = values[metric]
-        assert cell.endswith("%") == LABELS[metric].percent, (what, header, cell)
-        if LABELS[metric].count:
+        assert cell.endswith("%") == labels[metric].percent, (what, header, cell)
+        if labels[metric].count:
             assert cell == (str(int(v)) if v else ""), (what, header, cell, v)
         else:
             assert shows(cell, v), (what, header, cell, v)
@@ -241,42 +245,57 @@ def test_display_names_cover_every_metric_once():
     assert all(s.axis.endswith("(%)") == s.percent for s in LABELS.values())
 
 
-@pytest.mark.parametrize("which, extra", [("pair", ()), ("nan", ("--allow-nonfinite",)), ("two runs", ())])
+@pytest.mark.parametrize("which, extra", [("pair", ()), ("nan", ("--allow-nonfinite",)), ("two runs", ()),
+                                          ("relative", ("--rtol", "0.05", "--tol", "0")), ("unmoved", ())])
 def test_delta_tables(cli, pairs, which, extra):
     pair = pairs["nan" if which == "nan" else "pair"]
-    rls = (pair.rl, pair.rl) if which == "two runs" else (pair.rl,)
+    rls = {"two runs": (pair.rl, pair.rl), "unmoved": (pair.rl, pairs["copy"])}.get(which, (pair.rl,))
     args = [a for rl in rls for a in ("--from", rl)]
     j, text = cli("run_delta", "delta", *args, "--top", "6", "--save", cli.cwd / "d.h5", *extra)
     tables = parse_tables(text)
     runs = list(j["runs"])
-    assert len(tables) == 2 * len(runs) + (len(runs) > 1)
-    for k, lab in enumerate(runs):
+    moved = [lab for lab in runs if not j["runs"][lab]["identical"]]
+    assert moved == [lab for lab in runs if lab != "copy"]  # the copy of the base, and only it, did not move
+    assert len(tables) == 2 * len(moved) + (len(runs) > 1)
+    labels = delta_labels(j["tol"], j["rtol"])  # the tolerance column names its tolerance
+    assert labels["frac_within_tol"].header == ("|Δ|≤0+0.05|W|" if which == "relative" else f"|Δ|≤{j['tol']:g}")
+    for k, lab in enumerate(moved):
         run = j["runs"][lab]
         groups, movers = tables[2 * k], tables[2 * k + 1]
         assert flat(f"{lab} vs {j['base']}: groups") in flat(groups.above)
-        assert groups.headers == ["name", *(s.header for s in LABELS.values())]
+        assert groups.headers == ["name", *(s.header for s in labels.values())]
         assert groups.column("name") == sorted(run["groups"], key=lambda g: -run["groups"][g]["share"])
         for row in groups.rows:
-            _check_metric_cells(row, run["groups"][row["name"]], f"{lab} group {row['name']}")
+            _check_metric_cells(row, run["groups"][row["name"]], f"{lab} group {row['name']}", labels)
         assert f"largest movers (top 6 of {len(run['tensors'])} tensors)" in movers.above
         assert [flat(n) for n in movers.column("name")] == [t["name"] for t in run["tensors"][:6]]
         tensors = {t["name"]: t for t in run["tensors"]}
         for row in movers.rows:
-            _check_metric_cells(row, tensors[flat(row["name"])], f"{lab} tensor {row['name']}")
+            _check_metric_cells(row, tensors[flat(row["name"])], f"{lab} tensor {row['name']}", labels)
         total = next(line for line in movers.below.splitlines() if line.startswith("total "))
-        m = re.fullmatch(r"total ‖Δ‖_F (\S+), ‖Δ‖/‖W‖ (\S+), (\S+)% of entries bitwise unchanged \(tol (\S+)\)",
+        m = re.fullmatch(r"total ‖Δ‖_F (\S+), ‖Δ‖/‖W‖ (\S+); entries: (\S+)% bitwise unchanged, (\S+)% with (.+)",
                          total)
         assert m, total
         assert close(m[1], run["total"]["fro_delta"]) and close(m[2], run["total"]["rel_delta"])
-        assert close(m[3], run["total"]["frac_unchanged"], 100.0) and float(m[4]) == j["tol"]
+        assert close(m[3], run["total"]["frac_unchanged"], 100.0) and close(m[4], run["total"]["frac_within_tol"], 100.0)
+        assert m[5] == tolerance_rule(j["tol"], j["rtol"]) == (
+            "|Δ| ≤ 0 + 0.05·|W_base|" if which == "relative" else f"|Δ| ≤ {j['tol']:g}")
+        assert j["conventions"]["atol"] == j["tol"] and j["conventions"]["rtol"] == j["rtol"]
     if which == "nan":
         assert tables[0].row("name", "attn")["nonfinite"] == "3"  # the group of the tensor with NaN/±Inf
+    if which == "unmoved":  # one line, in the table's place, as the JSON's note says it; no "noise of ∞"
+        line = next(n for n in j["notes"] if n.startswith("copy is bit-identical to base"))
+        assert text.count(line) == 1 and "∞" not in text and "nan" not in text
+        assert j["runs"]["copy"]["precision"]["moved"] is False and j["runs"]["rl"]["precision"]["moved"] is True
+        assert all(v["share"] == 0 for v in j["runs"]["copy"]["groups"].values())
     if len(runs) > 1:
         cos = tables[-1]
         assert cos.headers == ["run", *runs] and cos.column("run") == runs
         for a, row in enumerate(cos.rows):
             for b, lab in enumerate(runs):
-                assert close(row[lab], j["cosine"]["total"][a][b]), (a, b)
+                want = j["cosine"]["total"][a][b]  # null: undefined, a run that did not move has no direction
+                assert (row[lab] == "—") if want is None else close(row[lab], want), (a, b, row[lab], want)
+        assert (j["cosine"]["total"][0][1] is None) == (which == "unmoved")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -665,11 +684,51 @@ def test_graft_kl_tables(cli, policies):
         for header in kl_attribution.headers[1:]:
             side, name = header.split(" ", 1)
             assert _pts(row[header], sides[side.lower()]["attribution"][row["group"]][names[name]]), (header, row)
-    said = dict(line.split(": ", 1) for line in kl_attribution.below.splitlines() if line.startswith("KL "))
+    lines = kl_attribution.below.splitlines()
+    said = dict(line.split(": ", 1) for line in lines if line.startswith("KL interaction "))
     want = {f"KL interaction {s.upper()} {'×'.join(r['groups'])}": r["interaction"]
             for s in sides for r in sides[s]["interactions"]}
-    want |= {f"KL Shapley total {s.upper()} (v(all) − v(∅))": sides[s]["shapley_total"] for s in sides}
     assert set(said) == set(want) and all(_pts(said[k], v) for k, v in want.items())
+    # the total is of the swept groups (here every group RL moved: attention only), named as such
+    of = run["kl"]["shapley_total_of"]
+    assert of["what"] == "v(all swept groups: attn, mlp) − v(∅)" and of["whole_change"] is True
+    totals = {m[1]: m for line in lines if (m := re.fullmatch(r"KL Shapley total (\w+) \((.+)\) = (.+) — (.+)", line))}
+    assert set(totals) == {s.upper() for s in sides}
+    for s in sides:
+        m = totals[s.upper()]
+        assert m[2] == of["what"] and _pts(m[3], sides[s]["shapley_total"]) and m[4] == "all of RL's change"
+
+
+def test_the_kl_shapley_total_says_which_groups_it_is_of():
+    """v(N) − v(∅) is the swept groups' total: the RL model's whole change only when the groups left out hold none
+    of its movement and every layer was grafted; otherwise the line says it is not, and why (from --json)."""
+    from types import SimpleNamespace
+
+    from graftkit.graft.commands import kl_tables, shapley_total_of
+
+    def line(groups, layers, share):
+        v = SimpleNamespace(groups=groups, attrs={"layers": layers}, movement_share=share)
+        of = shapley_total_of(v)
+        side = {"attribution": {g: {} for g in groups}, "group_effect": None, "shapley_total": [0.4, 0.2, 0.6]}
+        run = {"configs": [], "attribution": {g: {} for g in groups},
+               "kl": {"reproduced": {"rl": "r", "sft": "s"}, "endpoints": "e", "sides": {"rl": side},
+                      "shapley_total_of": of}}
+        (text,) = [x for x in kl_tables(run, "rl", 1, 1) if isinstance(x, str) and x.startswith("KL Shapley")]
+        return of, text
+
+    of, text = line(["attn", "mlp"], "all", {"attn": 0.7, "mlp": 0.3})
+    assert of["whole_change"] and of["unswept_movement_share"] == pytest.approx(0.0, abs=1e-12)
+    assert text == "KL Shapley total RL (v(all swept groups: attn, mlp) − v(∅)) = +40.0 [+20.0, +60.0] — all of RL's change"
+    of, text = line(["attn", "mlp"], "all", {"attn": 0.1, "mlp": 0.05})  # the embedding moved most
+    assert of["whole_change"] is False and of["unswept_movement_share"] == pytest.approx(0.85)
+    assert text.endswith("— not the RL model's whole change: the groups not swept hold 85% of RL's squared weight "
+                         "movement")
+    of, text = line(["attn"], "late", {"attn": 1.0})
+    assert of["what"] == "v(all swept groups: attn; layers late) − v(∅)" and of["whole_change"] is False
+    assert text.endswith("— not the RL model's whole change: only layers late were grafted")
+    of, text = line(["attn"], "all", None)
+    assert of["whole_change"] is None and text.endswith("— whether the swept groups hold all of RL's movement was "
+                                                        "not recorded")
 
 
 # --------------------------------------------------------------------------------------------------

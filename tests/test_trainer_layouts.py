@@ -307,9 +307,9 @@ def test_inspect_delta_and_rank_of_each_layout_equal_those_of_its_fp32_weights(l
     want_params = sum(t.numel() for n, t in load_file(ref_folders(layout) / "model.safetensors").items())
     assert sum(g["params"] for g in info["groups"].values()) == want_params and info["tied_embeddings"]
     assert LAYOUTS[layout][2] in info["precision"]["source"]
-    _ok(cli("rank", "--what", "delta", "--model", _path(layout), "--vs", BASE, "--allow-pickle", "--json",
+    _ok(cli("rank", "--what", "delta", "--model", _path(layout), "--base", BASE, "--allow-pickle", "--json",
             "--save", cli.tmp / "rank.h5"))
-    _ok(cli("rank", "--what", "delta", "--model", ref_folders(layout), "--vs", BASE, "--json",
+    _ok(cli("rank", "--what", "delta", "--model", ref_folders(layout), "--base", BASE, "--json",
             "--save", cli.tmp / "rank-ref.h5"))
     a, b = read_result(cli.tmp / "rank.h5"), read_result(cli.tmp / "rank-ref.h5")
     assert len(b.data) > 0 and list(a.data) == list(b.data)

@@ -29,8 +29,9 @@ def grpo_log(steps: list[int]) -> list[dict]:
     return rows
 
 
-def trl_run(out: Path, sft: Path, steps=(2, 4, 6), scale: float = 1e-3, seed: int = 0) -> Path:
-    """A GRPOTrainer ``output_dir`` whose checkpoints move the SFT model at ``sft`` by ``scale`` per step."""
+def trl_run(out: Path, sft: Path, steps=(2, 4, 6), scale: float = 1e-3, seed: int = 0, still=()) -> Path:
+    """A GRPOTrainer ``output_dir`` whose checkpoints move the SFT model at ``sft`` by ``scale`` per step, except
+    the steps up to each checkpoint in ``still`` (steps whose groups all scored the same reward: no gradient)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(sft, dtype=torch.float32)
@@ -41,7 +42,7 @@ def trl_run(out: Path, sft: Path, steps=(2, 4, 6), scale: float = 1e-3, seed: in
     for s in steps:
         with torch.no_grad():
             for n, p in model.named_parameters():
-                if p.dim() == 2 and ("self_attn" in n or "mlp" in n):
+                if p.dim() == 2 and ("self_attn" in n or "mlp" in n) and s not in still:
                     p.add_(scale * (s - done) * noise[n])
         done = s
         ck = out / f"checkpoint-{s}"

@@ -13,7 +13,10 @@ note. Integer or boolean tensors must agree exactly.
 
 Is it a fine-tune at all (:class:`PairDistance`, :data:`FINE_TUNE_RULE`)? A random init analysed against
 an unrelated base moves every matrix by about its own norm; :func:`check_fine_tune` refuses such a pair
-with the figures, unless told (``--force-pair``).
+with the figures, unless RL's own ``graftkit.json`` records this very base as its parent (its ``blake3:``
+fingerprint equal to the base's, :func:`judge_pair`: a high-learning-rate GRPO run may move that far, and one
+note states the figures), or unless told (``--force-pair``). A pair in which no matrix moved is said to be
+one (:attr:`PairDistance.unmoved`).
 
 Either side may be a single-file PyTorch checkpoint (``--allow-pickle``): :func:`open_pair` maps its
 names onto the other side's (:func:`.checkpoint.match_names`) and records what it mapped in
@@ -30,8 +33,8 @@ from typing import Callable
 import numpy as np
 
 from ..core.errors import GraftkitError
-from .checkpoint import Checkpoint, TensorMeta, drop_tied_head, match_names, open_checkpoint
-from .fingerprint import fingerprint, fingerprint_later
+from .checkpoint import PROVENANCE, Checkpoint, TensorMeta, _read_json, drop_tied_head, match_names, open_checkpoint
+from .fingerprint import ALGORITHMS, combine, file_digests, fingerprint, fingerprint_later
 from .lora import apply_lora, is_lora_folder
 from .safetensors_file import dtype_name, torch_dtype
 from .taxonomy import Taxonomy
@@ -373,6 +376,11 @@ class PairDistance:
         return float(np.median(c)) if c.size else float("nan")
 
     @property
+    def unmoved(self) -> bool:
+        """Whether no judged matrix moved at all (‖Δ‖_F = 0 in each; there are some): RL equals base there."""
+        return bool(self.names) and bool(np.all(self.rho == 0))
+
+    @property
     def plausible(self) -> bool:
         """Whether the pair can be a fine-tune by :data:`FINE_TUNE_RULE` (no matrices: nothing refutes it)."""
         if not self.names:
@@ -398,7 +406,7 @@ class PairDistance:
     def as_dict(self) -> dict:
         return {"matrices": len(self.names), "far": self.n_far, "far_rho": FAR_RHO,
                 "median_rel_delta": self.median_rho, "median_cos": self.median_cos,
-                "plausible": self.plausible, "rule": FINE_TUNE_RULE}
+                "plausible": self.plausible, "unmoved": self.unmoved, "rule": FINE_TUNE_RULE}
 
 
 def pair_distance(names, sumsq_base, sumsq_delta, dot_base_delta) -> PairDistance:
@@ -440,25 +448,115 @@ def guard_pair_distance(base: Checkpoint, rl: Checkpoint, every: int = GUARD_EVE
     verdict (``graft``'s export). Each matrix is first judged on an evenly spread 1/``every`` of its entries
     (every ``every``-th chunk; a matrix of one chunk whole); a pair the sample shows to be a fine-tune by a
     wide margin (:attr:`PairDistance.clearly_plausible`) passes on it; any other pair is judged again on
-    every entry, so a refusal and the figures it states always come from the whole pair."""
+    every entry, so a refusal and the figures it states always come from the whole pair. So is a sample in
+    which nothing moved: "RL equals base" (:attr:`PairDistance.unmoved`) is said only of the whole pair."""
     sample = stream_pair_distance(base, rl, every=every, chunk=chunk)
-    if every > 1 and sample.clearly_plausible:
+    if every > 1 and sample.clearly_plausible and not sample.unmoved:
         return sample, True
     return stream_pair_distance(base, rl, chunk=chunk), False
 
 
+def parent_record(model: Path) -> dict | None:
+    """The parent a model folder's ``graftkit.json`` records (``base_model``: ``path`` and, where graftkit wrote it,
+    ``fingerprint``), None when it records none. The one reader of that record (:func:`.resolve.base_of` too)."""
+    model = Path(model)
+    if not (model.is_dir() and (model / PROVENANCE).is_file()):
+        return None
+    record = _read_json(model / PROVENANCE).get("base_model") or {}
+    return dict(record) if record.get("path") or record.get("fingerprint") else None
+
+
+def _fingerprint_as(ckpt: Checkpoint, recorded: str) -> str | None:
+    """``ckpt``'s fingerprint computed the way ``recorded`` (``"<algorithm>:<hex>"``) was; None for an algorithm
+    graftkit does not compute."""
+    algorithm = recorded.split(":", 1)[0] if ":" in recorded else ""
+    if algorithm not in ALGORITHMS:
+        return None
+    return combine(file_digests(_fingerprinted_files(ckpt), algorithm), algorithm)
+
+
+def _same_path(a: Path, b: Path) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class PairVerdict:
+    """How :func:`judge_pair` took a pair."""
+
+    accepted: str
+    """``"fine-tune"`` (:data:`FINE_TUNE_RULE` finds it one), ``"recorded parent"`` (the rule finds it far, but RL's
+    graftkit.json records this very base as its parent, fingerprint equal) or ``"forced"`` (``--force-pair``)."""
+    notes: tuple[str, ...] = ()
+    """One note for a pair analysed although the rule finds it far (its figures and why it was analysed)."""
+
+
+#: How a pair the distance rule finds far is still analysed: the record that names the base.
+RECORDED_PARENT_RULE = ("a pair the fine-tune rule calls implausible is analysed when the RL checkpoint's graftkit.json "
+                        "records a parent (base_model) whose fingerprint equals the given base's; without such a "
+                        "record, or with one that names another base, it is refused unless --force-pair")
+
+
+def judge_pair(dist: PairDistance, base: Checkpoint, rl: Checkpoint, *, force: bool, base_flag: str = "--base",
+               force_flag: str = "--force-pair") -> PairVerdict:
+    """:data:`FINE_TUNE_RULE` applied to ``dist`` with RL's record (:data:`RECORDED_PARENT_RULE`): a plausible pair
+    passes silently; a far one whose graftkit.json records this base (fingerprint equal) is analysed with one note
+    of its figures; any other far pair is refused with its figures and what would help, unless ``force`` (then
+    one note says it was analysed anyway). ``base_flag`` and ``force_flag`` are the command's options."""
+    if dist.plausible:
+        return PairVerdict("fine-tune")
+    # Fingerprinting the base reads every byte of it (blake3; cached per file afterwards): it is done only here,
+    # where the rule would refuse, never for the plausible pairs nearly every command sees.
+    record = parent_record(rl.path) or {}
+    recorded_fp, recorded_path = record.get("fingerprint"), record.get("path")
+    actual = _fingerprint_as(base, recorded_fp) if recorded_fp else None
+    if actual is not None and actual == recorded_fp:
+        return PairVerdict("recorded parent", (
+            f"RL {rl.path} moved far from base {base.path}: {dist.summary()}; analysed as a fine-tune because its "
+            f"graftkit.json records this base as its parent (fingerprint {recorded_fp[:19]}… equal)",))
+    what = f"RL {rl.path} is not a fine-tune of base {base.path}: {dist.summary()}"
+    here = recorded_path is not None and _same_path(Path(recorded_path), base.path)
+    anyway = f"{force_flag} to analyse it against this base anyway"
+    if not record:
+        why = "and it records no parent (no graftkit.json base_model) that could show it was trained from this base"
+        fix = (f"if RL was trained from this base (a high learning rate can move it this far), pass {force_flag}; "
+               f"if not, pass the base it was trained from as {base_flag}")
+    elif recorded_fp is None or actual is None:
+        named = "this base" if here else f"{recorded_path}"
+        how = "without a fingerprint" if recorded_fp is None else f"by a fingerprint graftkit cannot compute ({recorded_fp})"
+        why = f"and its graftkit.json records {named} as its parent {how}, which cannot show it is this base's weights"
+        fix = f"pass {anyway}" if here or not recorded_path or not Path(recorded_path).exists() else \
+            f"pass its recorded parent {recorded_path} as {base_flag}, or {anyway}"
+    elif here:
+        why = (f"and the base at the path its graftkit.json records has changed since (fingerprint {actual[:19]}…, "
+               f"recorded {recorded_fp[:19]}…)")
+        fix = f"restore the base RL was trained from at {recorded_path}, or pass {anyway}"
+    else:
+        where = f"{recorded_path} " if recorded_path else ""
+        why = (f"and its graftkit.json records another parent, {where}(fingerprint {recorded_fp[:19]}…; this base is "
+               f"{actual[:19]}…)")
+        fix = (f"pass its recorded parent {recorded_path} as {base_flag}, or {anyway}"
+               if recorded_path and Path(recorded_path).exists() else
+               f"pass the base it was trained from (fingerprint {recorded_fp[:19]}…) as {base_flag}, or {anyway}")
+    if force:
+        return PairVerdict("forced", (f"{what}, {why} (analysed anyway: {force_flag})",))
+    raise GraftkitError(f"{what}, {why}", fix)
+
+
 def check_fine_tune(dist: PairDistance, base: Checkpoint, rl: Checkpoint, *, force: bool,
                     base_flag: str = "--base", force_flag: str = "--force-pair") -> tuple[str, ...]:
-    """Refuse a pair that :data:`FINE_TUNE_RULE` says is no fine-tune, with its figures, unless ``force``
-    (then one note says it was analysed anyway). ``base_flag`` and ``force_flag`` are the command's
-    options, named in the hint. A plausible pair passes silently: ``()``."""
-    if dist.plausible:
-        return ()
-    what = f"RL {rl.path} is not a fine-tune of base {base.path}: {dist.summary()}"
-    if force:
-        return (f"{what} (analysed anyway: {force_flag})",)
-    raise GraftkitError(what, f"pass the RL model's own SFT parent as {base_flag}, or {force_flag} to analyse it "
-                              "anyway")
+    """:func:`judge_pair`'s refusal, or its notes: none for a plausible pair, one for a far pair analysed (its
+    recorded parent is this base, or ``force``); and one that says so where no matrix moved at all
+    (:attr:`PairDistance.unmoved`: every measure that divides by ‖Δ‖ is undefined there). ``base_flag`` and
+    ``force_flag`` are the command's options, named in the hint."""
+    notes = judge_pair(dist, base, rl, force=force, base_flag=base_flag, force_flag=force_flag).notes
+    if dist.unmoved:
+        notes += (f"RL {rl.path} has not moved from base {base.path} in any of its {len(dist.names)} matrices "
+                  "(‖Δ‖_F = 0 in each; 1-D tensors are not judged): their delta is a zero matrix (rank 0, every "
+                  "ratio over ‖Δ‖ undefined) and a graft of them copies the base",)
+    return notes
 
 
 def _fingerprinted_files(ckpt: Checkpoint) -> list[Path]:

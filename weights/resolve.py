@@ -18,9 +18,9 @@ from pathlib import Path
 
 from ..core.errors import GraftkitError
 from ..core.files import require
-from .checkpoint import A_MODEL, PROVENANCE, Checkpoint, _read_json, open_checkpoint
+from .checkpoint import A_MODEL, Checkpoint, _read_json, open_checkpoint
 from .lora import apply_lora, is_lora_folder
-from .pair import open_one
+from .pair import open_one, parent_record
 from .runs import trainer_run
 
 #: What a base path may be, for the error that names a missing one.
@@ -51,9 +51,7 @@ def _adapter_base_name(model: Path) -> str | None:
 
 
 def _graftkit_parent(model: Path) -> Path | None:
-    if not (model.is_dir() and (model / PROVENANCE).is_file()):
-        return None
-    parent = (_read_json(model / PROVENANCE).get("base_model") or {}).get("path")
+    parent = (parent_record(model) or {}).get("path")
     return Path(parent) if parent else None
 
 
@@ -76,7 +74,7 @@ def base_of(model: str | os.PathLike, explicit: str | os.PathLike | None = None,
     """The base model folder ``model`` is measured against (a delta, a graft, a delta's rank) or, for a LoRA
     adapter, merged over. The first of:
 
-    1. ``explicit``, the command's ``flag`` (``--base``, ``--vs``), which must exist;
+    1. ``explicit``, the command's ``flag`` (``--base``), which must exist;
     2. for a trainer's ``output_dir``, what its last checkpoint records (:func:`checkpoint_of`), as below;
     3. the parent recorded in ``model``'s graftkit.json (``base_model.path``), which must still exist;
     4. a PEFT adapter's ``base_model_name_or_path`` when it is a local folder;
