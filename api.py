@@ -71,7 +71,8 @@ def delta(rl: PathLike | Sequence[PathLike], base: PathLike | None = None, *, pr
 def graft(rl: PathLike, groups: str | Sequence[str] | None = None, *, progress: bool = False, **options):
     """``graftkit graft``: an exported graft (``out_dir=...``; returns its summary), or with ``eval_=True`` /
     ``sweep="single" | "loo" | "factorial" | "layers" | "alpha"`` in-place grafts evaluated on identical
-    episodes (returns the experiments, whose ``.sweeps`` are :class:`~graftkit.graft.SweepResult` views)."""
+    episodes (returns the experiments, whose ``.sweeps`` are :class:`~graftkit.graft.SweepResult` views; with
+    ``all_checkpoints=True`` one per checkpoint of a trainer's output_dir, keyed by its label, and ``.steps``)."""
     from .graft.commands import GraftConfig, run_graft
 
     return run_graft(GraftConfig(rl=rl, groups=_groups(groups), **options), _bars(progress))
@@ -88,7 +89,8 @@ def eval(model: PathLike, *, progress: bool = False, **options):  # noqa: A001 -
 def kl(model: PathLike, base: PathLike | None = None, *, progress: bool = False, **options):
     """``graftkit kl``: per-token KL between a policy and its base (default: the recorded SFT parent), each on its
     own rollouts, and the tokens and actions that moved; returns the run, whose ``.result`` is a
-    :class:`~graftkit.evaluation.kl.KLResult`."""
+    :class:`~graftkit.evaluation.kl.KLResult` (with ``all_checkpoints=True`` a trainer's output_dir is every one of
+    its checkpoints: a :class:`~graftkit.evaluation.kl.KLTrajectory`, whose ``.runs`` are one run per step)."""
     from .evaluation.kl import KLConfig, run_kl
 
     return run_kl(KLConfig(model=model, base=base, **options), _bars(progress))

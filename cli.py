@@ -37,7 +37,7 @@ from .train.commands import run_sweep_grid, run_train_grpo, run_train_sft
 from .train.configs import GRPOConfig, SFTConfig, SweepConfig
 from .study.pipeline import StudyConfig, run_study
 from .figures.commands import ReportConfig, ResultsConfig, run_report, run_results
-from .graft.commands import GraftConfig, GraftExperiments, run_graft, sweep_tables
+from .graft.commands import GraftConfig, GraftExperiments, run_graft, sweep_tables, trajectory_tables
 from .core.tables import points as _pts
 from .rank.commands import CoupleConfig, RankConfig, run_couple, run_rank
 from .evaluation.commands import EvalConfig, HeadroomConfig, run_eval, run_headroom
@@ -245,7 +245,8 @@ def graft(cfg: GraftConfig, as_json: bool):
     if "experiments" in got:  # the plan of a sweep
         out.print(_rows_table(
             f"dry run: {got['sweep']} sweep over {escape(','.join(got['groups']) or 'nothing')} — "
-            f"{got['count']} configurations" + (" per run" if cfg.vs else ""),
+            f"{got['count']} configurations" + (" per run" if cfg.vs else " per checkpoint" if cfg.all_checkpoints
+                                                else ""),
             {"config": lambda e: escape(e["label"]), "groups": lambda e: escape(",".join(e["groups"]) or "—"),
              "layers": lambda e: escape(e["layers"]), "α": lambda e: f"{e['alpha']:g}", "role": lambda e: e["role"]},
             got["experiments"], left=("config", "groups", "layers", "role")))
@@ -267,8 +268,11 @@ def graft(cfg: GraftConfig, as_json: bool):
 
 def _graft_experiment_tables(got: GraftExperiments) -> None:
     j, labels = got.as_json(), got.labels
-    for key, run in j["runs"].items():  # success and/or KL tables (graft.commands.sweep_tables)
-        _specs(sweep_tables(run, labels[key], j["seeds"], j["episodes"]))
+    if "trajectory" in j:  # --all-checkpoints: one row per step; each step's own tables are in its file and --json
+        _specs(trajectory_tables(j))
+    else:
+        for key, run in j["runs"].items():  # success and/or KL tables (graft.commands.sweep_tables)
+            _specs(sweep_tables(run, labels[key], j["seeds"], j["episodes"]))
     dis = j["dissociation"]
     if dis is not None:
         rows = dis["groups"]
@@ -330,7 +334,8 @@ def eval_cmd(cfg: EvalConfig, as_json: bool):
 
 @command(app, KLConfig, "kl")
 def kl(cfg: KLConfig, as_json: bool):
-    """Per-token KL between a policy and its base, each on its own rollouts (T=1), and what gained or lost probability."""
+    """Per-token KL between a policy and its base, each on its own rollouts (T=1), and what gained or lost probability
+    (with --all-checkpoints: every checkpoint of a trainer run, one row per step)."""
     with Bars() as bars:
         run = run_kl(cfg, bars)
     _print_json(run.as_json()) if as_json else _specs(run.tables())

@@ -9,6 +9,9 @@ partial result after every configuration and resumes from it (or from its finish
 playing a finished configuration again. ``--metric kl`` scores each configuration instead (``both``: as well) by
 the fraction of RL's behavioural change it reproduces, from forward passes on RL's and SFT's own rollouts played
 once per sweep on the first worker (:mod:`graftkit.graft.kl`); :func:`sweep_tables` is what the command prints.
+``--all-checkpoints`` reads a trainer's output_dir given to ``--from`` as its training trajectory: every checkpoint's
+sweep in step order on the same workers (the base loaded once per worker, its own outcomes played once), each its own
+result that resumes on its own, and :func:`trajectory_tables`: one row per step, a column per swept group.
 
 :class:`GraftConfig` serves four modes (:data:`MODE_FIELDS`): export, ``--eval``, ``--sweep`` and ``--vs``;
 each validates what it reads, and refuses a flag only another mode reads.
@@ -27,17 +30,19 @@ from __future__ import annotations
 import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Optional
 
 from ..core.config import DeviceOption, EngineOption, ExecutorOption, OnProgress, RunOption, check_choice, no_progress, opt
 from ..core.errors import GraftkitError
-from ..results.layout import (dissociation_path, partial_path, result_labels, run_layout, sweep_kl_path, sweep_path,
-                              with_tag)
+from ..results.layout import (RESULTS, dissociation_path, glob_pattern, partial_path, result_labels, run_layout,
+                              sweep_kl_path, sweep_path, with_tag)
 from ..results.store import write_result
+from ..verifiable.format import FORMAT_FIX, MOSTLY_UNPARSED, PromptOption
 from ..weights.commands import ReadOptions
-from ..weights.resolve import base_of, checkpoint_of
+from ..weights.resolve import base_of, checkpoint_of, checkpoints_of
+from ..weights.runs import checkpoint_step
 from . import attribution as attr
 from . import experiments as X
 from .plan import GraftSpec
@@ -46,14 +51,15 @@ from .plan import GraftSpec
 #: Fields of :class:`GraftConfig` that only evaluations in memory read: the episodes, where they run, where
 #: their results go.
 EPISODE_FIELDS = ("tasks", "seeds", "episodes", "sample", "temperature", "max_new_tokens", "batch_size", "save",
-                  "results", "device", "dtype", "engine", "executor", "ray_address", "workers")
+                  "results", "device", "dtype", "engine", "executor", "ray_address", "workers", "items", "system",
+                  "template", "answer_format")
 #: The modes of ``graftkit graft`` (:attr:`GraftConfig.mode`) and the fields each reads beyond those every mode
 #: reads (the pair, how it is read and judged, ``groups``, ``dry_run``). A field set in a mode that does not
 #: read it is an error, not ignored without a word.
 MODE_FIELDS: dict[str, frozenset[str]] = {
     "export": frozenset({"layers", "alpha", "reverse", "out_dir", "force", "max_shard_size"}),
-    "eval": frozenset({"layers", "alpha", "reverse", "metric", *EPISODE_FIELDS}),
-    "sweep": frozenset({"layers", "alphas", "metric", *EPISODE_FIELDS}),
+    "eval": frozenset({"layers", "alpha", "reverse", "metric", "all_checkpoints", *EPISODE_FIELDS}),
+    "sweep": frozenset({"layers", "alphas", "metric", "all_checkpoints", *EPISODE_FIELDS}),
     "dissociation": frozenset({"layers", "vs", "metric", *EPISODE_FIELDS}),
 }
 #: Each mode as the error messages name it.
@@ -61,12 +67,15 @@ MODE_NAMES = {"export": "an export", "eval": "--eval", "sweep": "--sweep", "diss
 
 
 @dataclass(frozen=True, kw_only=True)
-class GraftConfig(ReadOptions, RunOption, DeviceOption, EngineOption, ExecutorOption):
+class GraftConfig(ReadOptions, RunOption, DeviceOption, EngineOption, ExecutorOption, PromptOption):
     """``graftkit graft``: splice RL's delta for some groups and layers into the base, or evaluate grafts."""
 
     command = "graft"
     rl: Path = opt(flags=("--from",))
-    """RL checkpoint: HF folder, .safetensors, or LoRA adapter."""
+    """RL checkpoint: HF folder, .safetensors, or LoRA adapter (a trainer's output_dir: its last checkpoint)."""
+    all_checkpoints: bool = False
+    """With --eval/--sweep: a trainer's output_dir given to --from stands for every one of its checkpoints, in step
+    order (the training trajectory): the sweep of each, its own result, and a row per step."""
     groups: Optional[str] = None
     """Groups to move: comma list of embed,attn,mlp,norm,lm_head,vision,projector | all | none (a sweep: the
     groups it varies, default every group present)."""
@@ -109,6 +118,9 @@ class GraftConfig(ReadOptions, RunOption, DeviceOption, EngineOption, ExecutorOp
     """With --eval/--sweep: evaluation seeds 0..N-1."""
     episodes: int = 4
     """With --eval/--sweep: episodes per seed and task."""
+    items: str = "auto"
+    """With --eval/--sweep: auto (a generated task's held-out items, every item of a user's FILE.jsonl: nothing in
+    a sweep trains on it), heldout (only items training never draws), train or all (every seed's own item)."""
     sample: bool = False
     """With --eval/--sweep: sample actions instead of greedy decoding."""
     temperature: float = 1.0
@@ -134,6 +146,11 @@ class GraftConfig(ReadOptions, RunOption, DeviceOption, EngineOption, ExecutorOp
          "dissociation": self._check_dissociation}[self.mode]()
         self._check_mode_fields()
         self._check_engine()
+        check_choice(self.items, ("auto", "heldout", "train", "all"), "--items")
+        if self.all_checkpoints and self.save is not None:
+            raise GraftkitError("--save names one result file, but --all-checkpoints writes one per checkpoint",
+                                f"drop --save: each checkpoint's sweep goes to RUN/{RESULTS}/"
+                                f"{glob_pattern('graft-sweep', label='RUN-checkpoint-N')}")
 
     def _check_export(self) -> None:
         if self.groups is None:
@@ -228,6 +245,23 @@ class GraftConfig(ReadOptions, RunOption, DeviceOption, EngineOption, ExecutorOp
     def kind(self) -> str:
         """The sweep, or ``eval`` for one graft."""
         return self.sweep or "eval"
+
+    @property
+    def episode_items(self) -> str:
+        """Which items the episodes draw: ``auto`` is a generated task's held-out items."""
+        return "heldout" if self.items == "auto" else self.items
+
+    @property
+    def whole_tasks(self) -> tuple[str, ...]:
+        """Under ``--items auto``, the user's files among the tasks: played on every item (nothing in a sweep trains
+        on them)."""
+        from ..verifiable.user import file_size
+
+        if self.items != "auto" or self.mode == "export":
+            return ()
+        from ..agent.tasks import resolve_tasks
+
+        return tuple(t for t in resolve_tasks(self.tasks, self.prompt_format) if file_size(t) is not None)
 
     def spec(self) -> GraftSpec:
         return GraftSpec.parse(self.groups, self.layers, self.alpha, self.reverse)
@@ -349,8 +383,9 @@ def _cast_pair(cfg: GraftConfig, base, rl, tax):
 
 @dataclass(frozen=True)
 class GraftExperiments:
-    """What ``graft --eval`` / ``--sweep`` wrote: the sweep of each RL run (A; B with ``--vs``), read
-    through its view, and with ``--vs`` the double dissociation."""
+    """What ``graft --eval`` / ``--sweep`` wrote: the sweep of each RL run (A; B with ``--vs``; with
+    ``--all-checkpoints`` each checkpoint, keyed by its label, in step order), read through its view, and with
+    ``--vs`` the double dissociation."""
 
     base: Path
     rl: dict[str, Path]
@@ -361,15 +396,21 @@ class GraftExperiments:
     resumed: dict[str, list[str]]
     seconds: float
     notes: tuple[str, ...] = ()  # how single-file checkpoints were read
+    steps: dict[str, int] = field(default_factory=dict)
+    """With --all-checkpoints: each run key's step (the N of checkpoint-N), in step order; else empty."""
+    trainer_run: Path | None = None
+    """With --all-checkpoints: the trainer's output_dir."""
 
     def as_json(self) -> dict:
-        a = self.sweeps["A"].attrs
-        return {"sweep": a["sweep"], "metric": a.get("metric", "success"), "base": str(self.base),
-                "runs": {k: sweep_json(v, self.rl[k]) for k, v in self.sweeps.items()},
+        a = next(iter(self.sweeps.values())).attrs
+        runs = {k: sweep_json(v, self.rl[k]) for k, v in self.sweeps.items()}
+        return {"sweep": a["sweep"], "metric": a.get("metric", "success"), "base": str(self.base), "runs": runs,
                 "dissociation": None if self.dissociation is None else dissociation_json(self.dissociation),
                 "files": self.files, "resumed": self.resumed, "tasks": a["tasks"], "seeds": len(a["seeds"]),
                 "episodes": a["episodes"], "decode": a["decode"], "seconds": self.seconds,
-                "notes": list(self.notes)}
+                "notes": list(self.notes),
+                **({"trajectory": trajectory_json(a["sweep"], runs, self.steps, self.files, self.trainer_run)}
+                   if self.steps else {})}
 
 
 def sweep_json(v: X.SweepResult, rl_path) -> dict:
@@ -380,7 +421,7 @@ def sweep_json(v: X.SweepResult, rl_path) -> dict:
                for i, c in enumerate(v.configs)]
     for c in configs if v.has_success else ():
         label = c["config"]
-        c.update({"success": v.success(label), "diff_vs_base": v.diff(label).tolist(),
+        c.update({"success": v.success(label), "parsed": v.parsed(label), "diff_vs_base": v.diff(label).tolist(),
                   "verdict_vs_base": v.verdict(label), "diff_vs_rl": v.diff(label, "rl").tolist(),
                   "verdict_vs_rl": v.verdict(label, "rl")})
     for c in configs if v.has_kl else ():
@@ -391,7 +432,8 @@ def sweep_json(v: X.SweepResult, rl_path) -> dict:
     attribution = {g: {**{name: a[j].tolist() for name, a in stored.items()},
                        **({} if share is None else {"movement_share": share[g]})} for j, g in enumerate(groups)}
     payload = {"rl": str(rl_path), "metric": v.metric, "configs": configs, "attribution": attribution,
-               "group_effect": v.effect_kind}
+               "group_effect": v.effect_kind, "prompt_formats": dict(v.attrs.get("prompt_formats") or {}),
+               "coverage": file_coverage(v)}
     inter = v.array("interaction")
     if inter is not None:
         payload["interactions"] = [{"groups": [groups[a], groups[c]], "interaction": inter[a, c].tolist()}
@@ -432,13 +474,39 @@ def shapley_total_caveat(of: dict) -> str | None:
     return "not the RL model's whole change: " + " and ".join(parts)
 
 
+def file_coverage(v: X.SweepResult) -> list[str]:
+    """How the sweep's episodes covered each user's file it played on every item: one line each. The items are
+    those :func:`graftkit.verifiable.user.file_seed` gives the recorded seeds and episodes (a sweep keeps no item
+    ids beside its success outcomes)."""
+    from ..verifiable.user import coverage, coverage_note, file_seed
+
+    seeds, episodes = [int(s) for s in v.attrs.get("seeds", ())], int(v.attrs.get("episodes", 0))
+    sizes = {str(t): int(n) for t, n in (v.attrs.get("file_items") or {}).items()}
+    return [coverage_note(t, coverage([file_seed(s, e, episodes) % sizes[t] for s in seeds for e in range(episodes)],
+                                      sizes[t]), len(seeds), episodes)
+            for t in v.attrs.get("whole", ()) if t in sizes]
+
+
+def unparsed_lines(run: dict) -> list[str]:
+    """One line when most outputs of some configurations did not parse (:data:`MOSTLY_UNPARSED`): which, and the
+    flags that read another answer format (verifiable tasks) — a sweep of zeros is otherwise silent about it."""
+    bad = [c for c in run["configs"] if c.get("parsed", 1.0) < 1.0 - MOSTLY_UNPARSED]
+    if not bad:
+        return []
+    worst = min(bad, key=lambda c: c["parsed"])
+    fix = FORMAT_FIX if run.get("prompt_formats") else "the policy does not write the action format"
+    return [f"warning: most outputs did not parse in {len(bad)} of {len(run['configs'])} configurations "
+            f"({worst['config']}: {100 * worst['parsed']:.0f}% parsed); {fix}"]
+
+
 def kl_json(v: X.SweepResult) -> dict:
     """The KL attribution of a sweep as JSON: per side (whose rollouts) and group each stored KL attribution
     array, the factorial's interactions and Shapley total (``shapley_total_of``: which groups, and whether it is
     RL's whole change, :func:`shapley_total_of`), and the definitions of the fractions."""
     from .kl import ENDPOINTS, REPRODUCED
 
-    groups, out = v.groups, {"reproduced": REPRODUCED, "endpoints": ENDPOINTS, "sides": {}}
+    groups, out = v.groups, {"reproduced": REPRODUCED, "endpoints": ENDPOINTS, "sides": {},
+                             "parsed": {s: v.kl_parsed(s) for s in v.sides}}
     kind = v.var_attrs("kl_group_effect").get("kind")
     for s in v.sides:
         stored = {name.removeprefix("kl_"): v.kl_attribution(name, s) for name in v.KL_ATTRIBUTION}
@@ -461,7 +529,7 @@ def sweep_tables(run: dict, label: str, n_seeds: int, episodes: int) -> list:
     :class:`~graftkit.core.tables.Table` s and lines. With success: the configurations (success, paired differences
     from base and RL and their verdicts), the attribution beside weight movement, the interactions. With KL: the
     configurations' KL per token and reproduced fractions, their definition, and the KL attribution per side."""
-    from ..core.tables import Table, points
+    from ..core.tables import Table, percent, points
 
     out: list = []
     if run["configs"] and "success" in run["configs"][0]:
@@ -469,8 +537,10 @@ def sweep_tables(run: dict, label: str, n_seeds: int, episodes: int) -> list:
             f"{label}: grafts evaluated on identical episodes ({n_seeds} seeds × {episodes} episodes per task)",
             {"config": lambda c: c["config"], "success": lambda c: f"{100 * c['success']:.1f}%",
              "vs base [95%]": lambda c: points(c["diff_vs_base"]), "verdict vs base": lambda c: c["verdict_vs_base"],
-             "vs RL [95%]": lambda c: points(c["diff_vs_rl"]), "verdict vs RL": lambda c: c["verdict_vs_rl"]},
+             "vs RL [95%]": lambda c: points(c["diff_vs_rl"]), "verdict vs RL": lambda c: c["verdict_vs_rl"],
+             "parsed": lambda c: percent(c.get("parsed", float("nan")))},
             run["configs"], left=("config", "verdict vs base", "verdict vs RL")))
+        out += unparsed_lines(run) + [f"note: {line}" for line in run.get("coverage", [])]
     attribution = run["attribution"]
     if any(attribution.values()):
         cols = [c for c in ("group_effect", "main_effect", "shapley") if any(c in r for r in attribution.values())]
@@ -494,7 +564,7 @@ def kl_tables(run: dict, label: str, n_seeds: int, episodes: int) -> list:
     """The KL part of :func:`sweep_tables`: each configuration's KL per token and the fraction of the behavioural
     change it reproduces on each side's rollouts, the definition, and per group the KL attribution of each side
     (in points of the fraction), its interactions and the Shapley total."""
-    from ..core.tables import Table, bounds_text, points
+    from ..core.tables import Table, bounds_text, percent, points
 
     kl, names = run["kl"], {"rl": ("RL", "π_RL"), "sft": ("SFT", "π_SFT")}
     columns = {"config": lambda c: c["config"]}
@@ -505,7 +575,13 @@ def kl_tables(run: dict, label: str, n_seeds: int, episodes: int) -> list:
     out: list = [Table(f"{label}: fraction of RL's behavioural change each graft reproduces, by KL on fixed rollouts "
                        f"of RL and SFT ({n_seeds} seeds × {episodes} episodes per task, T=1)", columns, run["configs"],
                        left=("config",)),
-                 f"reproduced: {kl['reproduced']['rl']}; {kl['reproduced']['sft']} — {kl['endpoints']}"]
+                 f"reproduced: {kl['reproduced']['rl']}; {kl['reproduced']['sft']} — {kl['endpoints']}",
+                 "outputs that parsed in the KL rollouts: " + ", ".join(
+                     f"{names[s][0]} {percent(p)}" for s, p in kl.get("parsed", {}).items())]
+    bad = [names[s][0] for s, p in kl.get("parsed", {}).items() if p < 1.0 - MOSTLY_UNPARSED]
+    if bad:
+        out.append(f"warning: most of {' and '.join(bad)}'s rollout outputs did not parse; "
+                   + (FORMAT_FIX if run.get("prompt_formats") else "the policy does not write the action format"))
     sides = kl["sides"]
     stored = [n for n in ("group_effect", "main_effect", "shapley")
               if any(n in a for side in sides.values() for a in side["attribution"].values())]
@@ -536,6 +612,92 @@ def dissociation_json(d: X.DissociationResult) -> dict:
                            "verdict": verdicts[i]} for i, g in enumerate(d.groups)}}
 
 
+def trajectory_json(sweep: str, runs: dict[str, dict], steps: dict[str, int], files: dict[str, str],
+                    trainer_run) -> dict:
+    """The sweeps of a trainer run's checkpoints (``--all-checkpoints``) as one row per step, from each run's JSON
+    (:func:`sweep_json`): the RL checkpoint's success change from base with its interval and, with KL, its
+    KL(π_RL‖π_SFT) per token on its own rollouts (when behaviour moved); then per column its ``success`` effect
+    (points, with interval) and, with KL, ``reproduced_rl``, the fraction of the behavioural change it reproduces on
+    RL's rollouts (which group moved it). Columns are the swept groups, with the sweep's group effect (single:
+    v({g}) − v(∅), loo: v(N) − v(N∖g), factorial: Shapley), for a sweep that has one; else the grafted
+    configurations, each against base."""
+    by_group = sweep in X.GROUP_EFFECT
+    rows, columns = [], []
+    for key, run in runs.items():
+        configs = {c["config"]: c for c in run["configs"]}
+        rl = configs[X.RL_LABEL]
+        row = {"step": steps[key], "checkpoint": key, "file": files[key]}
+        if "success" in rl:
+            row |= {"rl_success": rl["success"], "base_success": configs[X.BASE_LABEL]["success"],
+                    "rl_vs_base": rl["diff_vs_base"], "verdict": rl["verdict_vs_base"]}
+        if "kl" in rl:  # KL(π_RL‖π_∅) on RL's rollouts: how far the checkpoint's behaviour moved from SFT's
+            row["kl_rl_sft_per_token"] = configs[X.BASE_LABEL]["kl"]["rl"]["kl_per_token"]
+        effects = {}
+        if by_group:
+            kl_side = run["kl"]["sides"]["rl"]["attribution"] if "kl" in run else {}
+            for g, a in run["attribution"].items():
+                effects[g] = {**({"success": a.get("group_effect")} if "success" in rl else {}),
+                              **({"reproduced_rl": kl_side.get(g, {}).get("group_effect")} if "kl" in rl else {})}
+        else:
+            for label, c in configs.items():
+                if label not in (X.BASE_LABEL, X.RL_LABEL):
+                    effects[label] = {**({"success": c["diff_vs_base"]} if "success" in c else {}),
+                                      **({"reproduced_rl": c["kl"]["rl"]["reproduced"]} if "kl" in c else {})}
+        row["effects"] = effects
+        columns += [c for c in effects if c not in columns]
+        rows.append(row)
+    effect = X.GROUP_EFFECT.get(sweep)
+    return {"trainer_run": str(trainer_run), "columns": "group" if by_group else "config", "effect": effect,
+            "formula": attr.EFFECTS[effect] if effect else "success(C) − success(base); reproduced_RL(C)",
+            "names": columns, "rows": rows}
+
+
+def trajectory_tables(j: dict) -> list:
+    """What ``graftkit graft --sweep … --all-checkpoints`` prints, from its JSON (:func:`trajectory_json` under
+    ``trajectory``): one row per step — the checkpoint's success change from base and, with KL, its KL from SFT
+    per token; a column per swept group (or configuration) with its effect on success in points and, with KL, the
+    fraction of RL's behavioural change it reproduces on RL's rollouts — and what the columns mean."""
+    from ..core.tables import Table, bounds_text, points
+
+    t = j["trajectory"]
+    rows = t["rows"]
+    success, kl = j["metric"] != "kl", j["metric"] != "success"
+    columns = {"step": lambda r: str(r["step"]), "checkpoint": lambda r: r["checkpoint"]}
+    if success:
+        columns |= {"RL success": lambda r: f"{100 * r['rl_success']:.1f}%",
+                    "RL − base [95%]": lambda r: points(r["rl_vs_base"]), "verdict": lambda r: r["verdict"]}
+    if kl:
+        columns["KL(RL‖SFT)/token"] = lambda r: f"{r['kl_rl_sft_per_token']:.4g}"
+
+    def effect(r: dict, c: str, what: str):
+        return r["effects"].get(c, {}).get(what)
+
+    for c in t["names"]:
+        if success:
+            columns[f"{c}: success [95%]"] = lambda r, c=c: points(effect(r, c, "success"))
+        if kl:
+            columns[f"{c}: reproduced RL [95%]"] = lambda r, c=c: bounds_text(
+                effect(r, c, "reproduced_rl"), scale=100.0, spec=".1f", unit="%")
+    what = {"group": f"each swept group's {t['effect']} effect", "config": "each graft"}[t["columns"]]
+    measures = " and ".join((["on success (points)"] if success else [])
+                            + (["on the fraction of RL's behavioural change it reproduces on RL's rollouts"] if kl
+                               else []))
+    out: list = [Table(f"{t['trainer_run']}: the {j['sweep']} sweep at every checkpoint ({len(rows)} steps; "
+                       f"{j['seeds']} seeds × {j['episodes']} episodes per task): {what} {measures}",
+                       columns, rows, left=("checkpoint", "verdict"))]
+    out.append(f"{t['columns']} effect: {t['formula']}")
+    if success:
+        out.append(f"base success {100 * rows[0]['base_success']:.1f}% (its episodes played once for every step)")
+    if kl:
+        from .kl import REPRODUCED
+
+        out.append(f"reproduced: {REPRODUCED['rl']}; KL(RL‖SFT)/token: KL(π_RL‖π_SFT) per action token on the "
+                   "checkpoint's own rollouts (T=1)")
+    for key, run in j["runs"].items():
+        out += [f"{key}: {line}" for line in unparsed_lines(run)]
+    return out
+
+
 def _experiments(cfg: GraftConfig, tax) -> tuple[list[X.GraftExperiment], tuple[str, ...]]:
     """The configurations to evaluate and the groups they vary."""
     present = X.present_groups(tax)
@@ -558,21 +720,23 @@ def _sweep_dest(cfg: GraftConfig, key: str, label: str) -> Path:
     return (sweep_kl_path if cfg.metric == "kl" else sweep_path)(results, cfg.kind, label)
 
 
-def _open_sweep(cfg: GraftConfig, base_path: Path, device: str) -> X.SweepWorker:
+def _open_sweep(cfg: GraftConfig, base_path: Path, device: str, paths: dict[str, Path] | None = None
+                ) -> X.SweepWorker:
     """The state each worker of a sweep's executor builds once, in its own process (this one for the serial
     executor, never this one under Ray): the pair opened and every RL run read in base's dtypes
-    (:func:`_cast_pair`); the base policy loaded on ``device`` when first needed."""
+    (:func:`_cast_pair`), by key (``paths``, default :attr:`GraftConfig.rl_paths`; with --all-checkpoints every
+    checkpoint); the base policy loaded on ``device`` when first needed, once for every run."""
     from ..agent import load_policy, resolve_tasks
     from ..weights import open_pair
 
-    paths = cfg.rl_paths
+    paths = paths or cfg.rl_paths
     b, stored = open_pair(base_path, list(paths.values()), allow_pickle=cfg.allow_pickle, unknown=cfg.unknown,
                           config=cfg.config)
     tax = b.taxonomy(cfg.unknown)
     rls = {key: _cast_pair(cfg, b, r, tax) for key, r in zip(paths, stored)}
 
     def load():
-        resolve_tasks(cfg.tasks)  # a user's verifiable tasks are registered in the worker's process too
+        resolve_tasks(cfg.tasks, cfg.prompt_format)  # a user's tasks are registered in the worker's process too
         # a single-file base is built over the config (and tokenizer) its names were matched with
         return load_policy(Path(base_path), allow_pickle=cfg.allow_pickle, obs="text",
                            config=cfg.config or b.config_from, device=device, dtype=cfg.dtype, engine=cfg.engine)
@@ -616,7 +780,7 @@ def _survey(worker: X.SweepWorker, cfg: GraftConfig, labels: dict[str, str]) -> 
     for key, r in worker.rls.items():
         d = DeltaResult(delta_anatomy(worker.base, [r], [labels[key]], worker.tax, force_pair=cfg.force_pair))
         movement[key] = d.group_shares(0)
-        forced += [f"{labels[key]}: {x}" if cfg.vs is not None else x for x in d.result.attrs["pair_notes"]]
+        forced += [f"{labels[key]}: {x}" if len(worker.rls) > 1 else x for x in d.result.attrs["pair_notes"]]
     return _Survey(movement, tuple(forced), describe(worker.base),
                    {key: describe(r) for key, r in worker.rls.items()}, worker.placement)
 
@@ -624,23 +788,37 @@ def _survey(worker: X.SweepWorker, cfg: GraftConfig, labels: dict[str, str]) -> 
 def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progress):
     """Expand the configurations, graft each into the loaded base in place, evaluate, compare and attribute
     (one bar per configuration, in episodes); with ``--vs`` the same for the second run (sharing the base's
-    outcomes) and the double-dissociation test. Returns :class:`GraftExperiments` (the plan with --dry-run).
+    outcomes) and the double-dissociation test; with ``--all-checkpoints`` the same for every checkpoint of the
+    trainer run ``--from`` in step order (sharing the base's outcomes), keyed by their labels. Returns
+    :class:`GraftExperiments` (the plan with --dry-run).
 
     The executor is picked once: its workers (this process, or Ray workers) each open the pair and load the
     base once (:func:`_open_sweep`); with Ray, this process opens no checkpoint. The first worker plans and
     surveys the pair; every configuration still to play then runs as units
     (:func:`graftkit.graft.experiments.execute_sweep`)."""
     from ..agent import Decode, resolve_tasks, seed_list
+    from ..agent.tasks import prompt_formats
+    from ..verifiable.user import file_size
     from ..core.executor import Executor
 
     t0 = time.perf_counter()
-    cfg = cfg.replace(rl=checkpoint_of(cfg.rl, "--from"),  # a trainer's output_dir: its last checkpoint
-                      vs=checkpoint_of(cfg.vs, "--vs") if cfg.vs is not None else None)
-    base_path = base_of(cfg.rl, cfg.base)
-    paths = cfg.rl_paths
-    labels = dict(zip(paths, result_labels(list(paths.values()))))
+    steps: dict[str, int] = {}
+    if cfg.all_checkpoints:  # every checkpoint of a trainer's output_dir, keyed by its label, in step order
+        models = checkpoints_of(cfg.rl, all_checkpoints=True, flag="--from")
+        base_path = base_of(models[-1], cfg.base)
+        paths = dict(zip(result_labels(models), models))
+        labels = {k: k for k in paths}
+        steps = {k: checkpoint_step(p) for k, p in paths.items()}
+    else:
+        cfg = cfg.replace(rl=checkpoint_of(cfg.rl, "--from"),  # a trainer's output_dir: its last checkpoint
+                          vs=checkpoint_of(cfg.vs, "--vs") if cfg.vs is not None else None)
+        base_path = base_of(cfg.rl, cfg.base)
+        paths = cfg.rl_paths
+        labels = dict(zip(paths, result_labels(list(paths.values()))))
+    first = next(iter(paths))
     executor = Executor() if cfg.dry_run else Executor.of(cfg)  # a plan reads no values: here, without Ray
-    with executor.pool(functools.partial(_open_sweep, cfg, Path(base_path), executor.unit_device)) as pool:
+    # one pool for every run: each worker opens the pair (every checkpoint) and loads the base policy once
+    with executor.pool(functools.partial(_open_sweep, cfg, Path(base_path), executor.unit_device, paths)) as pool:
         exps, chosen, read_notes = pool.first(functools.partial(_plan, cfg=cfg))
         if cfg.dry_run:
             return {"sweep": cfg.kind, "base": str(base_path), "rl": {k: str(p) for k, p in paths.items()},
@@ -648,10 +826,13 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
                     "dry_run": True, "notes": read_notes}
         survey = pool.first(functools.partial(_survey, cfg=cfg, labels=labels))
         decode = Decode(greedy=not cfg.sample, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
-        grid = X.EpisodeGrid(tuple(resolve_tasks(cfg.tasks)), tuple(seed_list(cfg.seeds)), cfg.episodes, decode,
-                             cfg.batch_size)
+        grid = X.EpisodeGrid(tuple(resolve_tasks(cfg.tasks, cfg.prompt_format)), tuple(seed_list(cfg.seeds)),
+                             cfg.episodes, decode, cfg.batch_size, items=cfg.episode_items, whole=cfg.whole_tasks)
         setup = {"base": survey.base, "tasks": list(grid.tasks), "seeds": list(grid.seeds), "episodes": cfg.episodes,
-                 "decode": asdict(decode), "unknown": cfg.unknown,
+                 "decode": asdict(decode), "unknown": cfg.unknown, "items": grid.items, "whole": list(grid.whole),
+                 "prompt_formats": prompt_formats(grid.tasks),
+                 **({"file_items": sizes} if (sizes := {t: n for t in grid.tasks
+                                                        if (n := file_size(t)) is not None}) else {}),
                  # outcomes of one sweep come from one precision on one kind of device (a resume checks it)
                  "placement": {"device": survey.placement["device"].split(":")[0], "dtype": survey.placement["dtype"],
                                # sampled outcomes are the engine's own: a resume never mixes engines
@@ -659,15 +840,19 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
         width = pool.size(len(exps) * len(paths))
         outcomes, sweeps, files, resumed = {}, {}, {}, {}
         for key in paths:
+            config = cfg.replace(rl=paths[key]).as_dict() if steps else cfg.as_dict()
+            trajectory = {"step": steps[key], "trainer_run": str(cfg.rl)} if steps else {}
             run = SweepRun(key, labels[key], _sweep_dest(cfg, key, labels[key]), cfg.kind, tuple(exps), chosen,
                            cfg.layers if cfg.kind not in ("layers", "eval") else "all", grid, survey.movement[key],
-                           {**setup, "rl": survey.rls[key]}, cfg.as_dict(), cfg.metric)
+                           {**setup, "rl": survey.rls[key]}, config, cfg.metric, trajectory)
             # success outcomes resume (KL is recomputed: forward passes only)
             done = X.resume_outcomes(run.dest, exps, run.setup) if cfg.metric != "kl" else {}
             resumed[key] = sorted(done)
-            if key == "B" and X.BASE_LABEL in outcomes["A"]:
-                done.setdefault(X.BASE_LABEL, outcomes["A"][X.BASE_LABEL])  # one base for both runs
-            res = _sweep_one(pool, run, done, width, on_progress, executor.local)
+            known = {}
+            if key != first and X.BASE_LABEL in outcomes[first]:
+                done.setdefault(X.BASE_LABEL, outcomes[first][X.BASE_LABEL])  # one base for every run
+                known = X.stored_played(files[first], {X.BASE_LABEL})
+            res = _sweep_one(pool, run, done, width, on_progress, executor.local, known)
             outcomes[key] = res.all_outcomes()
             files[key], sweeps[key] = str(res.path), res
     dis = None
@@ -682,7 +867,8 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
         files["dissociation"] = str(write_result(dest, res))
         dis = X.DissociationResult.from_result(res, dest)
     return GraftExperiments(Path(base_path), dict(paths), labels, sweeps, dis, files, resumed,
-                            time.perf_counter() - t0, (*read_notes, *survey.forced))
+                            time.perf_counter() - t0, (*read_notes, *survey.forced), steps,
+                            Path(cfg.rl) if steps else None)
 
 
 def _labelled(on_progress: OnProgress, label: str) -> OnProgress:
@@ -716,29 +902,36 @@ class SweepRun:
     """The command's config, saved into the result."""
     metric: str = "success"
     """What scores each configuration: success, kl or both (:data:`graftkit.graft.experiments.METRICS`)."""
+    trajectory: dict = field(default_factory=dict)
+    """With --all-checkpoints: ``step`` (the N of checkpoint-N) and ``trainer_run`` (the output_dir), recorded in
+    the result's attrs (not part of ``setup``: a single checkpoint's sweep of the same episodes resumes it)."""
 
-    def result(self, success: dict, *, complete: bool = True, kl=None):
+    def result(self, success: dict, *, complete: bool = True, kl=None, played: dict | None = None):
         """The ``graft-sweep`` result of the outcomes in so far (``complete=False``: no comparisons, for the
-        partial result), with the KL scores ``kl`` (:class:`~graftkit.graft.kl.SweepKL`) once they are in."""
+        partial result), with the KL scores ``kl`` (:class:`~graftkit.graft.kl.SweepKL`) once they are in, and what
+        parsed of each configuration's outputs (``played``: :class:`~graftkit.graft.experiments.Played` by label)."""
         g = self.grid
         return X.sweep_result(self.kind, self.experiments, success, g.tasks, g.seeds, g.episodes, self.groups,
                               layers=self.layers, movement_share=self.movement, compare_configs=complete,
-                              attrs={**self.setup, "rl_label": self.label, "config": self.config},
-                              metric=self.metric, kl=kl)
+                              attrs={**self.setup, **self.trajectory, "rl_label": self.label, "config": self.config},
+                              metric=self.metric, kl=kl, played=played)
 
 
-def _sweep_one(pool, run: SweepRun, done: dict, width: int, on_progress: OnProgress, local: bool) -> X.SweepResult:
+def _sweep_one(pool, run: SweepRun, done: dict, width: int, on_progress: OnProgress, local: bool,
+               known: dict | None = None) -> X.SweepResult:
     """One run's sweep on ``pool`` (planned for ``width`` workers): play what ``done`` lacks, write a partial
     result as each configuration completes (an interrupted sweep resumes from it), then the finished result
     at ``run.dest``. Progress is per episode where the units run in this process (``local``), else per
     configuration as it completes."""
     partial, per, current = dict(X.checked_done(done, run.grid.shape)), run.grid.count, {}
+    # what the outputs of resumed configurations parsed, where stored (``known``: the base played for run A)
+    played = {**X.stored_played(run.dest, partial), **(known or {})}
 
-    def finished(e, s) -> None:
+    def finished(e, p: X.Played) -> None:
         if not local:
             on_progress(f"{run.label}: {e.label}", per, per, "episodes")
-        partial[e.label] = s
-        write_result(partial_path(run.dest), run.result(partial, complete=False))
+        partial[e.label], played[e.label] = p.success, p
+        write_result(partial_path(run.dest), run.result(partial, complete=False, played=played))
 
     if run.metric != "kl":
         units = X.plan_units(run.experiments, len(run.grid.seeds), width, run=run.key, done=partial)
@@ -750,7 +943,7 @@ def _sweep_one(pool, run: SweepRun, done: dict, width: int, on_progress: OnProgr
     if run.metric != "success":  # one unit on the first worker: rollouts once, then forward passes per configuration
         kl = pool.first(functools.partial(X.kl_unit, run=run.key, experiments=run.experiments, grid=run.grid,
                                           on_progress=_labelled(on_progress, run.label) if local else None))
-    res = run.result(partial, kl=kl)
+    res = run.result(partial, kl=kl, played=played)
     written = write_result(run.dest, res)
     partial_path(run.dest).unlink(missing_ok=True)
     return X.SweepResult.from_result(res, written)
