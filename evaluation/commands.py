@@ -331,6 +331,21 @@ class EvalResult:
         """Tasks evaluated on every item (a user's file this evaluation does not train on), not held out."""
         return tuple(str(t) for t in self.attrs.get("tasks_evaluated_whole", ()))
 
+    def played_whole(self, task: str) -> bool:
+        """Whether ``task`` is a user's file played on its own items (``tasks_evaluated_whole``, or a file under
+        ``--items all``), not on graftkit's held-out split of a generated task."""
+        return task in self.whole or (task in self.file_items and self.attrs.get("items") == "all")
+
+    def coverage_note(self, task: str) -> str:
+        """How the episodes covered ``task``, a user's file played whole (:meth:`played_whole`): the whole file and
+        how often each item, or which part and the ``--seeds`` that would cover it."""
+        from ..verifiable.user import coverage, coverage_note
+
+        if task not in self.file_items or self.items_of(task) is None:
+            return f"{task}: a user's file, evaluated on every item"
+        return coverage_note(task, coverage(self.items_of(task), self.file_items[task]), len(self.seeds),
+                             int(self.success.shape[2]))
+
     @property
     def notes(self) -> list[str]:
         """How a single-file checkpoint was read (state dict container, prefixes stripped, config source), and
@@ -342,17 +357,12 @@ class EvalResult:
         if isinstance(left_out, (list, tuple, np.ndarray)) and len(left_out):
             out.append(f"left out {', '.join(map(str, left_out))}: no item of the {self.attrs.get('items')} split (one or "
                        "a few distinct first observations); --items all scores them anyway")
-        whole = self.whole
         for t, c in self.item_counts().items():
             if c["too_few"]:
                 out.append(f"{t}: {c['distinct']} distinct items over {c['episodes']} episodes — too few for this "
                            "evaluation; its intervals cluster by item")
-            if t in whole or (t in self.file_items and self.attrs.get("items") == "all"):
-                from ..verifiable.user import coverage, coverage_note
-
-                episodes = int(self.success.shape[2])
-                out.append(coverage_note(t, coverage(self.items_of(t), self.file_items[t]), len(self.seeds), episodes)
-                           if t in self.file_items else f"{t}: a user's file, evaluated on every item")
+            if self.played_whole(t):
+                out.append(self.coverage_note(t))
             elif c["overlap"]:
                 out.append(f"{t}: {c['overlap']} of its {c['distinct']} items are outside the held-out split "
                            "(training may have used them)")

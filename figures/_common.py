@@ -90,6 +90,12 @@ def pct(x: float, spec: str = ".2f") -> str:
     return fmt(100 * float(x), spec) + ("%" if math.isfinite(float(x)) else "")
 
 
+def parsed_text(share: float) -> str:
+    """A parse rate for hover text: the share of outputs that parsed (a web action, or an answer in the task's answer
+    format) in percent, or "not recorded" where the result holds no parse counts (NaN)."""
+    return pct(share) if math.isfinite(float(share)) else "not recorded"
+
+
 def interval_error(est: Sequence[float], low: Sequence[float], high: Sequence[float], scale: float = 1.0) -> dict:
     """Asymmetric error bars from (estimate, low, high); NaN bounds draw no bar."""
     e, lo, hi = (np.asarray(v, dtype=np.float64) * scale for v in (est, low, high))

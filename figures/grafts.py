@@ -10,7 +10,9 @@ estimate/low/high; ``diff_vs_base[config, bound]``, ``diff_vs_rl[config, bound]`
 percentage points) unless the array's attrs give ``unit`` "points"/"pp". Every optional array that is
 missing only removes its figure. Results are read through :class:`~graftkit.graft.experiments.SweepResult`
 and :class:`~graftkit.graft.experiments.DissociationResult`. The report draws each measure once, a menu picking
-the swept run (:func:`by_sweep`).
+the swept run (:func:`by_sweep`). Hover text gives each configuration's share of outputs that parsed, and
+:func:`sweep_notes` what the report says beside the figures (outputs that mostly did not parse, a user's file's
+coverage).
 
 A sweep scored by KL (``--metric kl``, or ``both`` beside success; graft/kl.py) adds two figures: the fraction of
 RL's behavioural change each configuration reproduces on each side's rollouts (:func:`kl_reproduced`:
@@ -30,7 +32,8 @@ import plotly.graph_objects as go
 
 from ..graft.experiments import DissociationResult, SweepResult
 from ..results.store import Result
-from ._common import base_layout, bounds, colour, esc, esc_all, interval_error, selector, verdict_colour, zero_line
+from ._common import (base_layout, bounds, colour, esc, esc_all, interval_error, parsed_text, selector, verdict_colour,
+                      zero_line)
 from .runs import study_order
 
 
@@ -46,7 +49,8 @@ def _iv(e: float, lo: float, hi: float) -> str:
 
 def graft_effects(label: str, res: Result) -> go.Figure | None:
     """Per grafted configuration: success change vs the base (filled, coloured by verdict) and vs RL (None for
-    a sweep with neither: scored by KL only)."""
+    a sweep with neither: scored by KL only); the hover gives the share of the configuration's outputs that parsed
+    (``SweepResult.parsed``, "not recorded" where the sweep holds no parse counts)."""
     v = SweepResult.from_result(res)
     configs = v.configs
     n = len(configs)
@@ -55,6 +59,7 @@ def graft_effects(label: str, res: Result) -> go.Figure | None:
     alpha = np.full(n, np.nan) if alpha is None else alpha.astype(np.float64)
     verdicts = (v.strings("verdict_vs_base", "no verdict stored"), v.strings("verdict_vs_rl", ""))
     verdict = verdicts[0]
+    parsed = [parsed_text(v.parsed(c)) for c in configs]
     fig = go.Figure()
     for k, (name, what) in enumerate((("diff_vs_base", "vs base (SFT)"), ("diff_vs_rl", "vs RL"))):
         if v.array(name) is None:
@@ -62,7 +67,7 @@ def graft_effects(label: str, res: Result) -> go.Figure | None:
         s = _scale(v, name)
         e, lo, hi = bounds(v.array(name), v.bound_names)
         custom = [[esc(groups[i]), esc(layers[i]), f"{alpha[i]:g}", esc(verdicts[k][i]),
-                   _iv(s * e[i], s * lo[i], s * hi[i])] for i in range(n)]
+                   _iv(s * e[i], s * lo[i], s * hi[i]), parsed[i]] for i in range(n)]
         fig.add_trace(go.Scatter(
             y=esc_all(configs), x=s * e, mode="markers", name=what, error_x={**interval_error(e, lo, hi, s),
                                                                            "color": colour(k)},
@@ -72,7 +77,7 @@ def graft_effects(label: str, res: Result) -> go.Figure | None:
             customdata=custom,
             hovertemplate="%{y} (%{fullData.name})<br>groups %{customdata[0]} · layers %{customdata[1]} · "
                           "α %{customdata[2]}<br>change %{customdata[4]} points (95% interval)"
-                          "<br>%{customdata[3]}<extra></extra>",
+                          "<br>%{customdata[3]}<br>outputs parsed: %{customdata[5]}<extra></extra>",
         ))
     if not fig.data:
         return None
@@ -83,6 +88,19 @@ def graft_effects(label: str, res: Result) -> go.Figure | None:
                        "credibly better than base, red credibly worse, grey neither",
                        "change in success (percentage points)", "grafted configuration",
                        height=max(320, 140 + 26 * n), legend_title="compared with")
+
+
+def sweep_notes(res: Result) -> list[str]:
+    """What a reader of a sweep's figures needs, by graftkit graft's own rules (graft/commands.py): one line when
+    most outputs of some configurations did not parse (``unparsed_lines``), and how the sweep covered each user's
+    file it played whole (``file_coverage``)."""
+    from ..graft.commands import file_coverage, unparsed_lines
+
+    v = SweepResult.from_result(res)
+    # the fields of sweep_json's output that unparsed_lines reads, from the view (a sweep's other arrays may be absent)
+    run = {"configs": [{"config": c, "parsed": v.parsed(c)} for c in v.configs] if v.has_success else [],
+           "prompt_formats": dict(v.attrs.get("prompt_formats") or {})}
+    return unparsed_lines(run) + file_coverage(v)
 
 
 def attribution(label: str, res: Result) -> go.Figure | None:
@@ -212,7 +230,8 @@ def _fraction_scale(v: SweepResult, name: str) -> tuple[float, str]:
 
 def kl_reproduced(label: str, res: Result) -> go.Figure | None:
     """Per grafted configuration, the fraction of RL's behavioural change it reproduces on each side's rollouts
-    (reproduced_RL, reproduced_SFT: graft/kl.py ``REPRODUCED``), with 95% intervals; None for a sweep without KL."""
+    (reproduced_RL, reproduced_SFT: graft/kl.py ``REPRODUCED``), with 95% intervals, the hover giving the share of
+    that side's rollout outputs that parsed (``SweepResult.kl_parsed``); None for a sweep without KL."""
     v = SweepResult.from_result(res)
     if not v.has_kl:
         return None
@@ -227,8 +246,9 @@ def kl_reproduced(label: str, res: Result) -> go.Figure | None:
         name, symbol, _ = KL_SIDES.get(side, (f"reproduced ({side}'s rollouts)", "square", "x"))
         e, lo, hi = np.array([v.reproduced(c, side) for c in configs], dtype=np.float64).reshape(n, 3).T
         who = "RL" if side == "rl" else "SFT" if side == "sft" else side
+        rollouts = parsed_text(v.kl_parsed(side))
         custom = [[esc(groups[i]), esc(layers[i]), f"{alpha[i]:g}", _iv(s_ * e[i], s_ * lo[i], s_ * hi[i]),
-                   f"{v.kl_per_token(configs[i], side):.4g}", who] for i in range(n)]
+                   f"{v.kl_per_token(configs[i], side):.4g}", who, rollouts] for i in range(n)]
         fig.add_trace(go.Scatter(
             y=esc_all(configs), x=s_ * e, mode="markers", name=esc(name),
             error_x={**interval_error(e, lo, hi, s_), "color": colour(k)},
@@ -236,7 +256,8 @@ def kl_reproduced(label: str, res: Result) -> go.Figure | None:
             customdata=custom,
             hovertemplate="%{y} (%{fullData.name})<br>groups %{customdata[0]} · layers %{customdata[1]} · "
                           "α %{customdata[2]}<br>reproduced %{customdata[3]} (95% interval)<br>"
-                          "KL(π_%{customdata[5]}‖π_C) %{customdata[4]} nats per action token<extra></extra>",
+                          "KL(π_%{customdata[5]}‖π_C) %{customdata[4]} nats per action token<br>outputs parsed on "
+                          "%{customdata[5]}'s rollouts: %{customdata[6]}<extra></extra>",
         ))
     zero_line(fig, "x")  # ∅ (SFT)
     fig.add_vline(x=s_, line={"color": "#444", "width": 1, "dash": "dot"})  # the full graft (RL)

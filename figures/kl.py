@@ -13,7 +13,9 @@ dimension anywhere among the others) is drawn as lines over the steps (:func:`kl
 figure shows its last step. Without a step dimension, several results (several RL models) are
 compared pooled over tasks in :func:`kl_by_model`, and the report's per-task and strings figures get a menu
 picking the model (``_common.selector``). A model has its run colour (figures/runs.py) in every figure; the side
-is the fill: solid for RL's rollouts, hatched for SFT's (lines: solid and dotted).
+is the fill: solid for RL's rollouts, hatched for SFT's (lines: solid and dotted). Hover text gives each side's
+share of rollout outputs that parsed (:func:`parse_rates`); the report states ``KLResult.notes`` beside the
+figures (a user's file's coverage, outputs that mostly did not parse).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from plotly.subplots import make_subplots
 
 from ..evaluation.kl import KLResult
 from ..results.store import Result
-from ._common import base_layout, bounds, esc, esc_all, fmt, interval_error
+from ._common import base_layout, bounds, esc, esc_all, fmt, interval_error, parsed_text
 from .runs import run_colours, study_order
 
 #: What ``per`` measures, as axis titles (the unit with it).
@@ -80,6 +82,21 @@ def pooled(res: Result, side: str, per: str, step: int = -1) -> tuple[float, flo
     return float(e[i]), float(lo[i]), float(hi[i])
 
 
+def parse_rates(res: Result, side: str) -> list[float]:
+    """Per scope (each task, then ``all``), the share of ``side``'s rollout turns whose output parsed
+    (``KLResult.parsed``); NaN where the result did not record it, and for a trajectory, whose per-episode arrays are
+    not those of the step its per-task figure shows."""
+    v = KLResult.from_result(res)
+    if steps_of(res):
+        return [float("nan")] * len(v.scopes)
+    return [v.parsed(side, scope) for scope in v.scopes]
+
+
+def _pooled_parsed(res: Result, side: str) -> float:
+    """:func:`parse_rates` pooled over tasks (scope ``all``)."""
+    return parse_rates(res, side)[KLResult.from_result(res).scopes.index(ALL)]
+
+
 def _scope_labels(v: KLResult) -> list[str]:
     return [ALL_SHOWN if s == ALL else s for s in v.scopes]
 
@@ -113,7 +130,8 @@ def _two_lines(fig: go.Figure) -> go.Figure:
 
 def kl_per_task(label: str, res: Result) -> go.Figure:
     """One model's KL per task and pooled, both sides with their intervals: per action token (left) and per
-    episode (right); a trajectory's last step."""
+    episode (right), the hover giving each side's share of outputs that parsed (:func:`parse_rates`); a trajectory's
+    last step."""
     v = KLResult.from_result(res)
     steps = steps_of(res)
     names = side_names(res)
@@ -126,14 +144,16 @@ def kl_per_task(label: str, res: Result) -> go.Figure:
             e, lo, hi = summary(res, s, per)
             tokens = ([int(n_tok[s].sum()) if scope == ALL else int(n_tok[s][v.tasks.index(scope)].sum())
                        for scope in v.scopes] if n_tok else ["—"] * len(v.scopes))
+            parsed = parse_rates(res, s)
             fig.add_trace(go.Bar(
                 x=x, y=e, name=esc(names[s]), legendgroup=s, showlegend=col == 1,
                 marker={"color": c, "pattern": {"shape": SIDE_PATTERN.get(s, "x"), "fillmode": "overlay",
                                                 "fgcolor": "#ffffff", "solidity": 0.4}},
                 error_y={**interval_error(e, lo, hi), "color": "#222"},
-                customdata=[[_iv(e[i], lo[i], hi[i]), tokens[i]] for i in range(len(e))],
+                customdata=[[_iv(e[i], lo[i], hi[i]), tokens[i], parsed_text(parsed[i])] for i in range(len(e))],
                 hovertemplate=f"%{{x}} · %{{fullData.name}}<br>%{{customdata[0]}} nats per {per} (95% interval)"
-                              "<br>action tokens: %{customdata[1]}<extra></extra>",
+                              "<br>action tokens: %{customdata[1]}<br>outputs parsed on these rollouts: "
+                              "%{customdata[2]}<extra></extra>",
             ), row=1, col=col)
         fig.update_yaxes(title_text=PER_AXIS[per], rangemode="tozero", row=1, col=col)
         fig.update_xaxes(title_text="task", row=1, col=col)
@@ -167,9 +187,10 @@ def kl_by_model(items: Sequence[tuple[str, Result]]) -> go.Figure | None:
                 marker={"color": colours, "pattern": {"shape": SIDE_PATTERN.get(s, "x"), "fillmode": "overlay",
                                                       "fgcolor": "#ffffff", "solidity": 0.4}},
                 error_y={**interval_error(e, lo, hi), "color": "#222"},
-                customdata=[[_iv(e[i], lo[i], hi[i])] for i in range(len(e))],
+                customdata=[[_iv(e[i], lo[i], hi[i]), parsed_text(_pooled_parsed(items[k][1], s))]
+                            for i, k in enumerate(order)],
                 hovertemplate=f"%{{x}} · %{{fullData.name}}<br>%{{customdata[0]}} nats per {per}, all tasks "
-                              "(95% interval)<extra></extra>",
+                              "(95% interval)<br>outputs parsed on these rollouts: %{customdata[1]}<extra></extra>",
             ), row=1, col=col)
         fig.update_yaxes(title_text=PER_AXIS[per], rangemode="tozero", row=1, col=col)
         fig.update_xaxes(title_text="RL model (against its base)", row=1, col=col)
@@ -271,5 +292,5 @@ def caption_conventions(res: Result) -> str:
     return "; ".join(p for p in parts if p) + "."
 
 
-__all__ = ["caption_conventions", "kl_by_model", "kl_means", "kl_over_steps", "kl_per_task", "kl_top", "pooled",
-           "side_names", "steps_of", "summary", "top_rows"]
+__all__ = ["caption_conventions", "kl_by_model", "kl_means", "kl_over_steps", "kl_per_task", "kl_top", "parse_rates",
+           "pooled", "side_names", "steps_of", "summary", "top_rows"]

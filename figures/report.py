@@ -15,6 +15,10 @@ rollouts and KL(π_SFT‖π_RL) on SFT's per task, per token and per episode, ac
 the strings that moved most; captions state the conventions each result records), delta anatomy, graft effects
 (success, and for sweeps scored by KL the fraction of RL's behavioural change each graft reproduces and its
 attribution per group), rank by layer, rank–success coupling, then the list of result files (provenance).
+Where a result records how many outputs parsed (a web action, or an answer in the task's answer format), the hover
+of its scores gives the share, and its section's notes say, prefixed by the model or swept run, where most outputs
+did not parse and how a user's file was covered (the results' own lines: ``EvalResult.action_notes`` and
+``coverage_note``, ``KLResult.notes``, graft/commands.py ``unparsed_lines`` and ``file_coverage``).
 Every figure and table names the result files it is drawn from (``data-sources``), so a result kind that no
 section draws shows up (tests/test_report_kinds.py). Each measure is one figure: a figure drawn per run (anatomy heatmaps, largest
 movers) or per graft sweep is one figure per result with a menu picking the run (``_common.selector``),
@@ -40,6 +44,7 @@ import plotly.io as pio
 from .._version import __version__
 from ..core.errors import GraftkitError
 from ..study.findings import FindingsResult
+from ..evaluation.kl import KLResult
 from ..graft.anatomy import DeltaResult
 from ..stats import Comparison
 from ..core.files import write_atomic
@@ -279,7 +284,8 @@ def _success(loaded: Sequence[Loaded]) -> Section:
         return sec
     sec.panels.append(Panel(success.success_rates([(x.label, x.result) for x in drawable]),
                             "Success rate per task for each evaluated model (bars), with 95% Wilson intervals "
-                            "over all episodes; 'all tasks' pools every task of that model.",
+                            "over all episodes; 'all tasks' pools every task of that model; the hover gives the "
+                            "share of outputs that parsed (a web action, or an answer in the task's answer format).",
                             tuple(x.path for x in drawable)))
     # The SFT model: a model this run trained with `train sft`, or an eval result marked role = "sft";
     # failing both, the one model whose folder name says sft.
@@ -291,6 +297,7 @@ def _success(loaded: Sequence[Loaded]) -> Section:
     for item in refs or drawable[:1]:
         if line := success.item_line(item.result):
             sec.notes.append(f"{item.label}: {line}")
+    _reader_notes(sec, drawable)
     by_ref: dict[str, list[tuple[str, dict[str, Comparison]]]] = {}
     paired: dict[str, list[Path]] = {}
     for item in drawable:
@@ -314,6 +321,14 @@ def _success(loaded: Sequence[Loaded]) -> Section:
     return sec
 
 
+def _reader_notes(sec: Section, items: Sequence[Loaded]) -> None:
+    """Each evaluation's notes a reader of its figures needs (``success.reader_notes``: a user's file's coverage, and
+    where most outputs did not parse), each prefixed by the model's label."""
+    for item in items:
+        _guard(sec, item, lambda item=item: sec.notes.extend(f"{item.label}: {n}"
+                                                             for n in success.reader_notes(item.result)))
+
+
 def _headroom(loaded: Sequence[Loaded]) -> Section:
     sec = Section("headroom", "Headroom",
                   "no headroom results in this run — run `graftkit headroom --model M` to add them")
@@ -324,7 +339,11 @@ def _headroom(loaded: Sequence[Loaded]) -> Section:
         def build(item=item):
             fig = success.headroom_rates(item.label, item.result)
             sec.panels.append(Panel(fig, f"Greedy and sampled success per task for {item.label}, each with a 95% "
-                                         "Wilson interval.", (item.path,)))
+                                         "Wilson interval; the sampled bars' hover gives the share of outputs that "
+                                         "parsed.", (item.path,)))
+            if line := success.item_line(item.result):
+                sec.notes.append(f"{item.label}: {line}")
+            sec.notes.extend(f"{item.label}: {n}" for n in success.reader_notes(item.result))
             table = success.headroom_of(item.result)
             if table is None:
                 sec.notes.append(f"{item.path.name}: greedy and sampled outcomes cannot be paired, so no headroom "
@@ -351,6 +370,9 @@ def _kl(loaded: Sequence[Loaded]) -> Section:
     ok: list[Loaded] = []
     for item in items:
         _guard(sec, item, lambda item=item: (kl.kl_means(item.result), kl.side_names(item.result), ok.append(item)))
+    for item in ok:  # a user's file's coverage, and where most of one side's outputs did not parse
+        _guard(sec, item, lambda item=item: sec.notes.extend(f"{item.label}: {n}"
+                                                             for n in KLResult.from_result(item.result).notes()))
     if not ok:
         return sec
     conventions = kl.caption_conventions(ok[0].result)
@@ -381,7 +403,8 @@ def _kl(loaded: Sequence[Loaded]) -> Section:
         against = f" against {pair['sft']}" if len(ok) == 1 and isinstance(pair, dict) and pair.get("sft") else ""
         sec.panels.append(Panel(grafts.by_sweep(per_task, "model"),
                                 f"{_owner([lab for lab, _ in per_task])}{against}: KL per task and pooled over tasks, "
-                                f"per action token (left) and per episode (right): {conventions}",
+                                f"per action token (left) and per episode (right), the hover giving the share of each "
+                                f"side's outputs that parsed: {conventions}",
                                 tuple(x.path for x in ok if x.label in dict(per_task))))
     if top:
         sec.panels.append(Panel(grafts.by_sweep(top, "model"),
@@ -467,7 +490,8 @@ def _grafts(loaded: Sequence[Loaded]) -> Section:
     # measure → (builder, caption); each measure is one figure, a menu picking the swept run
     measures = {
         "effects": (grafts.graft_effects, "success change of each grafted configuration against the base (SFT) and "
-                                          "against the RL model, on identical episodes, with 95% paired intervals."),
+                                          "against the RL model, on identical episodes, with 95% paired intervals; "
+                                          "the hover gives the share of the configuration's outputs that parsed."),
         "kl_reproduced": (grafts.kl_reproduced, "the fraction of RL's behavioural change each grafted configuration "
                                                 "reproduces, by KL on fixed rollouts (sweeps scored with --metric kl "
                                                 "or both): reproduced_RL(C) = 1 − KL(π_RL‖π_C)/KL(π_RL‖π_SFT) on RL's "
@@ -491,6 +515,9 @@ def _grafts(loaded: Sequence[Loaded]) -> Section:
     }
     figs: dict[str, list[tuple[str, go.Figure]]] = {k: [] for k in measures}
     froms: dict[str, list[Path]] = {k: [] for k in measures}
+    for item in sweeps:  # where most outputs of some configurations did not parse, and a user's file's coverage
+        _guard(sec, item, lambda item=item: sec.notes.extend(f"{item.label}: {n}"
+                                                             for n in grafts.sweep_notes(item.result)))
     for item in sweeps:
         def build(item=item):
             built = {k: build_(item.label, item.result) for k, (build_, _) in measures.items()}

@@ -5,6 +5,11 @@ checkpoint's description) and ``headroom`` (sampled ``success[task, seed, episod
 ``greedy_success[task, seed, episode, greedy_sample]``). Rates carry 95% Wilson intervals
 (``stats.wilson_interval``, over all episodes); paired differences use ``stats.compare`` on identical
 episodes (a = the reference, b = the model), headroom ``stats.headroom`` (a = greedy, b = sampled).
+
+Beside each rate, the hover gives the share of outputs that parsed (``EvalResult.parsed``: a web action, or an
+answer in the task's answer format), and :func:`reader_notes` the notes a reader needs: how a user's file played
+whole was covered, and where most outputs did not parse. A user's file played whole is counted against its own
+items (:func:`item_line`), never against graftkit's held-out split of generated tasks.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ import plotly.graph_objects as go
 from ..evaluation.commands import EvalResult, HeadroomResult
 from ..stats import Comparison, HeadroomTable, RateInterval, compare, wilson_interval
 from ..results.store import Result
-from ._common import base_layout, colour, esc, esc_all, fmt, interval_error, pct, verdict_colour, zero_line
+from ._common import (base_layout, colour, esc, esc_all, fmt, interval_error, parsed_text, pct, verdict_colour,
+                      zero_line)
 from .runs import run_colours, study_order
 
 #: Category label of the pooled rate over every task of a result.
@@ -66,13 +72,41 @@ def _items_differ(a: EvalResult, b: EvalResult, task: str) -> bool:
 
 
 def item_line(res: Result) -> str | None:
-    """One line on an evaluation's items: distinct items / episodes per task, and the overlap with training."""
-    counts = EvalResult.from_result(res).item_counts()
+    """One line on an evaluation's items: per generated task distinct items / episodes and the overlap with
+    training (items outside graftkit's held-out split); per user's file played whole (``EvalResult.played_whole``)
+    distinct items / the file's items, and no overlap: a file evaluated whole is not split."""
+    view = EvalResult.from_result(res)
+    counts = view.item_counts()
     if not counts:
         return None
-    parts = [f"{t} {c['distinct']}/{c['episodes']}" + (" (too few)" if c["too_few"] else "") for t, c in counts.items()]
-    return (f"Evaluation items (distinct / episodes): {', '.join(parts)}; items outside the held-out split: "
-            f"{sum(c['overlap'] for c in counts.values())}.")
+
+    def part(t: str, c: dict, of: object) -> str:
+        return f"{t} {c['distinct']}/{of}" + (" (too few)" if c["too_few"] else "")
+
+    split = {t: c for t, c in counts.items() if not view.played_whole(t)}
+    files = {t: c for t, c in counts.items() if view.played_whole(t)}
+    said = []
+    if split:
+        said.append(f"(distinct / episodes): {', '.join(part(t, c, c['episodes']) for t, c in split.items())}; items "
+                    f"outside the held-out split: {sum(c['overlap'] for c in split.values())}")
+    if files:
+        said.append(("user's files evaluated whole " if split else "") + "(distinct / file items): "
+                    + ", ".join(part(t, c, c.get("total", "?")) for t, c in files.items()))
+    return f"Evaluation items {'; '.join(said)}."
+
+
+def reader_notes(res: Result) -> list[str]:
+    """The notes of an evaluation a reader of its figures needs: how each user's file played whole was covered
+    (``EvalResult.coverage_note``), and where most outputs did not parse, which flag reads them
+    (``EvalResult.action_notes``, naming ``--answer-format`` for a verifiable task)."""
+    view = EvalResult.from_result(res)
+    return [view.coverage_note(t) for t in view.tasks if view.played_whole(t)] + view.action_notes()
+
+
+def parse_rates(res: Result) -> dict[str, float]:
+    """Per task and pooled (:data:`ALL_TASKS`): the share of turns whose output parsed (NaN where not recorded)."""
+    view = EvalResult.from_result(res)
+    return {**{t: view.parsed(t) for t in view.tasks}, ALL_TASKS: view.parsed()}
 
 
 def headroom_of(res: Result, level: float = 0.95) -> HeadroomTable | None:
@@ -86,22 +120,28 @@ def headroom_of(res: Result, level: float = 0.95) -> HeadroomTable | None:
 # Figures
 
 
-def _rate_bar(name: str, colour_: str, cats: list[str], rates: dict[str, RateInterval]) -> go.Bar:
+def _rate_bar(name: str, colour_: str, cats: list[str], rates: dict[str, RateInterval],
+              parsed: dict[str, float] | None = None) -> go.Bar:
+    """Bars of success rates with their Wilson intervals; with ``parsed``, each bar's hover also gives the share of
+    outputs that parsed (:func:`~graftkit.figures._common.parsed_text`)."""
     keys = [c for c in cats if c in rates]
     r = [rates[c] for c in keys]
     est, low, high = ([getattr(x, f) for x in r] for f in ("rate", "low", "high"))
     return go.Bar(
         x=[esc(c) for c in keys], y=100 * np.asarray(est), name=name, marker_color=colour_,
         error_y=interval_error(est, low, high, 100.0),
-        customdata=[[f"{x.successes}/{x.n}", pct(x.low), pct(x.high)] for x in r],
+        customdata=[[f"{x.successes}/{x.n}", pct(x.low), pct(x.high)]
+                    + ([parsed_text(parsed.get(c, float("nan")))] if parsed is not None else [])
+                    for c, x in zip(keys, r)],
         hovertemplate="%{fullData.name}<br>%{x}<br>success %{y:.2f}% (%{customdata[0]})"
-                      "<br>95% Wilson [%{customdata[1]}, %{customdata[2]}]<extra></extra>",
+                      "<br>95% Wilson [%{customdata[1]}, %{customdata[2]}]"
+                      + ("<br>outputs parsed: %{customdata[3]}" if parsed is not None else "") + "<extra></extra>",
     )
 
 
 def success_rates(evals: Sequence[tuple[str, Result]]) -> go.Figure:
-    """Success per task (and pooled) for every evaluated model, with 95% Wilson intervals; each model in its
-    run's colour (figures/runs.py: a regime's hue, a shade per seed)."""
+    """Success per task (and pooled) for every evaluated model, with 95% Wilson intervals and, in the hover, the share
+    of outputs that parsed; each model in its run's colour (figures/runs.py: a regime's hue, a shade per seed)."""
     cats: list[str] = []
     per = []
     for _, res in evals:
@@ -110,7 +150,7 @@ def success_rates(evals: Sequence[tuple[str, Result]]) -> go.Figure:
         cats += [t for t in rates if t not in cats and t != ALL_TASKS]
     cats.append(ALL_TASKS)
     colours = run_colours([label for label, _ in evals])
-    fig = go.Figure([_rate_bar(esc(evals[i][0]), colours[i], cats, per[i])
+    fig = go.Figure([_rate_bar(esc(evals[i][0]), colours[i], cats, per[i], parse_rates(evals[i][1]))
                      for i in study_order([label for label, _ in evals])])
     fig.update_layout(barmode="group", yaxis_range=[0, 105])
     return base_layout(fig, "Success rate per task", "bars: successes / episodes; whiskers: 95% Wilson interval",
@@ -149,13 +189,16 @@ def paired_differences(reference: str, rows: Sequence[tuple[str, dict[str, Compa
 
 
 def headroom_rates(label: str, res: Result) -> go.Figure:
-    """Greedy and sampled success per task for one model, each with a 95% Wilson interval."""
+    """Greedy and sampled success per task for one model, each with a 95% Wilson interval; the sampled bars' hover
+    gives the share of outputs that parsed (the result records it for its sampled outcomes)."""
     view = HeadroomResult.from_result(res)
     if view.greedy is None:
         raise KeyError("greedy_success")
     sampled, greedy = _rates(view.tasks, view.success, 0.95), _rates(view.tasks, view.greedy, 0.95)
     cats = [t for t in sampled]
-    fig = go.Figure([_rate_bar("greedy", colour(0), cats, greedy), _rate_bar("sampled", colour(1), cats, sampled)])
+    # the parse counts a headroom result records are its sampled outcomes'
+    fig = go.Figure([_rate_bar("greedy", colour(0), cats, greedy),
+                     _rate_bar("sampled", colour(1), cats, sampled, parse_rates(res))])
     k = view.k
     fig.update_layout(barmode="group", yaxis_range=[0, 105])
     return base_layout(fig, f"Greedy vs sampled success — {esc(label)}",
