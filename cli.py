@@ -38,6 +38,7 @@ from .train.configs import GRPOConfig, SFTConfig, SweepConfig
 from .study.pipeline import StudyConfig, run_study
 from .figures.commands import ReportConfig, ResultsConfig, run_report, run_results
 from .graft.commands import GraftConfig, GraftExperiments, run_graft, sweep_tables, trajectory_tables
+from .core.tables import items_text, percent
 from .core.tables import points as _pts
 from .rank.commands import CoupleConfig, RankConfig, run_couple, run_rank
 from .evaluation.commands import EvalConfig, HeadroomConfig, run_eval, run_headroom
@@ -316,8 +317,8 @@ def eval_cmd(cfg: EvalConfig, as_json: bool):
         run = run_eval(cfg, bars)
     if as_json:
         return _print_json(run.as_json(cfg))
-    columns = {"task": lambda r: escape(r["task"]), "items": lambda r: str(r.get("items", "?")),
-               "success (95% Wilson)": lambda r: _rate_text(r["model"])}
+    columns = {"task": lambda r: escape(r["task"]), "items": items_text,
+               "success (95% Wilson)": lambda r: _rate_text(r["model"]), "parsed": lambda r: percent(r["parsed"])}
     if cfg.compare_to:
         columns |= {escape(Path(cfg.compare_to).name): lambda r: _rate_text(r["compare"]),
                     "diff \\[bootstrap] \\[Bayes]": lambda r: _diff_text(r, "diff"),
@@ -352,8 +353,9 @@ def headroom(cfg: HeadroomConfig, as_json: bool):
     out.print(_rows_table(
         f"headroom of {escape(str(cfg.model))}: {cfg.seeds} seeds × {cfg.episodes} episodes, k={k}, "
         f"T={cfg.temperature:g}",
-        {"task": lambda r: escape(r["task"]), "items": lambda r: str(r.get("items", "?")),
+        {"task": lambda r: escape(r["task"]), "items": items_text,
          **{key: (lambda r, key=key: f"{100 * r[key]:.1f}%") for key in ("greedy", "sampled", f"pass@{k}")},
+         "parsed": lambda r: percent(r["parsed"]),
          "headroom \\[bootstrap] \\[Bayes]": lambda r: _diff_text(r, "headroom"), "verdict": lambda r: r["verdict"]},
         run.rows, left=("task", "verdict")))
     _notes(run.result.notes)

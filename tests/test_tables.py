@@ -540,11 +540,12 @@ def test_eval_tables(cli, policies):
     assert len(tables) == len(j["models"]) == 1
     for t, model in zip(tables, j["models"]):
         assert flat(f"{model['model']}: success over 2 seeds × 2 episodes (greedy") in flat(t.above)
-        assert t.headers == ["task", "items", "success (95% Wilson)", "sft", "diff [bootstrap] [Bayes]", "McNemar p",
-                             "verdict"]
+        assert t.headers == ["task", "items", "success (95% Wilson)", "parsed", "sft", "diff [bootstrap] [Bayes]",
+                             "McNemar p", "verdict"]
         assert t.column("task") == [r["task"] for r in model["tasks"]] == [*TASKS, "all"]
         for row, r in zip(t.rows, model["tasks"]):
             assert row["items"] == str(r.get("items", "?"))
+            assert row["parsed"] == f"{100 * r['parsed']:.0f}%" and r["parsed"] == pytest.approx(1 - r["unparseable"])
             assert _rate(row["success (95% Wilson)"], r["model"]), (row, r["model"])
             assert _rate(row["sft"], r["compare"]), (row, r["compare"])  # the compared model's rate
             assert _diff(row["diff [bootstrap] [Bayes]"], r, "diff"), (row, r)
@@ -558,10 +559,12 @@ def test_headroom_table(cli, policies):
                   "--seeds", "2", "--episodes", "2", "--max-new-tokens", "8")
     (t,) = parse_tables(text)
     assert "k=3" in t.above
-    assert t.headers == ["task", "items", "greedy", "sampled", "pass@3", "headroom [bootstrap] [Bayes]", "verdict"]
+    assert t.headers == ["task", "items", "greedy", "sampled", "pass@3", "parsed", "headroom [bootstrap] [Bayes]",
+                         "verdict"]
     assert t.column("task") == [r["task"] for r in j["tasks"]]
     for row, r in zip(t.rows, j["tasks"]):
         assert row["items"] == str(r.get("items", "?")) and row["verdict"] == r["verdict"]
+        assert row["parsed"] == f"{100 * r['parsed']:.0f}%"
         for key in ("greedy", "sampled", "pass@3"):
             assert row[key].endswith("%") and shows(row[key], r[key]), (key, row, r)
         assert _diff(row["headroom [bootstrap] [Bayes]"], r, "headroom"), (row, r)
@@ -584,12 +587,14 @@ def test_graft_experiment_tables(cli, policies):
     for k, run in enumerate(j["runs"].values()):
         configs, attribution = tables[2 * k], tables[2 * k + 1]
         assert f"({j['seeds']} seeds × {j['episodes']} episodes per task)" in flat_lines(configs.above)
-        assert configs.headers == ["config", "success", "vs base [95%]", "verdict vs base", "vs RL [95%]", "verdict vs RL"]
+        assert configs.headers == ["config", "success", "vs base [95%]", "verdict vs base", "vs RL [95%]", "verdict vs RL",
+                                   "parsed"]
         assert configs.column("config") == [c["config"] for c in run["configs"]]
         for row, c in zip(configs.rows, run["configs"]):
             assert row["success"].endswith("%") and shows(row["success"], c["success"])
             assert _pts(row["vs base [95%]"], c["diff_vs_base"]) and row["verdict vs base"] == c["verdict_vs_base"]
             assert _pts(row["vs RL [95%]"], c["diff_vs_rl"]) and row["verdict vs RL"] == c["verdict_vs_rl"]
+            assert 0 <= c["parsed"] <= 1 and row["parsed"] == f"{100 * c['parsed']:.0f}%"
         assert attribution.column("group") == list(run["attribution"])
         names = {"movement share": "movement_share", "group effect": "group_effect", "main effect": "main_effect",
                  "shapley": "shapley"}
@@ -640,8 +645,9 @@ def test_kl_tables(cli, policies):
     summary, tokens, actions = parse_tables(text)
     assert flat(f"{j['model']} (RL) vs {j['base']} (SFT): KL in nats") in flat(summary.above)
     assert flat(f"({j['seeds']} seeds × {j['episodes']} episodes per task") in flat(summary.above)
-    kl_headers = {"RL tokens": ("rl", "tokens"), "KL(RL‖SFT)/token [95%]": ("rl", "kl_per_token"),
-                  "KL(RL‖SFT)/episode [95%]": ("rl", "kl_per_episode"), "SFT tokens": ("sft", "tokens"),
+    kl_headers = {"RL tokens": ("rl", "tokens"), "RL parsed": ("rl", "parsed"),
+                  "KL(RL‖SFT)/token [95%]": ("rl", "kl_per_token"), "KL(RL‖SFT)/episode [95%]": ("rl", "kl_per_episode"),
+                  "SFT tokens": ("sft", "tokens"), "SFT parsed": ("sft", "parsed"),
                   "KL(SFT‖RL)/token [95%]": ("sft", "kl_per_token"), "KL(SFT‖RL)/episode [95%]": ("sft", "kl_per_episode")}
     assert summary.headers == ["task", "items", *kl_headers]
     assert summary.column("task") == [r["task"] for r in j["tasks"]] == [*TASKS, "all"]
@@ -649,7 +655,10 @@ def test_kl_tables(cli, policies):
         assert row["items"] == str(r["items"])
         for header, (side, key) in kl_headers.items():
             want = r[side][key]
-            assert row[header] == str(want) if key == "tokens" else _nats(row[header], want), (header, row, want)
+            if key == "parsed":
+                assert 0 <= want <= 1 and row[header] == f"{100 * want:.0f}%", (header, row, want)
+            else:
+                assert row[header] == str(want) if key == "tokens" else _nats(row[header], want), (header, row, want)
     for t, what in ((tokens, "token"), (actions, "action")):
         assert t.headers == ["direction", what, "log π_RL − log π_SFT", "count"]
         want = [{"direction": d, **x} for d in ("gained", "lost") for x in j["top"][what][d]]
