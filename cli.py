@@ -38,7 +38,6 @@ from .train.configs import GRPOConfig, SFTConfig, SweepConfig
 from .study.pipeline import StudyConfig, run_study
 from .figures.commands import ReportConfig, ResultsConfig, run_report, run_results
 from .graft.commands import GraftConfig, GraftExperiments, run_graft, sweep_tables, trajectory_tables
-from .core.tables import items_text, percent
 from .core.tables import points as _pts
 from .rank.commands import CoupleConfig, RankConfig, run_couple, run_rank
 from .evaluation.commands import EvalConfig, HeadroomConfig, run_eval, run_headroom
@@ -301,36 +300,12 @@ def _specs(specs) -> None:
 # ------------------------------------------------------------------------------------ eval, headroom
 
 
-def _rate_text(r: dict) -> str:
-    return f"{100 * r['rate']:.1f}% [{100 * r['low']:.1f}, {100 * r['high']:.1f}]"
-
-
-def _diff_text(r: dict, key: str) -> str:
-    return (f"{100 * r[key]:+.1f} [{100 * r['bootstrap'][0]:+.1f}, {100 * r['bootstrap'][1]:+.1f}] "
-            f"[{100 * r['bayes'][0]:+.1f}, {100 * r['bayes'][1]:+.1f}]")
-
-
 @command(app, EvalConfig, "eval")
 def eval_cmd(cfg: EvalConfig, as_json: bool):
     """Success per task with intervals over tasks × seeds × episodes; with --compare, the paired verdict."""
     with Bars() as bars:
         run = run_eval(cfg, bars)
-    if as_json:
-        return _print_json(run.as_json(cfg))
-    columns = {"task": lambda r: escape(r["task"]), "items": items_text,
-               "success (95% Wilson)": lambda r: _rate_text(r["model"]), "parsed": lambda r: percent(r["parsed"])}
-    if cfg.compare_to:
-        columns |= {escape(Path(cfg.compare_to).name): lambda r: _rate_text(r["compare"]),
-                    "diff \\[bootstrap] \\[Bayes]": lambda r: _diff_text(r, "diff"),
-                    "McNemar p": lambda r: f"{r['mcnemar_p']:.3g}", "verdict": lambda r: r["verdict"]}
-    for role in run.models:  # one block per model
-        out.print(_rows_table(
-            f"{escape(str(run.results[role].model_path))}: success over {cfg.seeds} seeds × {cfg.episodes} episodes "
-            f"({'sampled' if cfg.sample else 'greedy'}, {cfg.backend}, obs {cfg.obs})", columns, run.tables[role],
-            left=("task", "verdict")))
-    _notes(run.notes)
-    for role, path in run.files.items():
-        out.print(f"saved {escape(str(path))} ({run.results[role].seconds:.1f} s)")
+    _print_json(run.as_json(cfg)) if as_json else _specs(run.printed(cfg))
 
 
 @command(app, KLConfig, "kl")
@@ -347,19 +322,7 @@ def headroom(cfg: HeadroomConfig, as_json: bool):
     """Greedy vs sampled success per task, pass@k, and whether GRPO has room to climb (headroom)."""
     with Bars() as bars:
         run = run_headroom(cfg, bars)
-    k = cfg.k
-    if as_json:
-        return _print_json(run.as_json(cfg))
-    out.print(_rows_table(
-        f"headroom of {escape(str(cfg.model))}: {cfg.seeds} seeds × {cfg.episodes} episodes, k={k}, "
-        f"T={cfg.temperature:g}",
-        {"task": lambda r: escape(r["task"]), "items": items_text,
-         **{key: (lambda r, key=key: f"{100 * r[key]:.1f}%") for key in ("greedy", "sampled", f"pass@{k}")},
-         "parsed": lambda r: percent(r["parsed"]),
-         "headroom \\[bootstrap] \\[Bayes]": lambda r: _diff_text(r, "headroom"), "verdict": lambda r: r["verdict"]},
-        run.rows, left=("task", "verdict")))
-    _notes(run.result.notes)
-    out.print(f"saved {escape(str(run.file))}")
+    _print_json(run.as_json(cfg)) if as_json else _specs(run.printed(cfg))
 
 
 # --------------------------------------------------------------------------------------------- train
@@ -475,7 +438,8 @@ def couple(cfg: CoupleConfig, as_json: bool):
     """Does per-layer rank track success across checkpoints? Correlations, and the both-directions test vs SFT."""
     from .rank.coupling import DIRECTIONS
 
-    p = run_couple(cfg)
+    with Bars() as bars:
+        p = run_couple(cfg, bars)
     if as_json:
         return _print_json(p)
     bd = p["both_directions"]

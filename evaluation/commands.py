@@ -524,6 +524,25 @@ class EvalRun:
                            for r in self.models],
                 "files": {k: str(p) for k, p in self.files.items()}, "notes": self.notes}
 
+    def printed(self, cfg: "EvalConfig") -> list:
+        """What ``graftkit eval`` prints (:class:`~graftkit.core.tables.Table` s and lines, from the rows
+        :meth:`as_json` holds): per model, each task's items, success and parse rate, and with ``--compare`` the
+        paired comparison; the notes; where each result went."""
+        from ..core.tables import Table, items_text, percent
+
+        columns = {"task": lambda r: r["task"], "items": items_text,
+                   "success (95% Wilson)": lambda r: rate_text(r["model"]), "parsed": lambda r: percent(r["parsed"])}
+        if cfg.compare_to:
+            columns |= {Path(cfg.compare_to).name: lambda r: rate_text(r["compare"]),
+                        "diff [bootstrap] [Bayes]": lambda r: diff_text(r, "diff"),
+                        "McNemar p": lambda r: f"{r['mcnemar_p']:.3g}", "verdict": lambda r: r["verdict"]}
+        decode = f"{'sampled' if cfg.sample else 'greedy'}, {cfg.backend}, obs {cfg.obs}"
+        out: list = [Table(f"{self.results[role].model_path}: success over {cfg.seeds} seeds × {cfg.episodes} "
+                           f"episodes ({decode})", columns, self.tables[role], left=("task", "verdict"))
+                     for role in self.models]
+        return out + [f"note: {n}" for n in self.notes] + [f"saved {path} ({self.results[role].seconds:.1f} s)"
+                                                           for role, path in self.files.items()]
+
 
 @dataclass(frozen=True)
 class HeadroomRun:
@@ -538,6 +557,20 @@ class HeadroomRun:
         return {"model": str(cfg.model), "k": cfg.k, "temperature": cfg.temperature, "obs": cfg.obs,
                 "tasks": list(self.rows), "file": str(self.file), "notes": self.result.notes}
 
+    def printed(self, cfg: "HeadroomConfig") -> list:
+        """What ``graftkit headroom`` prints: per task greedy and sampled success, pass@k, the parse rate and the
+        headroom with its intervals and verdict; the notes; where the result went."""
+        from ..core.tables import Table, items_text, percent
+
+        k = cfg.k
+        columns = {"task": lambda r: r["task"], "items": items_text,
+                   **{key: (lambda r, key=key: f"{100 * r[key]:.1f}%") for key in ("greedy", "sampled", f"pass@{k}")},
+                   "parsed": lambda r: percent(r["parsed"]),
+                   "headroom [bootstrap] [Bayes]": lambda r: diff_text(r, "headroom"), "verdict": lambda r: r["verdict"]}
+        title = f"headroom of {cfg.model}: {cfg.seeds} seeds × {cfg.episodes} episodes, k={k}, T={cfg.temperature:g}"
+        return [Table(title, columns, self.rows, left=("task", "verdict")),
+                *(f"note: {n}" for n in self.result.notes), f"saved {self.file}"]
+
 
 def _evaluate(cfg: EpisodeOptions, policy, decode, samples: int, what: str, on_progress: OnProgress):
     from ..agent import evaluate
@@ -551,6 +584,17 @@ def _evaluate(cfg: EpisodeOptions, policy, decode, samples: int, what: str, on_p
 def rate_dict(r) -> dict:
     """A ``stats.RateInterval`` as the JSON row fields."""
     return {"rate": r.rate, "low": r.low, "high": r.high, "successes": r.successes, "n": r.n}
+
+
+def rate_text(r: Mapping) -> str:
+    """A :func:`rate_dict` as a table shows it: ``92.0% [80.8, 96.8]``."""
+    return f"{100 * r['rate']:.1f}% [{100 * r['low']:.1f}, {100 * r['high']:.1f}]"
+
+
+def diff_text(r: Mapping, key: str) -> str:
+    """A paired difference ``r[key]`` with its bootstrap and Bayesian intervals, in points."""
+    return (f"{100 * r[key]:+.1f} [{100 * r['bootstrap'][0]:+.1f}, {100 * r['bootstrap'][1]:+.1f}] "
+            f"[{100 * r['bayes'][0]:+.1f}, {100 * r['bayes'][1]:+.1f}]")
 
 
 def item_fields(counts: Mapping[str, dict], task: str) -> dict:

@@ -160,7 +160,8 @@ def tensor_delta_stats(
             if exact[r]:
                 r32 = r_val if work is np.float32 else r_val.astype(np.float32)
                 r_round = round_bf16_bits(r32, rb_buf[:n])
-                e = np.subtract(r_round.view(np.float32), r32, out=e_buf[:n])
+                with np.errstate(invalid="ignore"):  # inf − inf where RL is ±Inf: counted in n_nonfinite, zeroed below
+                    e = np.subtract(r_round.view(np.float32), r32, out=e_buf[:n])
                 se = _dot(e, e)
                 if not np.isfinite(se):
                     e[~np.isfinite(e)] = 0.0

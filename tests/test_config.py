@@ -13,7 +13,7 @@ from graftkit.core.config import CommandConfig, field_docs
 from graftkit.core.errors import GraftkitError
 
 #: Options that are no config field: how to render or where to write, never what to compute.
-EXTRAS = {"help", "as_json", "force", "resume", "open_it", "top"}
+EXTRAS = {"help", "as_json", "force", "resume", "open_it", "top", "vs"}  # vs: rank refuses it, naming --base
 #: Commands without a config.
 PLAIN = {"version"}
 
