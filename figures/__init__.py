@@ -17,8 +17,9 @@ _HOMES = {
     **dict.fromkeys((
         "anatomy_heatmap", "attribution", "both_directions", "coupling_by_layer", "coupling_scatter", "dissociation",
         "graft_effects", "group_shares", "headroom_differences", "headroom_rates", "interactions", "kl_attribution",
-        "kl_by_model", "kl_over_steps", "kl_per_task", "kl_reproduced", "kl_top", "movement_vs_effect",
-        "paired_differences", "rank_by_layer", "study_summary", "success_rates", "top_tensors", "training_curves"),
+        "kl_by_model", "kl_over_steps", "kl_per_task", "kl_reproduced", "kl_top", "kl_trajectory", "movement_vs_effect",
+        "paired_differences", "rank_by_layer", "study_summary", "success_rates", "sweep_trajectory", "top_tensors",
+        "training_curves"),
         "notebook"),
 }
 _SUBMODULES = ("anatomy", "browser", "commands", "curves", "grafts", "kl", "notebook", "rank", "report", "runs",

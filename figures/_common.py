@@ -46,6 +46,12 @@ def colour(i: int) -> str:
     return PALETTE[i % len(PALETTE)]
 
 
+def translucent(hex_colour: str, alpha: float) -> str:
+    """``#rrggbb`` as ``rgba(r, g, b, alpha)``: an interval band in its line's colour."""
+    r, g, b = (int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({r}, {g}, {b}, {alpha:g})"
+
+
 def verdict_colour(verdict: str) -> str:
     return VERDICT_COLOURS.get(str(verdict), NEUTRAL)
 
@@ -74,6 +80,15 @@ def integer_axis(fig: go.Figure, values, axis: str = "x") -> None:
     """Whole-number ticks (layers, indices): every value up to 40 of them."""
     spec = {"tickformat": "d", **({"dtick": 1} if len(values) <= 40 else {})}
     (fig.update_xaxes if axis == "x" else fig.update_yaxes)(**spec)
+
+
+def step_axis(fig: go.Figure, steps: Sequence[int], most: int = 20) -> None:
+    """Checkpoint steps on every x axis: a tick at each step, or at every k-th (the last included) where there are
+    more than ``most``. Always explicit, so a menu's option brings its own ticks (:func:`selector`)."""
+    steps = list(steps)
+    k = -(-len(steps) // most) if steps else 1
+    ticks = steps[::-1][::k][::-1]
+    fig.update_xaxes(tickmode="array", tickvals=ticks, tickformat="d")
 
 
 def fmt(x: float, spec: str = ".4g") -> str:
@@ -119,8 +134,9 @@ def zero_line(fig: go.Figure, axis: str = "y") -> None:
         fig.add_vline(x=0, line={"color": "#444", "width": 1})
 
 
-#: Layout keys a selector sets for the option it shows (those that name or size what is drawn).
-_PER_OPTION = ("title.text", "height", "xaxis.title.text", "yaxis.title.text")
+#: Layout keys a selector sets for the option it shows (those that name or size what is drawn, and explicit ticks:
+#: a training run's checkpoint steps, :func:`step_axis`).
+_PER_OPTION = ("title.text", "height", "xaxis.title.text", "yaxis.title.text", "xaxis.tickvals", "xaxis2.tickvals")
 
 
 def _layout_value(fig: go.Figure, key: str):
@@ -134,8 +150,9 @@ def _layout_value(fig: go.Figure, key: str):
 
 def selector(options: Sequence[tuple[str, go.Figure]], what: str = "run") -> go.Figure:
     """One figure of several options (``(label, figure)``: one figure per run, each from the same builder), a
-    dropdown menu picking the option shown: its traces become visible, and the title, height and axis titles
-    become that option's own. ``label`` is already escaped. One option is returned as it is (no menu).
+    dropdown menu picking the option shown: its traces become visible, and the title, height, axis titles and
+    explicit x ticks become that option's own (the rest of the layout — subplots, their titles, lines — is the first
+    option's, so options share one). ``label`` is already escaped. One option is returned as it is (no menu).
 
     The traces of option k are the traces of its figure, in order; ``layout.meta`` records each option's
     label and its trace indices (``{"selector": what, "options": [{"label", "traces"}]}``), which is what the

@@ -6,7 +6,10 @@ pooled over the cell's tensors), ``group_share[run, group]``; ``tensor_group`` /
 which groups have tensors inside the decoder layers (only those get a heatmap column). Every builder
 reads its result through :class:`~graftkit.graft.anatomy.DeltaResult`. The per-run figures (heatmaps, largest
 movers) come one per run and, for the report, as one figure per delta result with a menu picking the run
-(:func:`anatomy_heatmaps`, :func:`top_tensors_by_run`); runs are coloured by regime (figures/runs.py).
+(:func:`anatomy_heatmaps`, :func:`top_tensors_by_run`); runs are coloured by regime (figures/runs.py). A run
+bit-identical to its base (:func:`identical_runs`: ``DeltaResult.identical``) has nothing to draw there — its cells
+are all 0 and its ratios over ‖Δ‖ undefined — so the report states it in one line instead (its movement over steps,
+in a trajectory, still shows its 0).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import plotly.graph_objects as go
 
 from ..graft.anatomy import LABELS, DeltaResult
 from ..results.store import Result
-from ._common import base_layout, colour, esc, esc_all, integer_axis, selector
+from ._common import base_layout, colour, esc, esc_all, integer_axis, selector, step_axis
 from .runs import run_colours, study_order
 
 #: Heatmap metrics: (hover format, title) of the layer × group cells; the colour bar and the factor to the
@@ -36,6 +39,15 @@ def layered_groups(res: Result) -> list[int]:
         return list(range(len(d.groups)))
     tg, tl = np.asarray(d.tensor_group), d.tensor_layer
     return [j for j, g in enumerate(d.groups) if np.any((tg == g) & (tl >= 0))]
+
+
+def identical_runs(res: Result) -> list[int]:
+    """Indices of the runs bit-identical to the base (``DeltaResult.identical``), where the result records it
+    (``attrs["identical"]``, or the unchanged counts it is read from); none where it records neither."""
+    d = DeltaResult.from_result(res)
+    if "identical" not in d.attrs and not (d.has("n_unchanged") and d.has("numel")):
+        return []
+    return [r for r in range(len(d.runs)) if d.identical(r)]
 
 
 def anatomy_heatmap(label: str, res: Result, run: int, metric: str = "share") -> go.Figure:
@@ -145,7 +157,7 @@ def movement_over_steps(label: str, res: Result) -> go.Figure | None:
         y = [float(d.group("rel_delta", r)[j]) for r in range(len(d.runs))]
         fig.add_trace(go.Scatter(x=steps, y=y, mode="lines+markers", name=esc(g), marker_color=colour(j),
                                  hovertemplate="%{fullData.name}<br>step %{x}<br>‖Δ‖_F/‖W‖_F %{y:.4g}<extra></extra>"))
-    fig.update_xaxes(tickformat="d")
+    step_axis(fig, steps)
     return base_layout(fig, f"Where the weights moved, when — {esc(label)}", "relative change of each parameter "
                        "group from the base, at each saved checkpoint", "optimiser step", LABELS["rel_delta"].axis,
                        legend_title="parameter group")

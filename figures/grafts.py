@@ -21,6 +21,14 @@ reproduced_RL on RL's, reproduced_SFT on SFT's, 0 at ∅ and 100% at the full gr
 The sum of the KL Shapley values is v(N) − v(∅) with N the swept groups (the sweep's recorded ``groups``), named
 so: it is the whole RL model's change only when the swept groups are everything RL moved. The summary reads the
 attribution per group through :func:`kl_per_group`.
+
+The sweeps ``graft --all-checkpoints`` writes, one per checkpoint of a training run (each recording its ``step`` and
+``trainer_run``), are one trajectory per run, sweep kind and metric (:func:`trajectory_point`, figures/runs.py
+``trajectories``). :func:`sweep_trajectory` draws the numbers ``graftkit graft --all-checkpoints`` prints
+(graft/commands.py ``trajectory_json``, built from each step's view): per swept group (or, for a sweep without a
+group effect, per graft) a line over the steps of its effect on success in points, beside the checkpoint's own
+RL − base, and, where the sweeps were scored by KL, of the fraction of RL's behavioural change it reproduces on RL's
+rollouts; :func:`trajectory_effect` is what the effect is, as the sweeps record it.
 """
 
 from __future__ import annotations
@@ -29,12 +37,13 @@ from typing import Sequence
 
 import numpy as np
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from ..graft.experiments import DissociationResult, SweepResult
 from ..results.store import Result
-from ._common import (base_layout, bounds, colour, esc, esc_all, interval_error, parsed_text, selector, verdict_colour,
-                      zero_line)
-from .runs import study_order
+from ._common import (base_layout, bounds, colour, esc, esc_all, interval_error, parsed_text, selector, step_axis,
+                      verdict_colour, zero_line)
+from .runs import REFERENCE, run_label, study_order
 
 
 def _scale(v: SweepResult | DissociationResult, name: str) -> float:
@@ -346,6 +355,134 @@ def by_sweep(figures: Sequence[tuple[str, go.Figure]], what: str = "swept run") 
     menu of their labels picking it, swept runs in study order (figures/runs.py; one: its figure as it is)."""
     order = study_order([label for label, _ in figures])
     return selector([(esc(figures[i][0]), figures[i][1]) for i in order], what)
+
+
+def trajectory_point(res: Result) -> tuple[tuple, str, int] | None:
+    """Where a sweep sits in a training run's trajectory: ((trainer_run, sweep, metric, layers), the run's label and
+    the sweep, its step) for a sweep ``graft --all-checkpoints`` wrote (``SweepResult.step`` and ``trainer_run``);
+    None for any other."""
+    v = SweepResult.from_result(res)
+    if v.step is None or v.trainer_run is None:
+        return None
+    layers = str(v.attrs.get("layers", "all"))
+    what = f"{v.sweep} sweep" + ("" if layers == "all" else f", layers {layers}") + (" (KL)" if v.metric == "kl" else "")
+    return (v.trainer_run, v.sweep, v.metric, layers), f"{run_label(v.trainer_run)} · {what}", v.step
+
+
+def trajectory_rows(steps: Sequence[int], results: Sequence[Result], names: Sequence[str]) -> dict:
+    """What ``graftkit graft --all-checkpoints`` prints of these sweeps (one per step, in step order; ``names``: each
+    step's checkpoint): graft/commands.py ``trajectory_json`` over each step's ``sweep_json``."""
+    from ..graft.commands import sweep_json, trajectory_json
+
+    views = [SweepResult.from_result(r) for r in results]
+    runs = {n: sweep_json(v, (v.attrs.get("rl") or {}).get("path", "")) for n, v in zip(names, views)}
+    return trajectory_json(views[0].sweep, runs, dict(zip(names, steps)), {n: "" for n in names}, views[0].trainer_run)
+
+
+def trajectory_effect(res: Result) -> str:
+    """What a trajectory's lines are, as its sweep records it (plain text): each swept group's effect kind and
+    formula (``group_effect``'s, else ``kl_group_effect``'s), with the fraction KL scores (``kl_reproduced``'s
+    formula on RL's rollouts); for a sweep without a group effect, each graft's change from base."""
+    v = SweepResult.from_result(res)
+    rec = v.var_attrs("group_effect") if v.array("group_effect") is not None else v.var_attrs("kl_group_effect")
+    kl = v.var_attrs("kl_reproduced").get("formula") if v.has_kl else None
+    kl = kl.get("rl") if isinstance(kl, dict) else kl
+    on = " and ".join((["on success"] if v.has_success else [])
+                      + ([f"on the fraction of RL's behavioural change reproduced, {kl}"] if kl else []))
+    if rec.get("kind"):
+        return f"the {rec['kind']} effect of each swept group, {rec.get('formula', '')} — {on}"
+    return "each graft against base — " + "; ".join((["success(C) − success(base)"] if v.has_success else [])
+                                                  + ([kl] if kl else []))
+
+
+def unmoved_steps(t: dict) -> list[tuple[int, str]]:
+    """(step, checkpoint) of each row of a KL-scored trajectory whose checkpoint is exactly SFT's on RL's rollouts
+    (KL(π_RL‖π_SFT) = 0 on every token): its behaviour had not moved, so no graft reproduces any of a change."""
+    return [(r["step"], r["checkpoint"]) for r in t["rows"] if r.get("kl_rl_sft_per_token") == 0.0]
+
+
+def trajectory_panels(res: Result) -> tuple[str, ...]:
+    """The panels of a sweep's :func:`sweep_trajectory`: ``success`` where it holds success outcomes, then
+    ``reproduced_rl`` where it was scored by KL (figures of one menu share their panels)."""
+    v = SweepResult.from_result(res)
+    return tuple(p for p, on in (("success", v.has_success), ("reproduced_rl", v.has_kl)) if on)
+
+
+def sweep_trajectory(label: str, steps: Sequence[int], results: Sequence[Result], names: Sequence[str]
+                     ) -> go.Figure:
+    """One training run's sweeps, one per checkpoint step (``names``: each step's checkpoint): per swept group (a
+    sweep without a group effect: per graft) a line over the steps of its effect on success in points with its 95%
+    interval, beside the checkpoint's own RL − base (left); where the sweeps were scored by KL, of the fraction of
+    RL's behavioural change it reproduces on RL's rollouts (right, 0 = SFT's behaviour, 100% = the checkpoint's).
+    The values are :func:`trajectory_rows`'."""
+    t = trajectory_rows(steps, results, names)
+    rows, columns = t["rows"], t["names"]
+    first = SweepResult.from_result(results[0])
+    panels = trajectory_panels(results[0])
+    s_succ = _scale(first, "group_effect" if t["columns"] == "group" and first.array("group_effect") is not None
+                    else "diff_vs_base")
+    s_kl, unit = _fraction_scale(first, "kl_reproduced")
+    titles = {"success": "effect on success", "reproduced_rl": "change reproduced (KL)"}
+    axes = {"success": "percentage points", "reproduced_rl": f"{unit}, RL's rollouts"}
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[titles[p] for p in panels], horizontal_spacing=0.12)
+    x = [r["step"] for r in rows]
+    checkpoints = esc_all(r["checkpoint"] for r in rows)
+    kl_text = [f"{r['kl_rl_sft_per_token']:.4g}" if r.get("kl_rl_sft_per_token") is not None else "—" for r in rows]
+
+    def triple(b) -> tuple[float, float, float]:
+        return tuple(float("nan") if v is None else float(v) for v in (b or (None, None, None)))  # type: ignore
+
+    for col, what in enumerate(panels, start=1):
+        scale = s_succ if what == "success" else s_kl
+        series = [(c, colour(j), [triple(r["effects"].get(c, {}).get(what)) for r in rows]) for j, c in enumerate(columns)]
+        if what == "success":
+            series.append((RL_VS_BASE, REFERENCE, [triple(r.get("rl_vs_base")) for r in rows]))
+        for name, c, vals in series:
+            e, lo, hi = (scale * np.array(v, dtype=np.float64) for v in zip(*vals))
+            fig.add_trace(go.Scatter(
+                x=x, y=e, mode="lines+markers", name=esc(name), legendgroup=name, showlegend=col == 1 or
+                name == RL_VS_BASE, line={"color": c, "width": 1.5, "dash": "dash" if name == RL_VS_BASE else "solid"},
+                marker={"size": 8, "color": c, "symbol": "diamond" if name == RL_VS_BASE else "circle"},
+                error_y={**interval_error(e, lo, hi), "color": c},
+                customdata=[[checkpoints[k], _iv(e[k], lo[k], hi[k]), kl_text[k]] for k in range(len(rows))],
+                hovertemplate=("%{fullData.name} · step %{x} (%{customdata[0]})<br>"
+                               + ("effect on success %{customdata[1]} points (95% interval)" if what == "success" else
+                                  f"reproduces %{{customdata[1]}} ({esc(unit)}, 95% interval) on RL's rollouts<br>"
+                                  "the checkpoint's KL(π_RL‖π_SFT): %{customdata[2]} nats per action token")
+                               + "<extra></extra>"),
+            ), row=1, col=col)
+        fig.add_hline(y=0, line={"color": "#444", "width": 1}, row=1, col=col)
+        if what == "reproduced_rl":
+            fig.add_hline(y=s_kl, line={"color": "#444", "width": 1, "dash": "dot"}, row=1, col=col)  # the checkpoint
+        fig.update_yaxes(title_text=axes[what], row=1, col=col)
+        fig.update_xaxes(title_text="checkpoint step", row=1, col=col)
+    step_axis(fig, x)
+    what = {"group": "swept group", "config": "graft"}[t["columns"]]
+    rec = first.var_attrs("group_effect") if first.array("group_effect") is not None else \
+        first.var_attrs("kl_group_effect")
+    sub = (esc(f"{rec['kind']} effect of each swept group: {rec.get('formula', '')}") if rec.get("kind") else
+           "each graft against base") + "<br>whiskers: 95% intervals" + (
+        f"; {'right: ' if len(panels) == 2 else ''}0 = SFT's behaviour, 100% = the checkpoint's own (its full graft)"
+        if "reproduced_rl" in panels else "")
+    fig = base_layout(fig, f"Graft effects over training — {esc(label)}", sub, "checkpoint step",
+                      axes[panels[0]], height=470, legend_title=what)
+    fig.update_layout(margin={"t": 125})
+    return fig
+
+
+def sweep_trajectories(runs: Sequence[tuple[str, Sequence[int], Sequence[Result], Sequence[str]]]) -> go.Figure:
+    """:func:`sweep_trajectory` of every training run ``(label, steps, results, checkpoint names)``, one shown at a
+    time, a menu of the runs picking it; the runs' sweeps must draw the same panels (:func:`trajectory_panels`:
+    scored by the same metric), since a menu's options share one layout."""
+    panels = {trajectory_panels(results[0]) for _, _, results, _ in runs}
+    if len(panels) > 1:
+        raise ValueError(f"sweeps scored by different metrics draw different panels ({sorted(panels)}): one figure each")
+    return by_sweep([(label, sweep_trajectory(label, steps, results, names)) for label, steps, results, names in runs],
+                    "training run")
+
+
+#: The trace of a checkpoint's own change, beside the groups' effects in :func:`sweep_trajectory`.
+RL_VS_BASE = "the checkpoint: RL − base"
 
 
 def movement_vs_effect(label: str, res: Result) -> go.Figure | None:

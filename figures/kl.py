@@ -10,7 +10,11 @@ action string, gained and lost). Every value is in nats; figures name the direct
 
 A result whose ``kl_mean`` has a ``step`` dimension as well (a trajectory: one policy per checkpoint step, the
 dimension anywhere among the others) is drawn as lines over the steps (:func:`kl_over_steps`); its per-task
-figure shows its last step. Without a step dimension, several results (several RL models) are
+figure shows its last step. The results ``kl --all-checkpoints`` writes, one per checkpoint (each recording its
+``step`` and ``trainer_run``), are one trajectory per training run and base (:func:`trajectory_point`,
+figures/runs.py ``trajectories``): :func:`kl_trajectory` draws both sides' KL at every step with its interval as a
+band, in the run's colour, and :func:`still_steps` names the steps at which KL is exactly 0 on both sides' rollouts
+(the checkpoint's behaviour had not moved from its base's). Without a step, several results (several RL models) are
 compared pooled over tasks in :func:`kl_by_model`, and the report's per-task and strings figures get a menu
 picking the model (``_common.selector``). A model has its run colour (figures/runs.py) in every figure; the side
 is the fill: solid for RL's rollouts, hatched for SFT's (lines: solid and dotted). Hover text gives each side's
@@ -28,8 +32,9 @@ from plotly.subplots import make_subplots
 
 from ..evaluation.kl import KLResult
 from ..results.store import Result
-from ._common import base_layout, bounds, esc, esc_all, fmt, interval_error, parsed_text
-from .runs import run_colours, study_order
+from ._common import (base_layout, bounds, esc, esc_all, fmt, interval_error, parsed_text, step_axis,
+                      translucent)
+from .runs import run_colours, run_label, study_order
 
 #: What ``per`` measures, as axis titles (the unit with it).
 PER_AXIS = {"token": "KL (nats per action token)", "episode": "KL (nats per episode)"}
@@ -113,12 +118,13 @@ def _sides_line(res: Result, lines: bool = False) -> str:
     return "; ".join(f"{mark.get(style.get(s, ''), s)}: {esc(n)}" for s, n in side_names(res).items())
 
 
-def _convention_line(res: Result) -> str:
-    """The second subtitle line: the direction and units as the result records them, and the intervals' level."""
+def _convention_line(res: Result, marks: str = "whiskers") -> str:
+    """The second subtitle line: the direction and units as the result records them, and the intervals' level (drawn
+    as ``marks``)."""
     conv = KLResult.from_result(res).conventions
     level = res.var_attrs.get("kl_mean", {}).get("level", 0.95)
     return esc(f"{conv.get('direction') or 'forward KL from the policy that played its rollouts'}; "
-               f"log base {conv.get('log_base') or 'e (nats)'}; whiskers: {fmt(100 * float(level), '.3g')}% intervals "
+               f"log base {conv.get('log_base') or 'e (nats)'}; {marks}: {fmt(100 * float(level), '.3g')}% intervals "
                "over items")
 
 
@@ -237,6 +243,88 @@ def kl_over_steps(items: Sequence[tuple[str, Result]]) -> go.Figure | None:
                                   legend_title="model · direction"))
 
 
+def trajectory_point(res: Result) -> tuple[tuple[str, str], str, int] | None:
+    """Where a ``kl`` result sits in a training run's trajectory: ((trainer_run, base), the run's label, step) for a
+    result ``kl --all-checkpoints`` wrote (``KLResult.step`` and ``trainer_run``); None for any other (a result with
+    a ``step`` dimension is a trajectory of its own, :func:`kl_over_steps`)."""
+    v = KLResult.from_result(res)
+    if steps_of(res) or v.step is None or v.trainer_run is None:
+        return None
+    return (v.trainer_run, v.base_path), run_label(v.trainer_run), v.step
+
+
+def still_steps(steps: Sequence[int], results: Sequence[Result]) -> list[int]:
+    """The steps of a trajectory at which KL is exactly 0 on every side's rollouts, pooled over tasks: each played
+    token had the same distribution under the checkpoint and its base (KL ≥ 0 per token, so a mean of 0 is 0 on
+    every token) — its behaviour had not moved."""
+    out = []
+    for step, res in zip(steps, results):
+        v = KLResult.from_result(res)
+        if all(v.summary(s, ALL, "token")[0] == 0.0 for s in v.sides):
+            out.append(step)
+    return out
+
+
+#: The legend entry of the steps at which KL is exactly 0 both ways (:func:`still_steps`).
+STILL = "not moved: KL exactly 0 both ways"
+#: Opacity of each side's interval band (RL's rollouts darker, SFT's lighter).
+SIDE_BAND = {"rl": 0.22, "sft": 0.12}
+
+
+def kl_trajectory(label: str, steps: Sequence[int], results: Sequence[Result], colour: str | None = None) -> go.Figure:
+    """One training run's KL from its base at every checkpoint step (one ``kl`` result per step, in step order),
+    pooled over tasks, per action token (left) and per episode (right): a line per side (solid: RL's rollouts,
+    dotted: SFT's) in the run's colour, its interval a band; the hover gives the checkpoint, the interval and the
+    share of the side's outputs that parsed."""
+    c = colour or run_colours([label])[0]
+    first = results[0]
+    names = side_names(first)
+    views = [KLResult.from_result(r) for r in results]
+    still = set(still_steps(steps, results))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("per action token", "per episode"), horizontal_spacing=0.1)
+    for col, per in enumerate(("token", "episode"), start=1):
+        for s in views[0].sides:
+            e, lo, hi = np.array([v.summary(s, ALL, per) for v in views], dtype=np.float64).T
+            band = translucent(c, SIDE_BAND.get(s, 0.1))
+            for y, fill in ((hi, None), (lo, "tonexty")):  # the band: high, then low filled up to it
+                fig.add_trace(go.Scatter(x=list(steps), y=y, mode="lines", line={"width": 0, "color": band},
+                                         fill=fill, fillcolor=band, hoverinfo="skip", showlegend=False,
+                                         legendgroup=s, name=f"{esc(names[s])} · interval"), row=1, col=col)
+            fig.add_trace(go.Scatter(
+                x=list(steps), y=e, mode="lines+markers", name=esc(names[s]), legendgroup=s, showlegend=col == 1,
+                line={"color": c, "dash": SIDE_DASH.get(s, "dash")}, marker={"size": 7, "color": c},
+                customdata=[[esc(v.attrs.get("labels", {}).get("rl", "")), _iv(e[k], lo[k], hi[k]),
+                             parsed_text(v.parsed(s)), " — KL exactly 0: not moved" if steps[k] in still else ""]
+                            for k, v in enumerate(views)],
+                hovertemplate=f"%{{fullData.name}}<br>step %{{x}} (%{{customdata[0]}})<br>%{{customdata[1]}} nats "
+                              f"per {per}, all tasks (95% interval)%{{customdata[3]}}<br>outputs parsed on these "
+                              "rollouts: %{customdata[2]}<extra></extra>",
+            ), row=1, col=col)
+        if still:  # the checkpoints that had not moved: a ring at 0
+            fig.add_trace(go.Scatter(
+                x=sorted(still), y=[0.0] * len(still), mode="markers", name=STILL, legendgroup="still",
+                showlegend=col == 1, cliponaxis=False, marker={"size": 15, "symbol": "circle-open", "color": "#222",
+                                                               "line": {"width": 2}},
+                hovertemplate="step %{x}: KL exactly 0 on both sides' rollouts<extra></extra>"), row=1, col=col)
+        fig.update_yaxes(title_text=PER_AXIS[per], rangemode="tozero", row=1, col=col)
+        fig.update_xaxes(title_text="checkpoint step", row=1, col=col)
+    step_axis(fig, steps)
+    return _two_lines(base_layout(fig, f"Behavioural divergence over training — {esc(label)}",
+                                  f"each checkpoint against its base, pooled over tasks; "
+                                  f"{_sides_line(first, lines=True)}<br>{_convention_line(first, 'bands')}",
+                                  "checkpoint step", PER_AXIS["token"], legend_title="direction (whose rollouts)"))
+
+
+def kl_trajectories(runs: Sequence[tuple[str, Sequence[int], Sequence[Result]]]) -> go.Figure:
+    """:func:`kl_trajectory` of every training run ``(label, steps, results)``, each in its run colour
+    (figures/runs.py), one shown at a time, a menu of the runs picking it (one run: its figure as it is)."""
+    from ._common import selector
+
+    colours = run_colours([label for label, _, _ in runs])
+    order = study_order([label for label, _, _ in runs])
+    return selector([(esc(runs[i][0]), kl_trajectory(*runs[i], colour=colours[i])) for i in order], "training run")
+
+
 #: The strings figure's panels: (what, title).
 TOP_PANELS = (("token", "tokens"), ("action", "actions"))
 
@@ -292,5 +380,5 @@ def caption_conventions(res: Result) -> str:
     return "; ".join(p for p in parts if p) + "."
 
 
-__all__ = ["caption_conventions", "kl_by_model", "kl_means", "kl_over_steps", "kl_per_task", "kl_top", "parse_rates",
-           "pooled", "side_names", "steps_of", "summary", "top_rows"]
+__all__ = ["caption_conventions", "kl_by_model", "kl_means", "kl_over_steps", "kl_per_task", "kl_top", "kl_trajectory",
+           "kl_trajectories", "parse_rates", "pooled", "side_names", "steps_of", "still_steps", "summary", "top_rows", "trajectory_point"]

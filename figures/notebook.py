@@ -32,7 +32,7 @@ from ..results.store import Result, View, read_result
 from ..train.commands import TrainingCurves
 from . import anatomy, curves, grafts, kl, rank, success, summary
 from .report import base_label, decode_key, delta_label, distinct_labels, training_label
-from .runs import study_in
+from .runs import study_in, trajectories
 
 #: What every function here accepts as one result.
 ResultLike = Union[Result, View, EvalResult, EvalRun, HeadroomRun, Mapping[str, Any], str, os.PathLike]
@@ -244,6 +244,21 @@ def kl_over_steps(results: ResultLike | Sequence[ResultLike], labels: Sequence[s
     return fig
 
 
+def kl_trajectory(results: Sequence[ResultLike]) -> go.Figure:
+    """The KL from the base at every checkpoint of each training run among ``results`` — the ``kl`` results ``kl
+    --all-checkpoints`` writes, one per checkpoint, each recording its step and trainer_run — pooled over tasks, per
+    action token and per episode, a line per side with its interval as a band; several runs: a menu picking the
+    run."""
+    items = _items(results, ("kl",))
+    for x in items:
+        _guarded(x, lambda x=x: kl.kl_means(x.result))
+    runs, _, _ = trajectories(items, lambda x: kl.trajectory_point(x.result))
+    if not runs:
+        raise GraftkitError("no kl result of a training run's checkpoint (one that records its step and trainer_run)",
+                            "pass the results `graftkit kl --model OUTPUT_DIR --all-checkpoints` writes")
+    return kl.kl_trajectories([(t.label, t.steps, [x.result for x in t.items]) for t in runs])
+
+
 def kl_top(results: ResultLike | Sequence[ResultLike], label: str | Sequence[str] | None = None) -> go.Figure:
     """The token and action strings that gained and lost the most probability under RL (``graftkit kl --top``);
     several results: a menu picking the model."""
@@ -268,10 +283,17 @@ def _run_index(x: _Item, run: int | str) -> tuple[int, str]:
 
 
 def _runs_of(x: _Item, run: int | str | None, label: str | Sequence[str] | None) -> list[tuple[str, Result, int]]:
-    """``(label, result, run index)`` of the delta result's run ``run`` (None: every run), labelled as the
-    report labels the runs of one delta file, or by ``label`` (one per run drawn)."""
-    runs = DeltaResult.from_result(x.result, x.path).runs
-    picked = [_run_index(x, run)] if run is not None else list(enumerate(runs))
+    """``(label, result, run index)`` of the delta result's run ``run`` (None: every run but those bit-identical to
+    the base, which the report states in a note), labelled as the report labels the runs of one delta file, or by
+    ``label`` (one per run drawn)."""
+    d = DeltaResult.from_result(x.result, x.path)
+    still = set(anatomy.identical_runs(x.result))
+    picked = [_run_index(x, run)] if run is not None else [(r, n) for r, n in enumerate(d.runs) if r not in still]
+    if run is not None and picked[0][0] in still:
+        raise GraftkitError(f"{x.name}: {d.identical_line(picked[0][0])}", "pick a run that moved")
+    if not picked:
+        raise GraftkitError(f"{x.name}: every run is bit-identical to its base, nothing moved",
+                            "the report states it in one note; draw a checkpoint that moved")
     if label is None:
         return [(delta_label(name, x.path, 1), x.result, r) for r, name in picked]
     given = [label] if isinstance(label, str) else [str(lab) for lab in label]
@@ -300,11 +322,12 @@ def anatomy_heatmap(result: ResultLike, run: int | str | None = None, metric: st
 
 def group_shares(results: ResultLike | Sequence[ResultLike], labels: Sequence[str] | None = None) -> go.Figure:
     """Each RL run's share of squared weight movement per parameter group, over every run of every delta
-    result (``labels``: one per run, in order). Runs are named as in the report: the run's name, with the
-    file's stem when several delta results are drawn."""
+    result but those bit-identical to their base (``labels``: one per run drawn, in order). Runs are named as in
+    the report: the run's name, with the file's stem when several delta results are drawn."""
     items = _items(results, ("delta",))
     bars = [(delta_label(run, x.path, len(items)), x.result, r)
-            for x in items for r, run in enumerate(DeltaResult.from_result(x.result, x.path).runs)]
+            for x in items for r, run in enumerate(DeltaResult.from_result(x.result, x.path).runs)
+            if r not in anatomy.identical_runs(x.result)]
     if labels is not None:
         if isinstance(labels, str) or len(labels) != len(bars):
             raise GraftkitError(f"labels={labels!r}: the results hold {len(bars)} RL run(s), one label each",
@@ -381,6 +404,19 @@ def kl_attribution(results: ResultLike | Sequence[ResultLike], label: str | Sequ
     return _per_sweep(results, ("graft-sweep",), _labels(label), grafts.kl_attribution,
                       "no KL attribution array (a complete single, loo or factorial sweep scored with --metric kl or "
                       "both writes them)")
+
+
+def sweep_trajectory(results: Sequence[ResultLike]) -> go.Figure:
+    """Per swept group, its effect on success and, scored by KL, the fraction of RL's behavioural change it
+    reproduces, over the checkpoint steps of each training run among ``results`` — the sweeps ``graft
+    --all-checkpoints`` writes, one per checkpoint; several runs (sweeps of one metric): a menu picking the run."""
+    items = _items(results, ("graft-sweep",))
+    runs, _, _ = trajectories(items, lambda x: grafts.trajectory_point(x.result))
+    if not runs:
+        raise GraftkitError("no sweep of a training run's checkpoint (one that records its step and trainer_run)",
+                            "pass the results `graftkit graft --from OUTPUT_DIR --sweep … --all-checkpoints` writes")
+    return _guarded(runs[0].items[0], lambda: grafts.sweep_trajectories(
+        [(t.label, t.steps, [x.result for x in t.items], [x.label for x in t.items]) for t in runs]))
 
 
 def dissociation(results: ResultLike | Sequence[ResultLike], label: str | Sequence[str] | None = None) -> go.Figure:
@@ -466,7 +502,7 @@ def training_curves(results: ResultLike | Sequence[ResultLike], family: str = "l
 
 
 __all__ = ["ResultLike", "success_rates", "paired_differences", "headroom_rates", "headroom_differences",
-           "kl_per_task", "kl_by_model", "kl_over_steps", "kl_top", "anatomy_heatmap", "group_shares", "top_tensors",
-           "graft_effects", "kl_reproduced", "attribution", "kl_attribution", "interactions",
-           "movement_vs_effect", "dissociation", "rank_by_layer", "coupling_by_layer", "coupling_scatter",
+           "kl_per_task", "kl_by_model", "kl_over_steps", "kl_trajectory", "kl_top", "anatomy_heatmap", "group_shares",
+           "top_tensors", "graft_effects", "kl_reproduced", "attribution", "kl_attribution", "interactions",
+           "sweep_trajectory", "movement_vs_effect", "dissociation", "rank_by_layer", "coupling_by_layer", "coupling_scatter",
            "both_directions", "study_summary", "training_curves"]

@@ -15,6 +15,13 @@ rollouts and KL(π_SFT‖π_RL) on SFT's per task, per token and per episode, ac
 the strings that moved most; captions state the conventions each result records), delta anatomy, graft effects
 (success, and for sweeps scored by KL the fraction of RL's behavioural change each graft reproduces and its
 attribution per group), rank by layer, rank–success coupling, then the list of result files (provenance).
+A training run measured checkpoint by checkpoint (``kl`` and ``graft`` with ``--all-checkpoints``: one result per
+checkpoint, each recording its ``step`` and ``trainer_run``) is one trajectory (figures/runs.py ``trajectories``):
+the behavioural-divergence section draws both directions' KL over its steps (figures/kl.py ``kl_trajectory``), the
+grafts section each swept group's effect over its steps (figures/grafts.py ``sweep_trajectory``), a menu picking the
+run, and both say in a note which checkpoint's KL is exactly 0; the per-model and per-sweep menus list its
+checkpoints in step order. A delta run bit-identical to its base (``DeltaResult.identical``) is one note naming its
+file, left out of the heatmaps, largest movers and group shares (a trajectory's movement over steps keeps its 0).
 Where a result records how many outputs parsed (a web action, or an answer in the task's answer format), the hover
 of its scores gives the share, and its section's notes say, prefixed by the model or swept run, where most outputs
 did not parse and how a user's file was covered (the results' own lines: ``EvalResult.action_notes`` and
@@ -46,13 +53,14 @@ from ..core.errors import GraftkitError
 from ..study.findings import FindingsResult
 from ..evaluation.kl import KLResult
 from ..graft.anatomy import DeltaResult
+from ..graft.experiments import SweepResult
 from ..stats import Comparison
 from ..core.files import write_atomic
 from ..results.layout import REPORT, result_labels
 from ..results.store import DamagedResult, Result, scan_results
 from . import anatomy, curves, grafts, kl, rank, success, summary
 from ._common import decode_key, fmt
-from .runs import regime_groups, study_in, study_order
+from .runs import Trajectory, regime_groups, study_in, study_order, trajectories
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,13 @@ class Section:
     present: bool = False
     #: The result files ``html`` (a table) is drawn from.
     html_sources: list[Path] = field(default_factory=list)
+    #: The result files a note states something of (a run that did not move), by the note's text.
+    note_sources: dict[str, list[Path]] = field(default_factory=dict)
+
+    def note(self, text: str, *sources: Path) -> None:
+        """Add a note that states what ``sources`` hold (named in the page, like a figure's sources)."""
+        self.notes.append(text)
+        self.note_sources.setdefault(text, []).extend(sources)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -383,13 +398,32 @@ def _kl(loaded: Sequence[Loaded]) -> Section:
         traj = [x for x in ok if kl.steps_of(x.result)]
         sec.panels.append(Panel(fig, "Each trajectory's KL from its base at every checkpoint step, pooled over "
                                      f"tasks, one line per model and side: {conventions}", tuple(x.path for x in traj)))
-    single = [x for x in ok if not kl.steps_of(x.result)]
+    # kl --all-checkpoints: one result per checkpoint, a trajectory per training run and base
+    runs, _, superseded = trajectories(ok, lambda x: kl.trajectory_point(x.result))
+    for old, new in superseded:
+        sec.notes.append(f"{old.path.name} and {new.path.name} both measure step {KLResult.from_result(new.result).step} "
+                         f"of {KLResult.from_result(new.result).trainer_run}: the newer ({new.path.name}) is drawn "
+                         "in its trajectory")
+    if runs:
+        for t in runs:
+            for step in kl.still_steps(t.steps, [x.result for x in t.items]):
+                (x,) = [x for st, x in zip(t.steps, t.items) if st == step]
+                sec.note(f"{t.label}: at step {step} ({x.label}) KL is exactly 0 on both sides' rollouts — the "
+                         "checkpoint's behaviour had not moved from its base's", x.path)
+        sec.panels.append(Panel(kl.kl_trajectories([(t.label, t.steps, [x.result for x in t.items]) for t in runs]),
+                                f"{_owner([t.label for t in runs])}: the training run's KL from its base at every "
+                                "checkpoint step (kl --all-checkpoints: one result per checkpoint), pooled over tasks, "
+                                "per action token (left) and per episode (right), one line per side with its interval "
+                                "as a band; a ring at 0: KL exactly 0 on both sides (the checkpoint had not moved): "
+                                f"{conventions}", tuple(x.path for t in runs for x in t.items)))
+    drawn = {x.path for t in runs for x in t.items}
+    single = [x for x in ok if not kl.steps_of(x.result) and x.path not in drawn]
     fig = kl.kl_by_model([(x.label, x.result) for x in single])
     if fig is not None:
         sec.panels.append(Panel(fig, f"{len(single)} RL models' KL from their base, pooled over tasks, in study order: "
                                      f"{conventions}", tuple(x.path for x in single)))
     per_task, top, top_from = [], [], []
-    for item in ok:
+    for item in _step_ordered(ok, runs):
         def build(item=item):
             fig, moved = kl.kl_per_task(item.label, item.result), kl.kl_top(item.label, item.result)
             per_task.append((item.label, fig))
@@ -434,7 +468,16 @@ def _anatomy(loaded: Sequence[Loaded]) -> Section:
                                   "‖Δ‖_F of each decoder layer's tensors from the base at every saved checkpoint.")):
                     if fig is not None:
                         sec.panels.append(Panel(fig, cap, (item.path,)))
-            runs = [(delta_label(run, item.path, len(items)), item.result, r) for r, run in enumerate(d.runs)]
+            # a run bit-identical to its base: one line, not heatmaps of zeros and undefined ratios
+            still = anatomy.identical_runs(item.result)
+            over_steps = " (the movement over steps shows its 0)" if anatomy.trajectory_steps(item.result) else ""
+            for r in still:
+                sec.note(("" if len(items) == 1 else f"{item.path.name}: ") + f"{d.identical_line(r)}; it is left "
+                         f"out of the heatmaps, largest movers and group shares{over_steps}", item.path)
+            runs = [(delta_label(run, item.path, len(items)), item.result, r) for r, run in enumerate(d.runs)
+                    if r not in still]
+            if not runs:
+                return
             bars.extend(runs)
             moved.append(item.path)
             whose = _whose([label for label, _, _ in runs])
@@ -518,7 +561,8 @@ def _grafts(loaded: Sequence[Loaded]) -> Section:
     for item in sweeps:  # where most outputs of some configurations did not parse, and a user's file's coverage
         _guard(sec, item, lambda item=item: sec.notes.extend(f"{item.label}: {n}"
                                                              for n in grafts.sweep_notes(item.result)))
-    for item in sweeps:
+    runs = _sweep_trajectories(sec, sweeps)
+    for item in _step_ordered(sweeps, runs):
         def build(item=item):
             built = {k: build_(item.label, item.result) for k, (build_, _) in measures.items()}
             for k, fig in built.items():  # only once every builder has read the sweep
@@ -541,6 +585,59 @@ def _grafts(loaded: Sequence[Loaded]) -> Section:
                                      "run A and in RL run B and their difference (95% intervals); the verdict says "
                                      "which run's change the group carries.", tuple(drawn_from)))
     return sec
+
+
+def _step_ordered(items: Sequence[Loaded], runs: Sequence[Trajectory[Loaded]]) -> list[Loaded]:
+    """``items`` with each trajectory's results in step order, at the place of its first (a menu of models or
+    sweeps lists a training run's checkpoints in step order)."""
+    of = {x.path: t for t in runs for x in t.items}
+    out, done = [], set()
+    for x in items:
+        t = of.get(x.path)
+        if t is None:
+            out.append(x)
+        elif t.key not in done:
+            done.add(t.key)
+            out.extend(t.items)
+    return out
+
+
+def _sweep_trajectories(sec: Section, sweeps: Sequence[Loaded]) -> list[Trajectory[Loaded]]:
+    """The sweeps graft --all-checkpoints wrote, one per checkpoint: a figure per training run (a menu picking the
+    run) of each swept group's effect over the steps, and a note for each step whose checkpoint had not moved.
+    Returns the trajectories."""
+    runs, _, superseded = trajectories(sweeps, lambda x: grafts.trajectory_point(x.result))
+    for old, new in superseded:
+        v = SweepResult.from_result(new.result)
+        sec.notes.append(f"{old.path.name} and {new.path.name} both hold the {v.sweep} sweep of step {v.step} of "
+                         f"{v.trainer_run}: the newer ({new.path.name}) is drawn in its trajectory")
+    # panels → (label, figure, effect, files): trajectories scored alike share one figure, a menu picking the run
+    built: dict[tuple[str, ...], list[tuple[str, go.Figure, str, list[Path]]]] = {}
+    for t in runs:
+        def build(t=t):
+            results, names = [x.result for x in t.items], [x.label for x in t.items]
+            fig = grafts.sweep_trajectory(t.label, t.steps, results, names)
+            for step, name in grafts.unmoved_steps(grafts.trajectory_rows(t.steps, results, names)):
+                (x,) = [x for st, x in zip(t.steps, t.items) if st == step]
+                sec.note(f"{t.label}: at step {step} ({name}) KL(π_RL‖π_SFT) is exactly 0 on RL's rollouts — the "
+                         "checkpoint's behaviour had not moved from SFT's, so the fraction of its change a graft "
+                         "reproduces is undefined there", x.path)
+            built.setdefault(grafts.trajectory_panels(results[0]), []).append(
+                (t.label, fig, grafts.trajectory_effect(results[0]), [x.path for x in t.items]))
+
+        _guard(sec, t.items[0], build)
+    for panels, figs in built.items():
+        measured = ("its effect on success in points, beside the checkpoint's own RL − base (dashed)"
+                    if "success" in panels else "") + (", and " if len(panels) == 2 else "") + (
+            "the fraction of the checkpoint's behavioural change it reproduces on RL's rollouts (by KL)"
+            if "reproduced_rl" in panels else "")
+        effects = "; ".join(f"{lab}: {e}" if len(figs) > 1 else e for lab, _, e, _ in figs)
+        sec.panels.append(Panel(grafts.by_sweep([(lab, fig) for lab, fig, _, _ in figs], "training run"),
+                                f"{_owner([lab for lab, *_ in figs])}: the sweep of every checkpoint of a training run "
+                                "(graft --all-checkpoints), one line per swept group over the checkpoint steps with "
+                                f"its 95% interval — {measured}; the numbers graft --all-checkpoints prints. The "
+                                f"effect: {effects}.", tuple(p for *_, paths in figs for p in paths)))
+    return runs
 
 
 def _rank(loaded: Sequence[Loaded]) -> Section:
@@ -680,7 +777,7 @@ def render_html(run_dir: Path, loaded: Sequence[Loaded], sections: Sequence[Sect
         if sec.html:
             body.append(f"<div class='tables'{_sources_attr(run_dir, sec.html_sources)}>{sec.html}</div>")
         for note in sec.notes:
-            body.append(f"<p class='note'>{_h(note)}</p>")
+            body.append(f"<p class='note'{_sources_attr(run_dir, sec.note_sources.get(note, ()))}>{_h(note)}</p>")
         for panel in sec.panels:
             fid = f"fig-{len(figs) + 1}"
             figs.append(f'{{"id":{json.dumps(fid)},"figure":{pio.to_json(panel.figure, validate=False)}}}')

@@ -19,6 +19,10 @@ the same colour in every figure of a report, in every report, and in the noteboo
 (figures/notebook.py), whatever else is drawn beside it. The SFT reference is drawn in :data:`REFERENCE`;
 a run outside any regime, beside regime runs, in :data:`OTHER` (by its place), and when no run of a figure
 has a regime every run keeps ``_common.PALETTE`` by its place, as before regimes existed.
+
+A training run's checkpoints measured one by one (``kl`` and ``graft`` with ``--all-checkpoints``: each result
+records its ``step`` and the trainer's output_dir, ``trainer_run``) form one :class:`Trajectory`
+(:func:`trajectories`), named after the output_dir, which the report draws over the steps.
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ from __future__ import annotations
 import re
 import zlib
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Generic, Hashable, Iterable, Mapping, Sequence, TypeVar
 
 from ..core.errors import GraftkitError
+from ..results.layout import result_labels
 from ..results.store import Result
 from ..study.design import VARIANTS
 from ._common import colour
@@ -208,3 +213,55 @@ def regime_groups(names: Sequence[str], study: Study | None = None) -> list[tupl
 
 #: The group of runs in no regime (the SFT policies, arbitrary runs) in a regime menu.
 OUTSIDE = "runs in no regime"
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Trajectory(Generic[T]):
+    """The results of one training run's checkpoints, one per step, in step order."""
+
+    key: Hashable
+    """What the results share (the trainer's output_dir and what was measured, e.g. the base)."""
+    label: str
+    """The run's name in figures: the output_dir's (``result_labels``), with what the key adds to tell it apart."""
+    steps: tuple[int, ...]
+    items: tuple[T, ...]
+
+
+#: How a result places itself in a trajectory: (key, run label, step), or None for a result of no trajectory.
+Point = Callable[[T], "tuple[Hashable, str, int] | None"]
+
+
+def run_label(trainer_run: str) -> str:
+    """The name of a trainer's output_dir in figures, as results name its checkpoints (``result_labels``)."""
+    return result_labels([trainer_run])[0]
+
+
+def trajectories(items: Sequence[T], point: Point) -> tuple[list[Trajectory[T]], list[T], list[tuple[T, T]]]:
+    """``items`` (oldest first) grouped by the key ``point`` gives each: the trajectories in order of their first
+    item, each in step order; the items of no trajectory; and ``(left out, kept)`` for each item whose step its
+    trajectory already holds from a newer item (the newer one is drawn, the older one goes with the rest). Labels
+    two trajectories share get `` · 2``, `` · 3`` … in order."""
+    groups: dict[Hashable, tuple[str, dict[int, int]]] = {}  # key → (label, step → index into items)
+    rest: set[int] = set()
+    superseded: list[tuple[T, T]] = []
+    for i, item in enumerate(items):
+        p = point(item)
+        if p is None:
+            rest.add(i)
+            continue
+        key, label, step = p
+        by_step = groups.setdefault(key, (label, {}))[1]
+        if step in by_step:
+            superseded.append((items[by_step[step]], item))
+            rest.add(by_step[step])
+        by_step[step] = i
+    out, seen = [], {}
+    for key, (label, by_step) in groups.items():
+        seen[label] = seen.get(label, 0) + 1
+        shown = label if seen[label] == 1 else f"{label} · {seen[label]}"
+        steps = sorted(by_step)
+        out.append(Trajectory(key, shown, tuple(steps), tuple(items[by_step[s]] for s in steps)))
+    return out, [items[i] for i in sorted(rest)], superseded

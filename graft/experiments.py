@@ -769,6 +769,19 @@ class SweepResult(View):
         return str(self.attrs.get("metric", "success"))
 
     @property
+    def step(self) -> int | None:
+        """N of the checkpoint-N this sweep grafted from, where ``graft --all-checkpoints`` wrote it (else None)."""
+        step = self.attrs.get("step")
+        return None if step is None else int(step)
+
+    @property
+    def trainer_run(self) -> str | None:
+        """The trainer's output_dir whose checkpoint this sweep grafted from, where ``graft --all-checkpoints``
+        wrote it."""
+        run = self.attrs.get("trainer_run")
+        return None if run is None else str(run)
+
+    @property
     def has_success(self) -> bool:
         return "success" in self.result.data
 

@@ -80,10 +80,14 @@ def _pair(root: Path):
 
 
 def _delta(root: Path) -> list[tuple[dict, Result]]:
+    """A run that moved, and a run bit-identical to its base (drawn as a note, in no heatmap)."""
     from graftkit.graft import delta_anatomy
+    from graftkit.weights import open_checkpoint
 
     b, r, tax = _pair(root)
-    return [({"labels": "rl"}, delta_anatomy(b, [r], ["rl"], tax))]
+    still = open_checkpoint(root / "pair" / "sft")
+    return [({"labels": "rl"}, delta_anatomy(b, [r], ["rl"], tax)),
+            ({"labels": "still"}, delta_anatomy(b, [still], ["still"], tax))]
 
 
 def _study_delta(root: Path) -> list[tuple[dict, Result]]:
@@ -91,10 +95,13 @@ def _study_delta(root: Path) -> list[tuple[dict, Result]]:
 
 
 def _trajectory(root: Path) -> list[tuple[dict, Result]]:
+    """A training run's delta whose first checkpoint did not move."""
     from graftkit.graft import delta_anatomy
+    from graftkit.weights import open_checkpoint
 
     b, r, tax = _pair(root)
-    return [({"label": "grpo"}, delta_anatomy(b, [r, r], ["checkpoint-1", "checkpoint-2"], tax,
+    still = open_checkpoint(root / "pair" / "sft")
+    return [({"label": "grpo"}, delta_anatomy(b, [still, r], ["checkpoint-1", "checkpoint-2"], tax,
                                               provenance={"steps": [1, 2]}))]
 
 
@@ -109,12 +116,17 @@ def _sweep_outcomes():
 
 
 def _sweep(root: Path) -> list[tuple[dict, Result]]:
+    """An RL model's sweep, and the sweeps of two checkpoints of a training run (graft --all-checkpoints)."""
     from graftkit.graft.experiments import sweep_result
 
     groups, exps, s = _sweep_outcomes()
     res = sweep_result("factorial", exps, s, ["t1", "t2"], range(4), 3, groups, movement_share={"attn": 0.6},
                        attrs={"rl_label": "rl"}, n_boot=200)
-    return [({"sweep": "factorial", "label": "rl"}, res)]
+    steps = [({"sweep": "factorial", "label": f"out-checkpoint-{k}"},
+              sweep_result("factorial", exps, s, ["t1", "t2"], range(4), 3, groups, n_boot=200,
+                           attrs={"rl_label": f"out-checkpoint-{k}", "step": k, "trainer_run": "/runs/out"}))
+             for k in (2, 4)]
+    return [({"sweep": "factorial", "label": "rl"}, res), *steps]
 
 
 def _sweep_kl(root: Path) -> list[tuple[dict, Result]]:
@@ -132,7 +144,10 @@ def _dissociation(root: Path) -> list[tuple[dict, Result]]:
 
 
 def _kl(root: Path) -> list[tuple[dict, Result]]:
-    return [({"a": "rl", "b": "sft"}, kl_run())]
+    """An RL model's kl result, and those of two checkpoints of a training run (kl --all-checkpoints)."""
+    return [({"a": "rl", "b": "sft"}, kl_run()),
+            *(({"a": f"out-checkpoint-{k}", "b": "sft"},
+               kl_run(f"out-checkpoint-{k}", seed=k, attrs={"step": k, "trainer_run": "/runs/out"})) for k in (2, 4))]
 
 
 def _rank(root: Path) -> list[tuple[dict, Result]]:
