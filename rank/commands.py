@@ -134,8 +134,8 @@ def _models(cfg: RankConfig, run: Path) -> list[Path]:
 def run_rank(cfg: RankConfig, on_progress=no_progress) -> dict:
     """Rank every checkpoint of ``cfg`` and write one result each; returns the summary ``graftkit rank
     --json`` prints (per model: its per-layer rows, each with the set of matrices its means are over, the
-    numerical-rank tolerance rule, the result file, ...). Progress in bytes read (weights, delta) or prompts
-    run (activations)."""
+    numerical-rank tolerance rule, the result file, ...). Progress in matrices ranked (weights, delta: one bar
+    per model, advanced as each tensor's matrices are done) or prompts run (activations)."""
     t0 = time.perf_counter()
     run = current_run(cfg.run)
     models = _models(cfg, run)
@@ -143,6 +143,14 @@ def run_rank(cfg: RankConfig, on_progress=no_progress) -> dict:
     payload = rank(cfg, models, result_labels(models), run, on_progress)
     payload["seconds"] = time.perf_counter() - t0
     return payload
+
+
+def _matrix_counts(ckpt, tax, layers: str) -> dict[str, int]:
+    """{tensor: the matrices it is ranked as} over the tensors ranked (a 3-D stack: one per expert)."""
+    from . import select_tensors
+
+    names, _, _ = select_tensors(ckpt, tax, layers)
+    return {n: int(ckpt.metas[n].shape[0]) if len(ckpt.metas[n].shape) == 3 else 1 for n in names}
 
 
 def _rank_weights(cfg: RankConfig, models: list[Path], labels: list[str], run: Path, on_progress) -> dict:
@@ -168,8 +176,9 @@ def _rank_weights(cfg: RankConfig, models: list[Path], labels: list[str], run: P
         else:
             ckpt = open_model(path, cfg.base, **read)
         tax = (base_ck or ckpt).taxonomy(cfg.unknown)
-        total = (base_ck or ckpt).nbytes * (2 if base_ck else 1)
-        tick = lambda n, nbytes: on_progress(f"rank {lab}", nbytes, total, "bytes")  # noqa: E731
+        matrices = _matrix_counts(base_ck or ckpt, tax, cfg.layers)
+        total = sum(matrices.values())
+        tick = lambda n, nbytes: on_progress(f"rank {lab}", matrices[n], total, "matrices")  # noqa: E731
         res = (delta_ranks(base_ck, ckpt, tax, cfg.layers, on_tensor=tick, provenance=prov, force_pair=cfg.force_pair,
                            device=device)
                if base_ck
@@ -396,7 +405,8 @@ def _both_directions(cfg, both, parent, R, success, outcome, labels, layer_ids, 
 
 def run_couple(cfg: CoupleConfig, on_progress=no_progress) -> dict:
     """Couple the run's per-layer ranks to greedy success and write the ``coupling`` result; returns the
-    summary ``graftkit couple --json`` prints (per layer and band, per checkpoint, both directions)."""
+    summary ``graftkit couple --json`` prints (per layer and band, per checkpoint, both directions). Progress
+    in layers and bands correlated (each ``n_boot`` bootstrap resamples)."""
     from .coupling import coupling, coupling_result
     from ..weights import band_rule
 
@@ -424,7 +434,8 @@ def run_couple(cfg: CoupleConfig, on_progress=no_progress) -> dict:
         "config": cfg.as_dict(),
     }
     corr = coupling(R, success, n_success, level=cfg.level, n_boot=cfg.n_boot, seed=cfg.seed, runs=labels,
-                    layers=layer_ids, n_layers=n_layers, conventions=conventions)
+                    layers=layer_ids, n_layers=n_layers, conventions=conventions,
+                    on_column=lambda total: on_progress(f"couple {cfg.metric}", 1, total, "layers and bands"))
     parent = _parents(cfg, both)
     bd, diffs = _both_directions(cfg, both, parent, R, success, outcome, labels, layer_ids, n_layers)
     res = CouplingResult(coupling_result(corr, bd))

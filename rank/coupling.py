@@ -28,7 +28,7 @@ References
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -164,6 +164,7 @@ def coupling(
     layers: Sequence[int] | None = None,
     n_layers: int | None = None,
     conventions: Mapping[str, Any] | None = None,
+    on_column: Callable[[int], None] = lambda total: None,
 ) -> Result:
     """Per layer and per band: Spearman ρ and Pearson r of rank vs success across runs, with intervals.
 
@@ -172,7 +173,8 @@ def coupling(
     depth (default max(layers)+1), which fixes the bands. ``n_success[run]`` (episodes behind each rate, optional)
     adds a Wilson interval per run's success rate (``success_interval[run, bound]``); the correlation
     intervals resample runs (pairs bootstrap), with every layer and band using the same ``seed``.
-    ``conventions`` (which metric, which target, how layers are indexed) is copied into attrs.
+    ``conventions`` (which metric, which target, how layers are indexed) is copied into attrs. ``on_column(total)``
+    is called as each of the ``total`` layers and bands is done (each is ``n_boot`` resamples of both statistics).
 
     Returns kind ``"coupling"``: ``corr_layer[layer, stat, bound]``, ``corr_band[band, stat, bound]``,
     ``n_layer[layer]`` / ``n_band[band]`` (runs used), ``valid_boot_layer[layer, stat]`` /
@@ -182,6 +184,7 @@ def coupling(
     R, s, runs_, layers_, n = _inputs(rank_by_run, success, runs, layers, n_layers)
     _check_enough(s, runs_)
     band_names, RB = _bands(R, layers_, n)
+    columns = R.shape[1] + RB.shape[1]
 
     def block(M: np.ndarray):
         corr = np.full((M.shape[1], len(STATS), len(BOUNDS)), np.nan)
@@ -191,6 +194,7 @@ def coupling(
         for j in range(M.shape[1]):
             corr[j], valid[j], used[j], reason = _correlate(M[:, j], s, level, n_boot, seed)
             why.append(reason)
+            on_column(columns)
         return corr, valid, used, np.array(why, dtype=object)
 
     cl, vl, ul, wl = block(R)

@@ -4,9 +4,11 @@ Tensors are read one at a time per worker thread (``Checkpoint.read``, in their 
 float64 inside :func:`rank.spectra.measures` (bfloat16 and float8 included) a block of rows at a time, so
 memory holds, per worker, one tensor as stored, one float64 block and the Gram. With ``device`` set to a
 GPU the blocks go there in their stored dtype and the Gram and its ``eigvalsh`` are computed there in
-float64: device memory is, per worker, the largest Gram plus one block (deltas' pair measures add their
-matrices' float64 copies and singular vectors); the result records ``device``, the GPU and its peak
-allocated bytes. Embeddings and lm_head are ranked at their real vocabulary size: the default
+float64: device memory is, per worker, the largest Gram plus one block (deltas' pair measures add the Grams'
+eigenvectors, and a tall matrix whose small σ its Gram cannot resolve two float64 copies of it for its QR:
+:func:`rank.spectra.left_singular`); the result records ``device``, the GPU and its peak allocated bytes.
+Each matrix of a delta's pair is decomposed once (W_rl, W_base: :func:`rank.spectra.pair_measures`; Δ: one
+``eigvalsh``), and every measure reads those decompositions. Embeddings and lm_head are ranked at their real vocabulary size: the default
 ``method="gram"`` takes the eigenvalues of the Gram of the *smaller* side (hidden × hidden), so a
 [vocab, hidden] matrix costs one vocab·hidden² product.
 

@@ -22,7 +22,7 @@ np = pytest.importorskip("numpy")
 from graftkit.core.config import cli_parameters  # noqa: E402
 from graftkit.core.errors import GraftkitError  # noqa: E402
 from graftkit.weights import read_tensors  # noqa: E402
-from graftkit.weights.gguf import ImportConfig, import_dtype, run_import  # noqa: E402
+from graftkit.weights.gguf import IMPORT_STEPS, ImportConfig, import_dtype, run_import  # noqa: E402
 
 HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FFN = 64, 2, 4, 2, 16, 128
 Q = gguf.GGMLQuantizationType
@@ -317,7 +317,12 @@ def test_quantised_import_equals_gguf_dequantize(tmp_path, chat_tok):
     expected, types = write_gguf(path, model, chat_tok, quant=MIXED)
     want_counts = {"Q8_0": 2 + 4 * LAYERS, "Q4_1": 3 * LAYERS, "F32": 1 + 2 * LAYERS}
 
-    res = run_import(ImportConfig(source=path, out=tmp_path / "q"))
+    calls = []
+    res = run_import(ImportConfig(source=path, out=tmp_path / "q"), lambda *a: calls.append(a))
+    steps = [c for c in calls if c[0] == "import"]
+    assert len(steps) == len(IMPORT_STEPS) and {c[1:] for c in steps} == {(1, len(IMPORT_STEPS), "steps")}
+    tensors = [c for c in calls if c[0] == "dequantise"]
+    assert len(tensors) == sum(want_counts.values()) and {c[2] for c in tensors} == {len(tensors)}
     got = read_tensors(tmp_path / "q" / "model.safetensors")
     assert sorted(got) == sorted(expected)  # untied: lm_head from output.weight
     for n, t in expected.items():

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from graftkit.cli import app
 from graftkit.core.errors import GraftkitError
+from graftkit.rank.commands import CoupleConfig, run_couple
 from graftkit.rank.coupling import (
     ANTI_BOTH, BOTH_DIRECTIONS_RULE, NO_TRACK, TOO_FEW, TRACKS_BOTH, TRACKS_IMPROVED, both_directions, coupling,
     coupling_result, verdicts_from_intervals,
@@ -293,6 +294,11 @@ def test_couple_end_to_end(grid, monkeypatch, tmp_path):
     assert stored.attrs["both_directions"]["n_improved"] == 4
     i_sft = list(stored.coords["run"]).index("sft")
     assert stored["direction_run"][i_sft] == "no parent" and np.isnan(stored["delta_rank"][i_sft]).all()
+    # progress: one step per layer and band correlated
+    calls = []
+    run_couple(CoupleConfig(run=run, n_boot=50, save=tmp_path / "c.h5"), lambda *a: calls.append(a))
+    columns = len(p["per_layer"]) + len(p["per_band"])
+    assert calls == [("couple erank", 1, columns, "layers and bands")] * columns
     # the table prints too
     r = runner.invoke(app, ["couple", str(run), "--n-boot", "200", "--layers", "late", "--metric", "stable_rank"])
     assert r.exit_code == 0, r.output

@@ -273,6 +273,46 @@ def test_intruder_dimensions_planted_and_absent():
     assert none.count == 0 and min(none.max_abs_cos) > 0.9
 
 
+def _form(L) -> str:
+    return "U" if L.U is not None else "V" if L.V is not None else "QR"
+
+
+@pytest.mark.parametrize("shape, decades, form", [
+    ((3000, 96), 2.4, "V"),  # tall, every σ resolved by the Gram: u = W v / σ
+    ((3000, 96), 6.0, "QR"),  # tall, σ spanning six decades: the Gram's floor is too close, W = QR
+    ((200, 200), 5.0, "U"),  # square: W Wᵀ's eigenvectors
+    ((64, 900), 4.0, "U"),  # wide
+])
+def test_vector_measures_match_the_float64_svd_on_every_route(shape, decades, form):
+    """Singular vectors from the Gram (or the QR) against numpy's float64 SVD written out here: a direction
+    planted across W₀'s bottom half of singular vectors intrudes (|cos| ≈ 1/sqrt(r/2) with each), every other
+    top vector of W₁ stays; cosines, the count, the energy share and principal angles agree."""
+    rng = np.random.default_rng(9)
+    m, n = shape
+    r = min(shape)
+    W0 = torch.from_numpy(_planted(m, n, np.logspace(0, -decades, r), rng)).to(torch.float32)
+    A0 = W0.double().numpy()
+    U0 = np.linalg.svd(A0, full_matrices=False)[0]
+    u = U0[:, r // 2:] @ (rng.choice([-1.0, 1.0], r - r // 2) / math.sqrt(r - r // 2))
+    W1 = torch.from_numpy(A0 + 2.0 * np.outer(u, _orth(n, 1, rng)[:, 0])).to(torch.float32)
+    assert _form(sp.left_singular(W0)) == form
+    assert _form(sp.left_singular(W0, k=10)) == ("V" if m > n else "U")  # the top 10 alone: always resolved
+    U1 = np.linalg.svd(W1.double().numpy(), full_matrices=False)[0]
+    best = np.abs(U0.T @ U1[:, :10]).max(axis=0)
+    got = sp.intruder_dimensions(W0, W1, 10)
+    np.testing.assert_allclose(got.max_abs_cos, best, rtol=0, atol=1e-9)
+    assert got.indices == (0,) and got.max_abs_cos[0] < 0.25 and min(got.max_abs_cos[1:]) > 0.8
+    D = sp.delta_matrix(W0, W1)
+    Dn = D.double().numpy()
+    P = U0[:, :8].T @ Dn
+    assert sp.delta_energy_in_topk(W0, D, 8) == pytest.approx((P * P).sum() / (Dn * Dn).sum(), rel=1e-10)
+    # (the reference takes every angle from arccos, which near 0 resolves ~1e-8: hence atol 1e-7, as above)
+    np.testing.assert_allclose(sp.principal_angles(W0, W1, 5), _ref_angles(A0, W1.double().numpy(), 5), atol=1e-7)
+    gram, svd = (sp.pair_measures(W0, W1, D, energy_k=8, intruder_k=10, method=m) for m in ("gram", "svd"))
+    assert gram["intruders"] == svd["intruders"] == 1.0
+    assert gram["delta_energy_topk"] == pytest.approx(svd["delta_energy_topk"], rel=1e-8, abs=1e-15)
+
+
 def test_top1_energy_of_delta():
     rng = np.random.default_rng(8)
     D = rng.standard_normal((12, 9))

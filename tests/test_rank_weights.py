@@ -268,3 +268,31 @@ def test_lora_delta_layer_rows_average_one_set(lora_pair, tmp_path):
     row = view.layer_rows(["erank", "numerical_rank"])[layers.index(PLANTED_LAYER)]
     assert row["numerical_rank"] == R and row["averaged_over"] == res["averaged_layer"][i, j]
     assert row["groups"]["attn"]["averaged_over"].startswith("moved tensors 2 of 4")
+
+
+@pytest.mark.parametrize("what", ["delta", "weights"])
+def test_rank_reports_progress_in_matrices(tmp_path, what):
+    """One bar per model, advanced once per tensor by the matrices it is ranked as (a 3-D stack of experts by
+    their number): its total and its final count are the matrices of the result."""
+    from graftkit.rank.commands import RankConfig, run_rank
+    from graftkit.weights import save_model
+    from models import tiny_model as arch_model
+
+    model = arch_model("qwen3_moe")
+    sft = save_model(tmp_path / "sft", model, None, provenance={"producer": "test"}, force=True)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1e-3 * torch.randn(p.shape, generator=g))
+    rl = save_model(tmp_path / "rl", model, None, provenance={"producer": "test"}, force=True)
+    calls = []
+    payload = run_rank(RankConfig(what=what, model=(rl,), base=sft if what == "delta" else None, run=tmp_path / "run"),
+                       lambda *a: calls.append(a))
+    res = read_result(payload["models"]["rl"]["result_file"])
+    n = len(res.coords["tensor"])
+    assert payload["models"]["rl"]["matrices"] == n
+    assert {c[0] for c in calls} == {"rank rl"} and {(c[2], c[3]) for c in calls} == {(n, "matrices")}
+    assert sum(c[1] for c in calls) == n
+    sources = res["tensor_source"].tolist()
+    assert sorted(c[1] for c in calls) == sorted(sources.count(t) for t in set(sources))  # one call per tensor
+    assert res.attrs["expanded"] and max(c[1] for c in calls) == 4  # the experts of a stack: one step each

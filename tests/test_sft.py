@@ -93,7 +93,7 @@ def test_the_study_sft_policy_sits_where_the_suites_say(tmp_path, monkeypatch):
     res = CliRunner().invoke(app, ["headroom", "--model", str(EMBEDDED_SFT), "--tasks", tasks, "--json", "--seeds", "25",
                                    "--episodes", "4", "--save", str(tmp_path / "h.h5")])
     assert res.exit_code == 0, res.output
-    rows = {r["task"]: r for r in json.loads(res.output)["tasks"]}
+    rows = {r["task"]: r for r in json.loads(res.stdout)["tasks"]}
     for t in SUITES["mastered"]:
         assert 0.9 <= rows[t]["greedy"] <= 0.97, rows[t]
     for t in SUITES["headroom"]:

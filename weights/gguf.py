@@ -173,7 +173,9 @@ def run_import(cfg: ImportConfig, on_progress: OnProgress = no_progress) -> dict
 
     Returns ``{out, architecture, tensors, params, quantisation, sha256, dtype, seconds, notes}``:
     ``tensors`` and ``params`` count the written model's own tensors (a tied head once), ``quantisation`` the
-    file's tensors by ggml type."""
+    file's tensors by ggml type. Progress: one bar over the steps of ``IMPORT_STEPS`` (the config, the tensors
+    and the tokenizer each cost a read of the file's metadata, seconds each with a real vocabulary: most of an
+    import's time), and one over the tensors as they are dequantised."""
     import torch
 
     from .fingerprint import file_digests
@@ -181,6 +183,7 @@ def run_import(cfg: ImportConfig, on_progress: OnProgress = no_progress) -> dict
     from .writer import check_destination
 
     t0 = time.perf_counter()
+    step = lambda: on_progress("import", 1, len(IMPORT_STEPS), "steps")  # noqa: E731
     source = check_source(cfg.source).resolve()
     check_destination(cfg.out, (), cfg.force, [source])  # before any slow work; save_model checks again
     reader = _open_reader(source)
@@ -191,12 +194,16 @@ def run_import(cfg: ImportConfig, on_progress: OnProgress = no_progress) -> dict
     del reader  # its memory map; the loader opens its own
     dtype = import_dtype(cfg.dtype, counts)
     torch_dtype = getattr(torch, dtype)
+    step()
 
     model = _meta_model(source, arch)
+    step()
     mapping: dict[str, str] = {}
     tensors = _load_tensors(source, arch, model, torch_dtype, on_progress, mapping)
     notes = _assign(model, tensors, file_names, mapping, source)
+    step()
     tokenizer = _tokenizer(source)
+    step()
     if getattr(tokenizer, "chat_template", None) is None:
         notes.append(f"{source.name} carries no tokenizer.chat_template: the tokenizer has no chat template")
     rounded = [t for t in counts if dtype != "float32" and FLOAT_TYPES.get(t) != dtype]
@@ -204,6 +211,7 @@ def run_import(cfg: ImportConfig, on_progress: OnProgress = no_progress) -> dict
         notes.append(f"{sum(counts[t] for t in rounded)} tensor(s) stored as {', '.join(rounded)} rounded to {dtype}")
 
     digest = file_digests([source], "sha256")[source]  # sha256: what model hubs list for a file
+    step()
     dequantised = any(t not in FLOAT_TYPES for t in counts)
     from .._version import __version__
 
@@ -224,9 +232,14 @@ def run_import(cfg: ImportConfig, on_progress: OnProgress = no_progress) -> dict
     seen = {(t.untyped_storage().data_ptr(), t.storage_offset()) for t in state.values()}
     out = save_model(Path(cfg.out), model, tokenizer, provenance=provenance, dtype=torch_dtype, force=cfg.force,
                      config=saved_config(model, dtype))
+    step()
     return {"out": str(out), "architecture": arch, "tensors": len(seen),
             "params": sum(p.numel() for p in model.parameters()), "quantisation": counts, "sha256": digest,
             "dtype": dtype, "dequantised": dequantised, "seconds": time.perf_counter() - t0, "notes": notes}
+
+
+#: The steps of an import its progress bar counts, in order.
+IMPORT_STEPS = ("metadata", "model", "tensors", "tokenizer", "sha256", "write")
 
 
 def saved_config(model, dtype: str) -> dict:
