@@ -15,7 +15,7 @@ What it does:
    every row equal to the device's within ``REL`` relative (NaN where the other is NaN); the CPU's time
    for the subset, and that time scaled to the whole model by the matrices' multiply-adds (long·short²);
 4. ``delta_ranks`` of ``--delta-layers`` decoder layers on the device and on the CPU (the pair measures'
-   SVDs included): equal within ``REL``; both times;
+   eigendecompositions included): equal within ``REL``; both times;
 5. device memory bound: the peak of (2) against the largest Gram plus one block per worker.
 
 Then a JSON record (``--out``/gpu_rank_check.json) and PASS/FAIL per check; exit status 1 if any fails,
