@@ -508,7 +508,8 @@ def demo(cfg: StudyConfig, as_json: bool):
 @command(app, ReportConfig, "report", extra=(flag("open_it", "--open", "Open the report in the default web browser."),))
 def report(cfg: ReportConfig, as_json: bool, open_it: bool):
     """One self-contained HTML report of a run's results (plotly.js inlined, no network needed)."""
-    info = run_report(cfg)
+    with Bars() as bars:
+        info = run_report(cfg, bars)
     if open_it:
         import webbrowser
 

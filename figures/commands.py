@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.config import CommandConfig, opt
+from ..core.config import CommandConfig, OnProgress, no_progress, opt
 from ..core.errors import GraftkitError
 from ..results.layout import RunLayout, current_run
 from ..results.store import scan_results
@@ -25,13 +25,13 @@ class ReportConfig(CommandConfig):
     """Also save a PNG of the page rendered in headless Chromium."""
 
 
-def run_report(cfg: ReportConfig) -> dict[str, Any]:
+def run_report(cfg: ReportConfig, on_progress: OnProgress = no_progress) -> dict[str, Any]:
     """Write the report (and the screenshot); returns the page's path, sections, figures, notes and size."""
     from .report import write_report
 
     run = cfg.run or current_run()
     dest = cfg.out or RunLayout(run).report
-    rep = write_report(run, dest)
+    rep = write_report(run, dest, on_progress=on_progress)
     if cfg.screenshot is not None:
         from .browser import screenshot
 

@@ -49,6 +49,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from .._version import __version__
+from ..core.config import OnProgress, no_progress
 from ..core.errors import GraftkitError
 from ..study.findings import FindingsResult
 from ..evaluation.kl import KLResult
@@ -690,9 +691,13 @@ SECTIONS: tuple[Callable[[Sequence[Loaded]], Section], ...] = (
 )
 
 
-def plan_report(loaded: Sequence[Loaded]) -> list[Section]:
-    """The report's sections for the run's results (figures built, nothing rendered)."""
-    return [make(loaded) for make in SECTIONS]
+def plan_report(loaded: Sequence[Loaded], on_section: Callable[[], None] = lambda: None) -> list[Section]:
+    """The report's sections for the run's results (figures built, nothing rendered); ``on_section`` after each."""
+    out = []
+    for make in SECTIONS:
+        out.append(make(loaded))
+        on_section()
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -824,15 +829,20 @@ class Report:
     damaged: tuple[DamagedResult, ...] = ()
 
 
-def make_report(run_dir: str | os.PathLike) -> Report:
+def make_report(run_dir: str | os.PathLike, on_progress: OnProgress = no_progress) -> Report:
     """Read the run's results, plan the sections and render the page. A damaged result file is named at the
-    top of the page and in the notes; the rest of the report is drawn without it."""
+    top of the page and in the notes; the rest of the report is drawn without it. ``on_progress``: one step for
+    reading the results, one per section, one for rendering."""
     run_dir = Path(run_dir)
+    steps = len(SECTIONS) + 2
     loaded, damaged = scan_run(run_dir)
-    sections = plan_report(loaded)
+    on_progress("report", 1, steps, "steps")
+    sections = plan_report(loaded, lambda: on_progress("report", 1, steps, "steps"))
     created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    page = render_html(run_dir, loaded, sections, created, damaged)
+    on_progress("report", 1, steps, "steps")
     return Report(
-        html=render_html(run_dir, loaded, sections, created, damaged),
+        html=page,
         sections=tuple(s.key for s in sections if s.present),
         absent=tuple(s.key for s in sections if not s.present),
         n_figures=sum(len(s.panels) for s in sections),
@@ -847,12 +857,13 @@ def build_report(run_dir: str | os.PathLike) -> str:
     return make_report(run_dir).html
 
 
-def write_report(run_dir: str | os.PathLike, out_path: str | os.PathLike, flag: str | None = "--out") -> Report:
+def write_report(run_dir: str | os.PathLike, out_path: str | os.PathLike, flag: str | None = "--out",
+                 on_progress: OnProgress = no_progress) -> Report:
     """Write the report of ``run_dir`` to ``out_path`` atomically (:func:`graftkit.core.files.write_atomic`:
     kind of path and free space checked, temporary sibling, fsync, rename, folder fsync)."""
     from ..core.files import check_file_dest
 
     check_file_dest(out_path, flag, REPORT)  # before the results are read and drawn
-    report = make_report(run_dir)
+    report = make_report(run_dir, on_progress)
     write_atomic(out_path, report.html, flag=flag, example=REPORT, what="the report")
     return report

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from rich.console import Console
 from typer.testing import CliRunner
@@ -99,3 +101,15 @@ def test_rank_writes_plain_lines_to_a_log(planted_run, monkeypatch):
     assert len(lines) == 14 and all(line.startswith("rank rl: ") for line in lines)
     assert lines[-1].startswith("rank rl: 14/14 matrices (100%)") and lines[-1].endswith("done")
     assert "\x1b" not in res.stderr and "\r" not in res.stderr
+
+
+def test_report_reports_a_step_for_the_results_each_section_and_the_page(tmp_path):
+    from graftkit.figures.commands import ReportConfig, run_report
+    from graftkit.figures.report import SECTIONS
+
+    (tmp_path / "run" / "results").mkdir(parents=True)
+    calls = []
+    info = run_report(ReportConfig(run=tmp_path / "run"), lambda *a: calls.append(a))
+    assert Path(info["path"]).is_file()
+    assert {c[0] for c in calls} == {"report"} and {c[2] for c in calls} == {len(SECTIONS) + 2}
+    assert sum(c[1] for c in calls) == len(SECTIONS) + 2
