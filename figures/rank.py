@@ -15,6 +15,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from ..rank.coupling import CouplingResult
+from ..rank.metrics import MEASURES
 from ..rank.results import RankResult
 from ..results.store import Result
 from ._common import base_layout, bounds, colour, esc, esc_all, integer_axis, interval_error, title, zero_line
@@ -34,20 +35,10 @@ def layer_values(res: Result) -> tuple[np.ndarray, list[str], np.ndarray]:
     return layers, view.metrics, values
 
 
-#: Value-axis unit of each metric (rank/spectra.py and rank/weights.py names); others read "value".
-UNITS = {
-    "erank": "effective rank (dimensions)", "erank_sq": "effective rank (dimensions)",
-    "stable_rank": "stable rank (dimensions)", "participation_ratio": "participation ratio (dimensions)",
-    "rankme": "RankMe (dimensions)", "numerical_rank": "numerical rank (count of σ > tol)",
-    "top1_energy": "top-1 energy σ₁²/Σσ² (fraction)", "spectral_drift": "spectral drift (relative)",
-    "delta_energy_top8": "energy of Δ in W₀'s top-k subspace (fraction)",
-    "intruders": "intruder dimensions (count)",
-}
-
-
 def unit(metric: str) -> str:
-    """Axis title for ``metric`` (escaped)."""
-    return UNITS.get(metric, f"{esc(metric)} (value)")
+    """Axis title for ``metric``: the rank measure's label (:data:`graftkit.rank.metrics.MEASURES`); an unknown name
+    read from a result is escaped."""
+    return MEASURES[metric].label if metric in MEASURES else f"{esc(metric)} (value)"
 
 
 def _convention(results: Sequence[tuple[str, Result]], metric: str) -> str:

@@ -10,11 +10,10 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "spectra": ("CONVENTIONS", "Intruders", "Spectrum", "delta_energy_in_topk", "erank", "erank_sq",
-                "intruder_dimensions", "measures", "numerical_rank", "pair_measures", "participation_ratio",
-                "principal_angles",
-                "rankme", "singular_values", "spectral_drift", "spectrum", "stable_rank", "top1_energy",
-                "top1_energy_of"),
+    "metrics": ("CONVENTIONS", "MEASURES", "Measure", "erank", "erank_sq", "participation_ratio", "rankme",
+                "stable_rank", "top1_energy_of"),
+    "spectra": ("Intruders", "Spectrum", "delta_energy_in_topk", "intruder_dimensions", "measures", "numerical_rank",
+                "pair_measures", "principal_angles", "singular_values", "spectral_drift", "spectrum", "top1_energy"),
     "weights": ("METRICS", "PAIR_METRICS", "delta_ranks", "select_tensors", "weight_ranks"),
     "coupling": ("BOTH_DIRECTIONS_RULE", "CouplingResult", "both_directions", "coupling", "coupling_result"),
     "activations": ("Moments", "activation_ranks", "activation_spectrum", "probe_prompts", "prompts_from_file"),

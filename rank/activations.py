@@ -55,8 +55,8 @@ import numpy as np
 from ..core.errors import GraftkitError
 from ..results.store import Result
 from ..weights import band_rule, parse_layers
-from .spectra import CONVENTIONS, METHODS, RANKME_EPS, Spectrum, erank, erank_sq, numerical_rank, \
-    participation_ratio, rankme, stable_rank, top1_energy_of
+from .metrics import of_spectrum
+from .spectra import CONVENTIONS, METHODS, RANKME_EPS, Spectrum, numerical_rank, rankme
 from .results import BACKENDS, METRICS, TOKENS
 
 _EPS64 = float(np.finfo(np.float64).eps)
@@ -189,17 +189,13 @@ def activation_spectrum(m: Moments, centred: bool, dtype: str = "float32") -> Sp
 
 
 def spectrum_measures(sp: Spectrum, rankme_eps: float = RANKME_EPS) -> dict[str, float]:
-    """``METRICS`` of one spectrum (NaN ratios for a zero spectrum), as ``spectra.measures`` names them."""
+    """``METRICS`` of one spectrum (:func:`graftkit.rank.metrics.of_spectrum`: NaN ratios for a zero spectrum), as
+    ``spectra.measures`` names them."""
     s = sp.sigma
-    if not s.any():
-        nan = float("nan")
-        return {m: (0.0 if m in ("numerical_rank", "sigma_1", "frobenius_sq") else nan) for m in METRICS}
-    return {
-        "erank": erank(s), "erank_sq": erank_sq(s), "stable_rank": stable_rank(s),
-        "participation_ratio": participation_ratio(s**2), "rankme": rankme(s, rankme_eps),
-        "numerical_rank": float(numerical_rank(s, tol=sp.default_tol())), "top1_energy": top1_energy_of(s),
-        "sigma_1": float(s[0]), "frobenius_sq": float((s**2).sum()),
-    }
+    values = of_spectrum(s, numerical_rank(s, tol=sp.default_tol()) if s.any() else 0.0)
+    if s.any():
+        values["rankme"] = rankme(s, rankme_eps)
+    return values
 
 
 # ---------------------------------------------------------------------------------------------------

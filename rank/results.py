@@ -15,13 +15,9 @@ import numpy as np
 
 from ..core.errors import GraftkitError
 from ..results.store import View
+from .metrics import METRICS, PAIR_METRICS  # noqa: F401  (the registry's names: value's metric order, and delta's)
 
 RANK_KINDS: tuple[str, ...] = ("rank-weights", "rank-delta", "rank-activations")
-#: Single-matrix measures, in ``value``'s metric order.
-METRICS: tuple[str, ...] = ("erank", "erank_sq", "stable_rank", "participation_ratio", "rankme",
-                            "numerical_rank", "top1_energy", "sigma_1", "frobenius_sq")
-#: Pair measures added by delta ranks.
-PAIR_METRICS: tuple[str, ...] = ("spectral_drift", "delta_energy_top8", "intruders")
 #: Activation ranks: which tokens of a probe prompt, and which way hidden states are read.
 TOKENS = ("last", "all")
 BACKENDS = ("hooks", "lens")

@@ -98,23 +98,14 @@ import numpy as np
 import torch
 
 from ..core.errors import GraftkitError
+# the measures' functions and conventions live in the registry (:mod:`.metrics`); re-exported here
+from .metrics import (CONVENTIONS, RANKME_EPS, SPECTRUM, erank, erank_sq, participation_ratio,  # noqa: F401
+                      rankme, stable_rank, top1_energy_of)
+from .metrics import as_sigma as _sigma
 
 METHODS = {"gram": "gram-eigvalsh-fp64", "svd": "svd-fp64"}
 VECTORS_METHOD = "svd-fp64"
-RANKME_EPS = 1e-7
 _EPS64 = float(np.finfo(np.float64).eps)
-
-CONVENTIONS = {
-    "erank": "roy-vetterli sigma: exp(H(sigma/sum(sigma)))",
-    "erank_sq": "sigma-squared: exp(H(sigma^2/sum(sigma^2)))",
-    "stable_rank": "sum(sigma^2)/sigma_1^2",
-    "participation_ratio": "eigenvalues lambda=sigma^2: sum(lambda)^2/sum(lambda^2)",
-    "rankme": "garrido-2023: exp(-sum(p log p)), p=sigma/sum(sigma)+eps, not renormalised",
-    "numerical_rank": "count(sigma > tol), tol absolute: max(shape)*eps(dtype)*sigma_1 for a matrix, "
-                      "eps(stored dtype)*(max row + max column 2-norm of max(|W_base|,|W_rl|)) for a delta",
-    "top1_energy": "sigma_1^2/sum(sigma^2)",
-}
-
 
 @dataclass(frozen=True, eq=False)
 class Spectrum:
@@ -245,40 +236,6 @@ def _float64(W: Any) -> np.ndarray:
     if isinstance(W, torch.Tensor):
         return W.detach().to(device="cpu", dtype=torch.float64).numpy()
     return np.asarray(W, dtype=np.float64)
-
-
-def _sigma(s: Any, name: str = "sigma") -> np.ndarray:
-    """A 1-D float64 vector of non-negative values (singular values or eigenvalues)."""
-    if isinstance(s, Spectrum):
-        return s.sigma
-    if isinstance(s, torch.Tensor):
-        s = s.detach().to(device="cpu", dtype=torch.float64).numpy()
-    try:
-        v = np.asarray(s, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise GraftkitError(f"{name} is not a numeric vector", "pass a 1-D array of values") from None
-    if v.ndim != 1 or v.size == 0:
-        raise GraftkitError(f"{name} has shape {list(v.shape)}, expected a non-empty 1-D vector",
-                            "pass singular values, e.g. singular_values(W)")
-    if not np.isfinite(v).all():
-        raise GraftkitError(f"{name} holds NaN or inf values", "check the matrix it came from")
-    if (v < 0).any():
-        raise GraftkitError(f"{name} has negative entries (min {v.min():.3g})",
-                            "pass singular values or eigenvalues of a PSD matrix, which are >= 0")
-    return v
-
-
-def _positive_total(v: np.ndarray, name: str, what: str) -> float:
-    total = float(v.sum())
-    if total <= 0.0:
-        raise GraftkitError(f"{name}: all {what} are zero, the measure is undefined for a zero matrix",
-                            "skip zero matrices or report them as rank 0")
-    return total
-
-
-def _entropy(p: np.ndarray) -> float:
-    p = p[p > 0]  # 0 log 0 = 0
-    return float(-(p * np.log(p)).sum())
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -490,43 +447,6 @@ def delta_spectrum(W0: Any, W1: Any, method: str = "gram", device: Any = None) -
 # single-matrix measures (on σ or λ)
 
 
-def erank(sigma: Any) -> float:
-    """Roy–Vetterli effective rank exp(H(p)), p = σ/Σσ."""
-    s = _sigma(sigma)
-    return float(np.exp(_entropy(s / _positive_total(s, "erank", "singular values"))))
-
-
-def erank_sq(sigma: Any) -> float:
-    """σ² effective rank exp(H(q)), q = σ²/Σσ²."""
-    s2 = _sigma(sigma) ** 2
-    return float(np.exp(_entropy(s2 / _positive_total(s2, "erank_sq", "singular values"))))
-
-
-def stable_rank(sigma: Any) -> float:
-    """Σσ² / σ₁²."""
-    s2 = _sigma(sigma) ** 2
-    return _positive_total(s2, "stable_rank", "singular values") / float(s2.max())
-
-
-def participation_ratio(eigenvalues: Any) -> float:
-    """(Σλ)² / Σλ² on eigenvalues λ (σ² of a matrix, or covariance eigenvalues).
-
-    A ``Spectrum`` is taken as its matrix: λ = σ².
-    """
-    lam = eigenvalues.sigma**2 if isinstance(eigenvalues, Spectrum) else _sigma(eigenvalues, "eigenvalues")
-    total = _positive_total(lam, "participation_ratio", "eigenvalues")
-    return total**2 / float((lam**2).sum())
-
-
-def rankme(sigma: Any, eps: float = RANKME_EPS) -> float:
-    """RankMe (Garrido et al. 2023): exp(−Σ p log p), p_k = σ_k/‖σ‖₁ + ε, not renormalised."""
-    if not eps >= 0:
-        raise GraftkitError(f"rankme eps={eps} must be >= 0", "use the paper's 1e-7")
-    s = _sigma(sigma)
-    p = s / _positive_total(s, "rankme", "singular values") + eps
-    return float(np.exp(_entropy(p)))
-
-
 def numerical_rank(sigma: Any, tol: float | None = None, *, rtol: float | None = None) -> int:
     """#{σ_k > threshold}.
 
@@ -555,12 +475,6 @@ def numerical_rank(sigma: Any, tol: float | None = None, *, rtol: float | None =
     return int((s > threshold).sum())
 
 
-def top1_energy_of(sigma: Any) -> float:
-    """σ₁² / Σσ² (= 1 / stable rank)."""
-    s2 = _sigma(sigma) ** 2
-    return float(s2.max()) / _positive_total(s2, "top1_energy", "singular values")
-
-
 def measures(W: Any, method: str = "gram", *, tol: float | None = None,
              rankme_eps: float = RANKME_EPS, stored: tuple[Any, Any] | None = None,
              device: Any = None) -> dict[str, Any]:
@@ -587,21 +501,15 @@ def measures(W: Any, method: str = "gram", *, tol: float | None = None,
     sp = _spectrum(A, dtype, eps, method, ref, device)
     s = sp.sigma
     zero = not s.any()
-    nan = float("nan")
     threshold = sp.default_tol() if tol is None else float(tol)
     # a tolerance under the Gram route's floor (float64 inputs) cannot be resolved from σ²: count on
     # the float64 SVD instead
     rank_sp = sp if threshold >= sp.floor() else _spectrum(A, dtype, eps, "svd", ref, device)
+    values = {name: (numerical_rank(rank_sp.sigma, tol=threshold) if name == "numerical_rank"
+                     else rankme(s, rankme_eps) if name == "rankme" and not zero else m(s))
+              for name, m in SPECTRUM.items()}  # every spectrum measure of :mod:`.metrics`, in its order
     return {
-        "erank": nan if zero else erank(s),
-        "erank_sq": nan if zero else erank_sq(s),
-        "stable_rank": nan if zero else stable_rank(s),
-        "participation_ratio": nan if zero else participation_ratio(s**2),
-        "rankme": nan if zero else rankme(s, rankme_eps),
-        "numerical_rank": numerical_rank(rank_sp.sigma, tol=threshold),
-        "top1_energy": nan if zero else top1_energy_of(s),
-        "sigma_1": float(s[0]),
-        "frobenius_sq": float((s**2).sum()),
+        **values,
         "conventions": dict(CONVENTIONS),
         "method": sp.method,
         "dtype": sp.dtype,

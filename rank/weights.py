@@ -60,19 +60,10 @@ from ..results.store import Result
 from ..weights import (Checkpoint, Taxonomy, band_rule, check_fine_tune, check_pair, describe_later, parse_layers,
                        stream_pair_distance)
 from ..weights.taxonomy import DECODER
-from .results import METRICS, PAIR_METRICS
+from .metrics import DELTA_TOPK, INTRUDER_EPS, INTRUDER_K, METRICS, PAIR_CONVENTIONS, PAIR_METRICS
 from .spectra import (CONVENTIONS, RANKME_EPS, RowBlocks, as_device, delta_matrix, delta_tol_rule, measures,
                       pair_measures)
 
-DELTA_TOPK, INTRUDER_K, INTRUDER_EPS = 8, 10, 0.5
-
-PAIR_CONVENTIONS = {
-    "spectral_drift": "||sigma(W1)-sigma(W0)||_2/||sigma(W0)||_2, W0 base, W1 rl",
-    "delta_energy_top8": f"||U_k^T Delta||_F^2/||Delta||_F^2, U_k top-k left singular vectors of W0, "
-                         f"k=min({DELTA_TOPK}, min(shape))",
-    "intruders": f"count of W1's top-k left singular vectors (k=min({INTRUDER_K}, min(shape))) with max |cos| "
-                 f"< {INTRUDER_EPS} against every W0 left singular vector",
-}
 ZERO_CONVENTION = ("zero matrix (e.g. a tensor RL did not move): frobenius_sq=0, sigma_1=0, numerical_rank=0, "
                    "ratio measures and delta_energy_top8 NaN, spectral_drift=0, intruders=0")
 AGG_CONVENTION = ("value_layer[layer, group, metric]: for every metric the mean over the same set, the layer's "

@@ -479,3 +479,30 @@ def test_matrix_rule_unchanged_and_delta_bad_input():
     with pytest.raises(GraftkitError, match="floating"):
         sp.delta_tolerance(np.ones((3, 4), dtype=np.int64), np.ones((3, 4)))
 
+
+
+def test_every_rank_measure_has_one_home_in_the_registry():
+    """The registry (rank/metrics.py) is what computes, names and labels a measure: spectra.measures, the activation
+    measures, the view's metric order and the figures' axis titles all read it."""
+    import numpy as np
+
+    from graftkit.figures.rank import unit
+    from graftkit.rank import metrics as M
+    from graftkit.rank.activations import spectrum_measures
+    from graftkit.rank.results import METRICS, PAIR_METRICS
+    from graftkit.rank.spectra import measures, spectrum
+
+    W = np.random.default_rng(0).standard_normal((24, 16)) @ np.diag(np.geomspace(1, 1e-3, 16))
+    got = measures(W)
+    sp = spectrum(W)
+    assert list(got)[: len(M.SPECTRUM)] == list(M.SPECTRUM) == list(METRICS)
+    for name, m in M.SPECTRUM.items():
+        if m.of is not None:
+            assert got[name] == m(sp.sigma), name
+    assert spectrum_measures(sp) == {k: float(got[k]) for k in METRICS}
+    assert got["conventions"] == M.CONVENTIONS and PAIR_METRICS == tuple(M.PAIR)
+    for name, m in M.MEASURES.items():
+        assert unit(name) == m.label and m.convention and m.unit
+    zero = spectrum_measures(spectrum(np.zeros((4, 3))))
+    for name, m in M.SPECTRUM.items():
+        assert (np.isnan(zero[name]) if m.zero is None else zero[name] == m.zero), name
