@@ -31,10 +31,11 @@ line and the study (:func:`run_study`) call:
 
 Underneath: ``weights`` (checkpoints, PEFT LoRA, the tensor taxonomy), ``graft`` (delta anatomy, the
 splice, export and in-place grafts, sweeps and attribution), ``rank`` (spectral measures, weight /
-delta / activation ranks, coupling), ``agent`` and ``webenv`` (the policy and the web tasks), ``train``
-(SFT, GRPO and its variants), ``stats`` (paired statistics), ``store`` (labelled HDF5 results) and
-``figures`` (the HTML report and CSV export). Importing graftkit loads neither torch nor plotly; running a
-model or drawing a figure does.
+delta / activation ranks, coupling), ``agent``, ``webenv`` and ``verifiable`` (the policy, the web tasks and the
+verifiable ones), ``train`` (SFT, GRPO and its variants), ``evaluation`` (eval, headroom and kl), ``stats`` (paired
+statistics), ``results`` (labelled HDF5 results and the run folder's layout), ``figures`` (the HTML report and CSV
+export), ``study`` (the study's design, findings and the demo's pipeline) and ``core`` (errors, configs, files,
+progress). Importing graftkit loads neither torch nor plotly; running a model or drawing a figure does.
 """
 
 from ._version import __version__

@@ -155,7 +155,8 @@ def load_policy(path: PathLike, **options):
 
 @contextmanager
 def grafted(model, *, base: PathLike, rl: PathLike, groups: str | Sequence[str], layers: str = "all",
-            alpha: float = 1.0, reverse: bool = False, allow_pickle: bool = False) -> Iterator[object]:
+            alpha: float = 1.0, reverse: bool = False, no_pickle: bool = False,
+            allow_pickle: bool = False) -> Iterator[object]:
     """``with grafted(model, base=SFT, rl=RL, groups=["attn", "mlp"]):`` — inside the block ``model`` (a
     torch module loaded from ``base``, or a policy from :func:`load_policy`) holds
     θ_base + α·M⊙(θ_rl − θ_base) for the selected groups and layers; after it, exactly the base again, also
@@ -166,8 +167,8 @@ def grafted(model, *, base: PathLike, rl: PathLike, groups: str | Sequence[str],
 
     require(base, "base=", "the base model: an HF folder or a .safetensors file")
     require(rl, "rl=", "an HF folder, a .safetensors file or a LoRA adapter")
-    b = open_checkpoint(base, allow_pickle=allow_pickle)
-    r = open_rl(rl, b, allow_pickle=allow_pickle)
+    b = open_checkpoint(base, no_pickle=no_pickle)
+    r = open_rl(rl, b, no_pickle=no_pickle)
     plan = plan_graft(b.taxonomy(), GraftSpec.parse(_groups(groups), layers, alpha, reverse))
     with in_place(getattr(model, "model", model), b, r, plan) as session:
         yield session

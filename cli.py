@@ -33,7 +33,7 @@ from .weights.commands import InspectConfig, run_inspect
 from .weights.gguf import ImportConfig, run_import
 from .core.files import require
 from .graft.anatomy import LABELS as DELTA_LABELS, DeltaConfig, DeltaResult, precision_sentence, run_delta
-from .train.commands import run_sweep_grid, run_train_grpo, run_train_sft
+from .train.commands import run_sweep_grid, run_train_grpo, run_train_sft, sweep_plan
 from .train.configs import GRPOConfig, SFTConfig, SweepConfig
 from .study.pipeline import StudyConfig, run_study
 from .figures.commands import ReportConfig, ResultsConfig, run_report, run_results
@@ -331,7 +331,6 @@ train_app = typer.Typer(no_args_is_help=True, help="Train the policies the study
 app.add_typer(train_app, name="train")
 _FORCE = flag("force", "--force/--no-force", "Replace an existing output folder written by graftkit.")
 _RESUME = flag("resume", "--resume/--no-resume", "Continue from the newest checkpoint of this run.")
-_SWEEP_COLUMNS = ("name", "status", "init", "lr", "beta", "seed", "epsilon", "epsilon_high", "loss", "steps")
 
 
 @command(train_app, SFTConfig, "sft", extra=(_FORCE,))
@@ -380,10 +379,7 @@ def sweep(cfg: SweepConfig, as_json: bool):
         for r in info["runs"]:
             out.print(f"{escape(r['name'])}: {r['status']} → {escape(r['out'])}")
         return
-    t = _table(f"{escape(str(cfg.grid))}: {len(info['runs'])} runs", _SWEEP_COLUMNS, left=("name", "status", "init", "loss"))
-    for r in info["runs"]:
-        t.add_row(*(escape(Path(str(r[c])).name if c == "init" else str(r[c])) for c in _SWEEP_COLUMNS))
-    out.print(t)
+    _specs([sweep_plan(info)])
 
 
 # ---------------------------------------------------------------------------------------------- rank

@@ -232,12 +232,14 @@ def next_token_logits(model, ids: torch.Tensor, mask: torch.Tensor, select: torc
     return model.get_output_embeddings()(hidden[:, :-1][select]).float()
 
 
-def load_policy(path: Path, *, allow_pickle: bool = False, obs: str = "text", config: Path | None = None,
-                base: Path | None = None, device: str = "auto", dtype: str = "auto", engine: str = "hf") -> Policy:
+def load_policy(path: Path, *, no_pickle: bool = False, obs: str = "text", config: Path | None = None,
+                base: Path | None = None, device: str = "auto", dtype: str = "auto", engine: str = "hf",
+                allow_pickle: bool = False) -> Policy:
     """The policy in an HF folder: a :class:`~graftkit.agent.vlm.VisionPolicy` for an
     image-text-to-text model with its processor, else a causal-LM :class:`Policy`. ``obs="som"``
-    refuses a text-only folder before loading any weights. A single checkpoint file (``allow_pickle``
-    for a pickled one) is built over ``config``, the HF folder of its config.json and tokenizer or
+    refuses a text-only folder before loading any weights. A single checkpoint file (pickled ones refused with
+    ``no_pickle``; ``allow_pickle`` is accepted and changes nothing) is built over ``config``, the HF folder of its
+    config.json and tokenizer or
     processor (:func:`graftkit.weights.load_model`), which must then be given. ``device``/``dtype``: where
     and in what precision it runs (:mod:`graftkit.core.devices`: ``auto`` is the stored dtype on a GPU, float32
     on the CPU); the weights are loaded in that dtype, so a float32 checkpoint run in bfloat16 is rounded
@@ -253,15 +255,15 @@ def load_policy(path: Path, *, allow_pickle: bool = False, obs: str = "text", co
     if obs not in ("text", "som"):
         raise GraftkitError(f"unknown observation {obs!r}", "use text or som")
     requested, engine = engine, resolve_engine(engine, obs)
-    folder = single_file_config(path, config, allow_pickle) if path.is_file() else path
+    folder = single_file_config(path, config, no_pickle) if path.is_file() else path
     dev = resolve_device(device)
-    want = resolve_dtype(dtype, dev, stored_dtype(path, allow_pickle=allow_pickle, base=base)
+    want = resolve_dtype(dtype, dev, stored_dtype(path, no_pickle=no_pickle, base=base)
                          if dev.type != "cpu" and dtype == "auto" else None)
     if is_vision_folder(folder) or (obs == "som" and is_vision_folder(folder, need_processor=False)):
         if requested == "vllm":
             raise GraftkitError(f"--engine vllm decodes causal LMs; {path} is a vision-language policy",
                                 "use --engine hf (or auto) for it")
-        model, processor = load_vlm(path, allow_pickle=allow_pickle, config_dir=config, dtype=want)
+        model, processor = load_vlm(path, no_pickle=no_pickle, config_dir=config, dtype=want)
         return VisionPolicy(model.to(dev), processor.tokenizer, path, processor=processor)
     if obs == "som":
         import json
@@ -275,7 +277,7 @@ def load_policy(path: Path, *, allow_pickle: bool = False, obs: str = "text", co
             f"--obs som needs a vision-language policy, but {path} is a text-only causal LM ({arch})",
             "pass an image-text-to-text model folder with its processor (e.g. Qwen2-VL), or use --obs text",
         )
-    model, tok = load_model(path, allow_pickle=allow_pickle, config_dir=config, base=base, dtype=want)
+    model, tok = load_model(path, no_pickle=no_pickle, config_dir=config, base=base, dtype=want)
     return with_engine(Policy(model.to(dev), tok, path), engine)
 
 

@@ -23,7 +23,7 @@ from ..core.config import (CommandConfig, DeviceOption, EngineOption, ExecutorOp
 from ..core.errors import GraftkitError
 from ..core.executor import Executor
 from ..stats import compare, fold_episodes, headroom, pass_at_k, wilson_interval
-from ..results.layout import RESULTS, eval_path, glob_pattern, headroom_path, result_labels, run_layout
+from ..results.layout import EVAL, HEADROOM, RESULTS, eval_path, glob_pattern, headroom_path, result_labels, run_layout
 from ..results.store import Result, write_result
 from ..verifiable.format import FORMAT_FIX, MOSTLY_UNPARSED, PromptOption
 from ..webenv.items import SPLIT_RULE
@@ -78,7 +78,10 @@ class EpisodeOptions(RunOption, DeviceOption, EngineOption, PromptOption):
     never draws, of a user's file too: for a file that the run being evaluated trained on, as the study
     does), train (only items training draws: to choose hyperparameters on) or all (every seed's own item)."""
     allow_pickle: bool = False
-    """Load pickled .bin/.pt weights (weights_only=True)."""
+    """Accepted and changes nothing: pickled weights (.bin/.pt, DCP, DeepSpeed, verl) are read by default, through
+    graftkit's restricted unpickler (weights_only, allowlisted classes)."""
+    no_pickle: bool = False
+    """Read safetensors only: refuse pickled weights (.bin/.pt, DCP, DeepSpeed, verl), naming the file."""
     config: Path | None = None
     """HF folder whose config.json (and tokenizer) a single-file checkpoint uses (default: the other side's
     folder; a policy run from one file needs it)."""
@@ -100,7 +103,7 @@ class EpisodeOptions(RunOption, DeviceOption, EngineOption, PromptOption):
 
         for p in (self.model, *paths):
             if p is not None and Path(p).is_file():
-                single_file_config(Path(p), self.config, self.allow_pickle)
+                single_file_config(Path(p), self.config, self.no_pickle)
 
     @property
     def task_list(self) -> list[str]:
@@ -158,7 +161,7 @@ class EvalConfig(EpisodeOptions, ExecutorOption):
 
         for p in (*self.model, *paths):
             if p is not None and Path(p).is_file():
-                single_file_config(Path(p), self.config, self.allow_pickle)
+                single_file_config(Path(p), self.config, self.no_pickle)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,7 +209,7 @@ class EvalResult:
     attrs: Mapping[str, Any] = field(default_factory=dict)
     #: [task, seed, episode]: each episode's item id (None in results written before items were kept).
     item: np.ndarray | None = None
-    kind: ClassVar[str] = "eval"
+    kind: ClassVar[str] = EVAL
 
     @classmethod
     def from_outcome(cls, outcome, model_desc: dict, config: CommandConfig | None = None, **more_attrs):
@@ -423,7 +426,7 @@ class HeadroomResult(EvalResult):
     :class:`EvalResult`) beside the greedy ones, ``greedy`` [task, seed, episode, greedy_sample]."""
 
     greedy: np.ndarray | None = None
-    kind: ClassVar[str] = "headroom"
+    kind: ClassVar[str] = HEADROOM
 
     @classmethod
     def from_outcomes(cls, greedy, sampled, model_desc: dict, config: HeadroomConfig | None = None, **more_attrs):
@@ -635,7 +638,7 @@ def _describe(cfg: EpisodeOptions, path: Path) -> dict:
     """The fingerprinted description of a policy's checkpoint (a LoRA adapter: with its base's files)."""
     from ..weights import describe, open_model
 
-    return describe(open_model(path, cfg.base, allow_pickle=cfg.allow_pickle, config=cfg.config))
+    return describe(open_model(path, cfg.base, no_pickle=cfg.no_pickle, config=cfg.config))
 
 
 def _play(cfg: EpisodeOptions, decode, path: Path, what: str, on_progress: OnProgress = no_progress,
@@ -643,7 +646,7 @@ def _play(cfg: EpisodeOptions, decode, path: Path, what: str, on_progress: OnPro
     """One policy's evaluation (on ``device``, default ``cfg.device``), as its view."""
     from ..agent import load_policy
 
-    policy = load_policy(Path(path), allow_pickle=cfg.allow_pickle, obs=cfg.obs, config=cfg.config, base=cfg.base,
+    policy = load_policy(Path(path), no_pickle=cfg.no_pickle, obs=cfg.obs, config=cfg.config, base=cfg.base,
                          device=device or cfg.device, dtype=cfg.dtype, engine=cfg.engine)
     try:
         outcome = _evaluate(cfg, policy, decode, 1, what, on_progress)
@@ -675,7 +678,7 @@ def run_eval(cfg: EvalConfig, on_progress: OnProgress = no_progress) -> EvalRun:
     models = [p for m in cfg.model for p in checkpoints_of(m, all_checkpoints=cfg.all_checkpoints, flag="--model")]
     if cfg.save and len(models) > 1:
         raise GraftkitError(f"--save names one result file, but {len(models)} policies are evaluated",
-                            f"drop --save: each policy's result goes to RUN/{RESULTS}/{glob_pattern('eval', label='NAME')}")
+                            f"drop --save: each policy's result goes to RUN/{RESULTS}/{glob_pattern(EVAL, label='NAME')}")
     roles = {("model" if i == 0 else f"model-{i + 1}"): p for i, p in enumerate(models)}
     if cfg.compare_to:
         roles["compare"] = checkpoint_of(cfg.compare_to, "--compare")  # a trainer's output_dir: its last checkpoint
@@ -725,7 +728,7 @@ def run_headroom(cfg: HeadroomConfig, on_progress: OnProgress = no_progress) -> 
     from ..weights import checkpoint_of
 
     cfg = cfg.replace(model=checkpoint_of(cfg.model, "--model"))  # a trainer's output_dir: its last checkpoint
-    policy = load_policy(Path(cfg.model), allow_pickle=cfg.allow_pickle, obs=cfg.obs, config=cfg.config, base=cfg.base,
+    policy = load_policy(Path(cfg.model), no_pickle=cfg.no_pickle, obs=cfg.obs, config=cfg.config, base=cfg.base,
                          device=cfg.device, dtype=cfg.dtype, engine=cfg.engine)
     try:
         greedy = _evaluate(cfg, policy, Decode(greedy=True, max_new_tokens=cfg.max_new_tokens), 1, "greedy",

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..core.config import OnProgress, no_progress, opt
 from ..core.errors import GraftkitError
-from ..results.layout import RESULTS, glob_pattern, kl_path, result_labels, run_layout
+from ..results.layout import KL, RESULTS, glob_pattern, kl_path_of, result_labels, run_layout
 from ..results.store import Result, View, write_result
 from ..stats import mean_interval, ratio_interval, wilson_interval
 from .commands import EpisodeOptions, check_obs
@@ -103,7 +103,7 @@ class KLConfig(EpisodeOptions):
         if self.all_checkpoints and self.save is not None:
             raise GraftkitError("--save names one result file, but --all-checkpoints writes one per checkpoint",
                                 f"drop --save: each checkpoint's result goes to RUN/{RESULTS}/"
-                                f"{glob_pattern('kl', a='RUN-checkpoint-N', b='BASE')}")
+                                f"{glob_pattern(KL, a='RUN-checkpoint-N', b='BASE')}")
 
 
 # ------------------------------------------------------------------------------------------- view
@@ -117,7 +117,7 @@ class KLResult(View):
     ``token_episode``; the summaries ``kl_mean[side, scope, per, bound]`` (scope: each task, then ``all``; per:
     token, episode) and the top lists ``top_text``, ``top_log_ratio``, ``top_count`` ``[what, direction, rank]``."""
 
-    KINDS = ("kl",)
+    KINDS = (KL,)
     PRODUCER = "graftkit kl"
 
     @property
@@ -366,7 +366,7 @@ def kl_result(fixed: Mapping, scores: Mapping, token_text: Mapping, action_text:
         "token_log_ratio": {"what": "log π_RL(a_t) − log π_SFT(a_t) of the played token", "unit": "nats"},
         "top_log_ratio": {"rule": TOP_RULE, "unit": "nats"},
     }
-    return Result("kl", coords, data, {
+    return Result(KL, coords, data, {
         **attrs, "sides": dict(SIDE_KL), "tasks": list(f0.tasks), "seeds": list(f0.seeds), "episodes": f0.episodes,
         "tasks_without_items": list(f0.no_items), "conventions": {**CONVENTIONS, "top": TOP_RULE},
         **({"file_items": sizes, "whole_files": sorted(set(sizes) if cfg.items == "all" else
@@ -550,10 +550,10 @@ def _kl_step(cfg: KLConfig, engine: str, shared: dict, on_progress: OnProgress, 
     from ..weights import describe, open_model
 
     paths = {"rl": Path(cfg.model), "sft": Path(cfg.base)}
-    policies = {"rl": load_policy(paths["rl"], allow_pickle=cfg.allow_pickle, config=cfg.config, base=paths["sft"],
+    policies = {"rl": load_policy(paths["rl"], no_pickle=cfg.no_pickle, config=cfg.config, base=paths["sft"],
                                   device=cfg.device, dtype=cfg.dtype)}
     if "policy" not in shared:
-        shared["policy"] = load_policy(paths["sft"], allow_pickle=cfg.allow_pickle, config=cfg.config,
+        shared["policy"] = load_policy(paths["sft"], no_pickle=cfg.no_pickle, config=cfg.config,
                                        device=cfg.device, dtype=cfg.dtype)
     policies["sft"] = shared["policy"]
     _same_vocabulary(policies["rl"], policies["sft"], paths)
@@ -594,12 +594,12 @@ def _kl_step(cfg: KLConfig, engine: str, shared: dict, on_progress: OnProgress, 
     action_text = {s: [t.action for _, t in fixed[s].turns()] for s in SIDES}
     labels = dict(zip(SIDES, result_labels([paths["rl"], paths["sft"]])))
     if "base" not in shared:
-        shared["base"] = describe(open_model(paths["sft"], None, allow_pickle=cfg.allow_pickle, config=cfg.config))
-    desc = {"model": describe(open_model(paths["rl"], paths["sft"], allow_pickle=cfg.allow_pickle, config=cfg.config)),
+        shared["base"] = describe(open_model(paths["sft"], None, no_pickle=cfg.no_pickle, config=cfg.config))
+    desc = {"model": describe(open_model(paths["rl"], paths["sft"], no_pickle=cfg.no_pickle, config=cfg.config)),
             "base": shared["base"], "placement": placement["rl"], "labels": labels}
     seconds = {"load": t1 - t0, "rollouts": t2 - t1, "scoring": t3 - t2}
     res = kl_result(fixed, scores, token_text, action_text, cfg, {**desc, "seconds": seconds, **(step or {})})
-    dest = cfg.save or kl_path(run_layout(cfg.run).results, labels["rl"], labels["sft"])
+    dest = cfg.save or kl_path_of(run_layout(cfg.run).results, paths["rl"], paths["sft"])
     written = write_result(dest, res, flag="--save" if cfg.save else None)
     return KLRun(KLResult.from_result(res, written), written, {**seconds, "total": time.perf_counter() - t0})
 

@@ -28,6 +28,8 @@ import plotly.graph_objects as go
 from ..core.errors import GraftkitError
 from ..evaluation.commands import EvalResult, EvalRun, HeadroomRun
 from ..graft.anatomy import DeltaResult
+from ..results.layout import (COUPLING, DELTA, EVAL, FINDINGS, GRAFT_DISSOCIATION, GRAFT_SWEEP, HEADROOM, KL,
+                              RANK_ACTIVATIONS, RANK_DELTA, RANK_WEIGHTS, TRAIN_GRPO, TRAIN_SFT)
 from ..results.store import Result, View, read_result
 from ..train.commands import TrainingCurves
 from . import anatomy, curves, grafts, kl, rank, success, summary
@@ -39,11 +41,11 @@ ResultLike = Union[Result, View, EvalResult, EvalRun, HeadroomRun, Mapping[str, 
 
 #: The command that writes each result kind (named when a result of another kind is passed).
 PRODUCERS = {
-    "eval": "graftkit eval", "headroom": "graftkit headroom", "delta": "graftkit delta",
-    "graft-sweep": "graftkit graft --sweep factorial", "graft-dissociation": "graftkit graft --sweep dissociation",
-    "rank-weights": "graftkit rank", "rank-delta": "graftkit rank --what delta",
-    "rank-activations": "graftkit rank --what activations", "coupling": "graftkit couple",
-    "train-sft": "graftkit train sft", "train-grpo": "graftkit train grpo", "kl": "graftkit kl",
+    EVAL: "graftkit eval", HEADROOM: "graftkit headroom", DELTA: "graftkit delta",
+    GRAFT_SWEEP: "graftkit graft --sweep factorial", GRAFT_DISSOCIATION: "graftkit graft --sweep dissociation",
+    RANK_WEIGHTS: "graftkit rank", RANK_DELTA: "graftkit rank --what delta",
+    RANK_ACTIVATIONS: "graftkit rank --what activations", COUPLING: "graftkit couple",
+    TRAIN_SFT: "graftkit train sft", TRAIN_GRPO: "graftkit train grpo", KL: "graftkit kl",
 }
 
 
@@ -157,7 +159,7 @@ def _optional(item: _Item, build: Callable[[], go.Figure | None], missing: str) 
 def success_rates(results: ResultLike | Sequence[ResultLike], labels: Sequence[str] | None = None) -> go.Figure:
     """Success per task and pooled for each eval result, with 95% Wilson intervals (the report's first
     success figure)."""
-    items = _items(results, ("eval",), labels)
+    items = _items(results, (EVAL,), labels)
     for x in items:
         _guarded(x, lambda x=x: success.task_rates(x.result))
     return success.success_rates([(x.label, x.result) for x in items])
@@ -170,8 +172,8 @@ def paired_differences(reference: ResultLike, models: ResultLike | Sequence[Resu
 
     Like the report, a model is paired with the reference only when both were decoded the same way
     (greedy or sampled, temperature, top-p, observation, backend) on the same seeds and episodes."""
-    ref = _one(reference, ("eval",), reference_label)
-    items = _items(models, ("eval",), labels)
+    ref = _one(reference, (EVAL,), reference_label)
+    items = _items(models, (EVAL,), labels)
     rows = []
     for x in items:
         if decode_key(x.result) != decode_key(ref.result):
@@ -189,14 +191,14 @@ def paired_differences(reference: ResultLike, models: ResultLike | Sequence[Resu
 
 def headroom_rates(result: ResultLike, label: str | None = None) -> go.Figure:
     """Greedy and sampled success per task of one headroom result, each with a 95% Wilson interval."""
-    x = _one(result, ("headroom",), label)
+    x = _one(result, (HEADROOM,), label)
     return _guarded(x, lambda: success.headroom_rates(x.label, x.result))
 
 
 def headroom_differences(results: ResultLike | Sequence[ResultLike], labels: Sequence[str] | None = None) -> go.Figure:
     """Headroom = sampled − greedy success per task for each headroom result, with the 95% paired
     bootstrap interval and verdict."""
-    items = _items(results, ("headroom",), labels)
+    items = _items(results, (HEADROOM,), labels)
     tables = []
     for x in items:
         table = _guarded(x, lambda x=x: success.headroom_of(x.result))
@@ -215,13 +217,13 @@ def kl_per_task(results: ResultLike | Sequence[ResultLike], label: str | Sequenc
     """KL(π_RL‖π_SFT) on RL's rollouts and KL(π_SFT‖π_RL) on SFT's, per task and pooled, per action token and per
     episode, with intervals (a trajectory: its last step); several ``kl`` results: one figure, a menu picking the
     model."""
-    return _per_sweep(results, ("kl",), _labels(label), kl.kl_per_task, "could not be drawn", "model")
+    return _per_sweep(results, (KL,), _labels(label), kl.kl_per_task, "could not be drawn", "model")
 
 
 def kl_by_model(results: Sequence[ResultLike], labels: Sequence[str] | None = None) -> go.Figure:
     """Two or more RL models' KL from their base pooled over tasks, both directions, per action token and per
     episode (the ``kl`` results without a step dimension)."""
-    items = _items(results, ("kl",), labels)
+    items = _items(results, (KL,), labels)
     for x in items:
         _guarded(x, lambda x=x: kl.kl_means(x.result))
     fig = kl.kl_by_model([(x.label, x.result) for x in items])
@@ -234,7 +236,7 @@ def kl_by_model(results: Sequence[ResultLike], labels: Sequence[str] | None = No
 def kl_over_steps(results: ResultLike | Sequence[ResultLike], labels: Sequence[str] | None = None) -> go.Figure:
     """The KL from the base at every checkpoint step of each ``kl`` result with a ``step`` dimension, pooled over
     tasks: a line per model and direction."""
-    items = _items(results, ("kl",), labels)
+    items = _items(results, (KL,), labels)
     for x in items:
         _guarded(x, lambda x=x: kl.kl_means(x.result))
     fig = kl.kl_over_steps([(x.label, x.result) for x in items])
@@ -249,7 +251,7 @@ def kl_trajectory(results: Sequence[ResultLike]) -> go.Figure:
     --all-checkpoints`` writes, one per checkpoint, each recording its step and trainer_run — pooled over tasks, per
     action token and per episode, a line per side with its interval as a band; several runs: a menu picking the
     run."""
-    items = _items(results, ("kl",))
+    items = _items(results, (KL,))
     for x in items:
         _guarded(x, lambda x=x: kl.kl_means(x.result))
     runs, _, _ = trajectories(items, lambda x: kl.trajectory_point(x.result))
@@ -262,7 +264,7 @@ def kl_trajectory(results: Sequence[ResultLike]) -> go.Figure:
 def kl_top(results: ResultLike | Sequence[ResultLike], label: str | Sequence[str] | None = None) -> go.Figure:
     """The token and action strings that gained and lost the most probability under RL (``graftkit kl --top``);
     several results: a menu picking the model."""
-    return _per_sweep(results, ("kl",), _labels(label), kl.kl_top,
+    return _per_sweep(results, (KL,), _labels(label), kl.kl_top,
                       "no token or action strings listed (graftkit kl --top)", "model")
 
 
@@ -311,7 +313,7 @@ def anatomy_heatmap(result: ResultLike, run: int | str | None = None, metric: st
     their names, as in the report of a run with one delta file (``label``: one per run drawn)."""
     if metric not in anatomy.HEATMAPS:
         raise GraftkitError(f"metric={metric!r}: no such heatmap", f"use one of {', '.join(anatomy.HEATMAPS)}")
-    x = _one(result, ("delta",), None)
+    x = _one(result, (DELTA,), None)
     runs = _runs_of(x, run, label)
     d = DeltaResult.from_result(x.result, x.path)
     if not (d.has(f"layer_group_{metric}") and len(d.layers)):
@@ -324,7 +326,7 @@ def group_shares(results: ResultLike | Sequence[ResultLike], labels: Sequence[st
     """Each RL run's share of squared weight movement per parameter group, over every run of every delta
     result but those bit-identical to their base (``labels``: one per run drawn, in order). Runs are named as in
     the report: the run's name, with the file's stem when several delta results are drawn."""
-    items = _items(results, ("delta",))
+    items = _items(results, (DELTA,))
     bars = [(delta_label(run, x.path, len(items)), x.result, r)
             for x in items for r, run in enumerate(DeltaResult.from_result(x.result, x.path).runs)
             if r not in anatomy.identical_runs(x.result)]
@@ -342,7 +344,7 @@ def top_tensors(result: ResultLike, run: int | str | None = None, n: int = 15,
                 label: str | Sequence[str] | None = None) -> go.Figure:
     """The ``n`` tensors with the largest share of an RL run's squared weight movement: of one run (``run``)
     or, by default, of every run with any movement, a menu picking the run (the report's figure)."""
-    x = _one(result, ("delta",), None)
+    x = _one(result, (DELTA,), None)
     runs = _runs_of(x, run, label)
     return _optional(x, lambda: anatomy.top_tensors_by_run(runs, n),
                      f"no run of {', '.join(lab for lab, _, _ in runs)} has a per-tensor share of movement above zero")
@@ -367,33 +369,33 @@ def _labels(label: str | Sequence[str] | None) -> Sequence[str] | None:
 def graft_effects(results: ResultLike | Sequence[ResultLike], label: str | Sequence[str] | None = None) -> go.Figure:
     """Success change of each grafted configuration against the base and against the RL model; several
     sweeps: one figure, a menu picking the swept run."""
-    return _per_sweep(results, ("graft-sweep",), _labels(label), grafts.graft_effects,
+    return _per_sweep(results, (GRAFT_SWEEP,), _labels(label), grafts.graft_effects,
                       "no diff_vs_base or diff_vs_rl array (a sweep scored by KL only)")
 
 
 def attribution(results: ResultLike | Sequence[ResultLike], label: str | Sequence[str] | None = None) -> go.Figure:
     """Shapley values and main effects of each parameter group on success, with 95% intervals."""
-    return _per_sweep(results, ("graft-sweep",), _labels(label), grafts.attribution,
+    return _per_sweep(results, (GRAFT_SWEEP,), _labels(label), grafts.attribution,
                       "no shapley, main_effect or group_effect array (a factorial sweep writes them)")
 
 
 def interactions(results: ResultLike | Sequence[ResultLike], label: str | Sequence[str] | None = None) -> go.Figure:
     """Pairwise interactions of grafting two groups together (factorial sweeps)."""
-    return _per_sweep(results, ("graft-sweep",), _labels(label), grafts.interaction_heatmap,
+    return _per_sweep(results, (GRAFT_SWEEP,), _labels(label), grafts.interaction_heatmap,
                       "no interaction array (a factorial sweep writes it)")
 
 
 def movement_vs_effect(results: ResultLike | Sequence[ResultLike], label: str | Sequence[str] | None = None
                        ) -> go.Figure:
     """Each group's share of squared weight movement against its effect on success."""
-    return _per_sweep(results, ("graft-sweep",), _labels(label), grafts.movement_vs_effect,
+    return _per_sweep(results, (GRAFT_SWEEP,), _labels(label), grafts.movement_vs_effect,
                       "no movement_share array, or no per-group effect (attribution or single-group grafts)")
 
 
 def kl_reproduced(results: ResultLike | Sequence[ResultLike], label: str | Sequence[str] | None = None) -> go.Figure:
     """The fraction of RL's behavioural change each grafted configuration reproduces (reproduced_RL on RL's rollouts,
     reproduced_SFT on SFT's), with 95% intervals; sweeps scored with ``--metric kl`` or ``both``."""
-    return _per_sweep(results, ("graft-sweep",), _labels(label), grafts.kl_reproduced,
+    return _per_sweep(results, (GRAFT_SWEEP,), _labels(label), grafts.kl_reproduced,
                       "no KL arrays (a sweep scored with --metric kl or both writes them)")
 
 
@@ -401,7 +403,7 @@ def kl_attribution(results: ResultLike | Sequence[ResultLike], label: str | Sequ
                    ) -> go.Figure:
     """The fraction of RL's behavioural change attributed to each parameter group on both sides' rollouts, the
     KL Shapley total named v(all swept groups) − v(∅)."""
-    return _per_sweep(results, ("graft-sweep",), _labels(label), grafts.kl_attribution,
+    return _per_sweep(results, (GRAFT_SWEEP,), _labels(label), grafts.kl_attribution,
                       "no KL attribution array (a complete single, loo or factorial sweep scored with --metric kl or "
                       "both writes them)")
 
@@ -410,7 +412,7 @@ def sweep_trajectory(results: Sequence[ResultLike]) -> go.Figure:
     """Per swept group, its effect on success and, scored by KL, the fraction of RL's behavioural change it
     reproduces, over the checkpoint steps of each training run among ``results`` — the sweeps ``graft
     --all-checkpoints`` writes, one per checkpoint; several runs (sweeps of one metric): a menu picking the run."""
-    items = _items(results, ("graft-sweep",))
+    items = _items(results, (GRAFT_SWEEP,))
     runs, _, _ = trajectories(items, lambda x: grafts.trajectory_point(x.result))
     if not runs:
         raise GraftkitError("no sweep of a training run's checkpoint (one that records its step and trainer_run)",
@@ -421,7 +423,7 @@ def sweep_trajectory(results: Sequence[ResultLike]) -> go.Figure:
 
 def dissociation(results: ResultLike | Sequence[ResultLike], label: str | Sequence[str] | None = None) -> go.Figure:
     """Per group, its effect in RL run A and in RL run B and their difference (double dissociation)."""
-    return _per_sweep(results, ("graft-dissociation",), _labels(label), grafts.dissociation,
+    return _per_sweep(results, (GRAFT_DISSOCIATION,), _labels(label), grafts.dissociation,
                       "could not be drawn", "dissociation")
 
 
@@ -443,19 +445,19 @@ def rank_by_layer(results: ResultLike | Sequence[ResultLike], labels: Sequence[s
 
 def coupling_by_layer(result: ResultLike, label: str | None = None) -> go.Figure:
     """Per layer, the correlation across checkpoints between rank and success, with bootstrap intervals."""
-    x = _one(result, ("coupling",), label)
+    x = _one(result, (COUPLING,), label)
     return _guarded(x, lambda: rank.coupling_by_layer(x.label, x.result))
 
 
 def coupling_scatter(result: ResultLike, label: str | None = None) -> go.Figure:
     """Each checkpoint's late-layer rank against its success rate."""
-    x = _one(result, ("coupling",), label)
+    x = _one(result, (COUPLING,), label)
     return _optional(x, lambda: rank.coupling_scatter(x.label, x.result), "no per-checkpoint rank and success arrays")
 
 
 def both_directions(result: ResultLike, label: str | None = None) -> go.Figure:
     """Per layer, the share of improved and of degraded runs whose rank moved the way success did."""
-    x = _one(result, ("coupling",), label)
+    x = _one(result, (COUPLING,), label)
     return _optional(x, lambda: rank.both_directions(x.label, x.result),
                  "no both-directions arrays (the run's checkpoints have no recorded SFT parent among them)")
 
@@ -470,7 +472,7 @@ def study_summary(results: Sequence[ResultLike], labels: Sequence[str] | None = 
     sweeps' attribution of success (and of KL). ``results``: a study's eval results (SFT's, labelled "sft",
     and the runs', labelled by their names), its findings result (its recorded config says which run is in
     which regime; without it, the runs' names ``<regime>-s<seed>`` do) and its graft sweeps."""
-    items = _items(results, ("eval", "findings", "graft-sweep"), labels)
+    items = _items(results, (EVAL, FINDINGS, GRAFT_SWEEP), labels)
     inputs = summary.summary_inputs([(x.label, x.kind, x.result) for x in items], study_in(x.result for x in items))
     if not inputs.drawable:
         raise GraftkitError("no regime to draw: no SFT evaluation beside evaluations of runs in a regime (named "
@@ -491,7 +493,7 @@ def training_curves(results: ResultLike | Sequence[ResultLike], family: str = "l
     fams = {f.key: f for f in curves.FAMILIES}
     if family not in fams:
         raise GraftkitError(f"family={family!r}: no such curve family", f"use one of {', '.join(fams)}")
-    items = _items(results, ("train-sft", "train-grpo"), labels, training_label)
+    items = _items(results, (TRAIN_SFT, TRAIN_GRPO), labels, training_label)
     runs = [(x.label, x.result) for x in items]
     names = [x.base for x in items]
     present = [f.key for f in curves.families_present(runs)]

@@ -17,14 +17,15 @@ import plotly.graph_objects as go
 from ..rank.coupling import CouplingResult
 from ..rank.metrics import MEASURES
 from ..rank.results import RankResult
+from ..results.layout import RANK_ACTIVATIONS, RANK_DELTA, RANK_WEIGHTS
 from ..results.store import Result
 from ._common import base_layout, bounds, colour, esc, esc_all, integer_axis, interval_error, title, zero_line
 from .runs import membership, run_colours, study_order
 
 TARGETS = {
-    "rank-weights": ("weights", "decoder layer"),
-    "rank-delta": ("RL delta Δ = W_RL − W_SFT", "decoder layer"),
-    "rank-activations": ("activations (hidden states on probe prompts)", "hidden-state index (0 = embeddings)"),
+    RANK_WEIGHTS: ("weights", "decoder layer"),
+    RANK_DELTA: ("RL delta Δ = W_RL − W_SFT", "decoder layer"),
+    RANK_ACTIVATIONS: ("activations (hidden states on probe prompts)", "hidden-state index (0 = embeddings)"),
 }
 
 
@@ -60,7 +61,7 @@ def rank_by_layer(kind: str, results: Sequence[tuple[str, Result]]) -> go.Figure
     metrics: list[str] = []
     for _, _, ms, _ in per:
         metrics += [m for m in ms if m not in metrics]
-    agg = " (mean over the layer's matrices)" if kind != "rank-activations" else ""
+    agg = " (mean over the layer's matrices)" if kind != RANK_ACTIVATIONS else ""
     fig = go.Figure()
     owner = []  # metric of each trace
     for m in metrics:
@@ -105,7 +106,7 @@ def _what(res: Result) -> str:
 
 
 def _layer_axis(res: Result) -> str:
-    return TARGETS["rank-activations"][1] if res.attrs.get("what") == "activations" else "decoder layer"
+    return TARGETS[RANK_ACTIVATIONS][1] if res.attrs.get("what") == "activations" else "decoder layer"
 
 
 def coupling_by_layer(label: str, res: Result) -> go.Figure:

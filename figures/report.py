@@ -7,8 +7,9 @@ and ``&`` in it written as a ``\\u`` escape, so no text in a result can close th
 script that draws them. Nothing in the page refers to the network. Text from results is HTML-escaped in
 the page and entity-escaped inside figures (figures/_common.py says why).
 
-Sections, in order, each present when its results exist and otherwise a one-line note naming the command
-that adds them: the study at a glance (figures/summary.py: each regime's change against SFT with its
+Sections, in order (``SECTIONS``: each a :class:`SectionSpec` of its key, title, the kinds of result it reads and
+its builder), each present when its results exist and otherwise a one-line note naming the command that adds them:
+the study at a glance (figures/summary.py: each regime's change against SFT with its
 interval, the positive control, success and KL attribution per group), findings, training curves, success
 with intervals, headroom, behavioural divergence (figures/kl.py: every ``kl`` result's KL(π_RL‖π_SFT) on RL's
 rollouts and KL(π_SFT‖π_RL) on SFT's per task, per token and per episode, across models or checkpoint steps, and
@@ -57,7 +58,8 @@ from ..graft.anatomy import DeltaResult
 from ..graft.experiments import SweepResult
 from ..stats import Comparison
 from ..core.files import write_atomic
-from ..results.layout import REPORT, result_labels
+from ..results.layout import (COUPLING, DELTA, EVAL, FINDINGS, GRAFT_DISSOCIATION, GRAFT_SWEEP, HEADROOM, KL, RANK_KINDS,
+                              REPORT, TRAIN_GRPO, TRAIN_KINDS, TRAIN_SFT, TRAIN_TRAINER, result_labels)
 from ..results.store import DamagedResult, Result, scan_results
 from . import anatomy, curves, grafts, kl, rank, success, summary
 from ._common import decode_key, fmt
@@ -128,21 +130,21 @@ def base_label(path: Path | None, kind: str, res: Result) -> str:
     else its file's stem (its kind when it has no file)."""
     model = _model_path(res.attrs)
     named = res.attrs.get("label") if isinstance(res.attrs.get("label"), str) and res.attrs.get("label") else None
-    if kind in ("eval", "headroom") and (named or model):
+    if kind in (EVAL, HEADROOM) and (named or model):
         label = named or result_labels([model])[0]
         decode = res.attrs.get("decode")
-        if kind == "eval" and isinstance(decode, dict) and decode.get("greedy") is False:
+        if kind == EVAL and isinstance(decode, dict) and decode.get("greedy") is False:
             label += " (sampled)"
         if res.attrs.get("obs") == "som":
             label += " [som]"
         return label
-    if kind.startswith(("train-", "rank-")) and (named or model):
+    if kind in TRAIN_KINDS + RANK_KINDS and (named or model):
         return named or result_labels([model])[0]
     swept = res.attrs.get("rl_label")
-    if kind == "graft-sweep" and isinstance(swept, str) and swept:
+    if kind == GRAFT_SWEEP and isinstance(swept, str) and swept:
         return swept + (" (KL)" if res.attrs.get("metric") == "kl" else "")
     pair = res.attrs.get("labels")
-    if kind == "kl" and isinstance(pair, dict) and isinstance(pair.get("rl"), str) and pair["rl"]:
+    if kind == KL and isinstance(pair, dict) and isinstance(pair.get("rl"), str) and pair["rl"]:
         return pair["rl"]
     return path.stem if path is not None else kind
 
@@ -159,7 +161,7 @@ def distinct_labels(items: Sequence[tuple[str, str, Path | None]]) -> list[str]:
 
 def training_label(label: str, kind: str) -> str:
     """A training run's legend entry: its label and the algorithm."""
-    return label + {"train-grpo": " (GRPO)", "train-trainer": " (trainer_state.json)"}.get(kind, " (SFT)")
+    return label + {TRAIN_GRPO: " (GRPO)", TRAIN_TRAINER: " (trainer_state.json)"}.get(kind, " (SFT)")
 
 
 def delta_label(run: str, path: Path | None, n_files: int) -> str:
@@ -186,10 +188,6 @@ def load_run(run_dir: str | os.PathLike) -> list[Loaded]:
     return scan_run(run_dir)[0]
 
 
-def _of(loaded: Sequence[Loaded], *kinds: str) -> list[Loaded]:
-    return [x for x in loaded if x.kind in kinds]
-
-
 def _guard(section: Section, item: Loaded, build: Callable[[], None]) -> None:
     """Run one result's builders; a result missing a required array gets a visible note, not a crash."""
     try:
@@ -203,20 +201,42 @@ def _guard(section: Section, item: Loaded, build: Callable[[], None]) -> None:
 # Sections (plan: results → panels)
 
 
-def _summary(loaded: Sequence[Loaded]) -> Section:
-    sec = Section("summary", "The study at a glance",
-                  "no study regimes in this run (runs named <regime>-s<seed> evaluated beside an SFT evaluation, or "
-                  "the findings' positive control) — run `graftkit demo` to add them")
-    try:
-        inputs = summary.summary_inputs([(x.label, x.kind, x.result) for x in loaded],
-                                        study_in(x.result for x in loaded))
-    except (KeyError, IndexError, ValueError, GraftkitError) as exc:
-        sec.notes.append(f"the summary could not be drawn ({type(exc).__name__}: {exc})")
+@dataclass(frozen=True)
+class SectionSpec:
+    """One section of the report, declared: its key (the page's anchor), title, the line it shows when the run has
+    none of its results, the kinds of result it reads, and the builder that draws them (``SECTIONS``)."""
+
+    key: str
+    title: str
+    #: Shown when the run has no result of ``kinds``, naming the command that adds them.
+    absent: str
+    #: The kinds of result it reads (``results/layout.py``).
+    kinds: tuple[str, ...]
+    #: Draws the run's results of ``kinds`` (in the run's order) into the section.
+    build: Callable[[Section, list[Loaded]], None]
+
+    def section(self, loaded: Sequence[Loaded]) -> Section:
+        """The section of the run's results ``loaded``: present when one is of ``kinds``, unless its builder says
+        otherwise (the summary needs a regime to draw; success, an evaluation beside the SFT curves it reads)."""
+        sec = Section(self.key, self.title, self.absent)
+        items = [x for x in loaded if x.kind in self.kinds]
+        sec.present = bool(items)
+        self.build(sec, items)
         return sec
+
+
+def _summary(sec: Section, items: list[Loaded]) -> None:
+    try:
+        inputs = summary.summary_inputs([(x.label, x.kind, x.result) for x in items],
+                                        study_in(x.result for x in items))
+    except (KeyError, IndexError, ValueError, GraftkitError) as exc:
+        sec.present = False
+        sec.notes.append(f"the summary could not be drawn ({type(exc).__name__}: {exc})")
+        return
     sec.notes.extend(inputs.notes)
+    sec.present = inputs.drawable
     if inputs.drawable:
-        sec.present = True
-        path_of = {(x.kind, x.label): x.path for x in loaded}
+        path_of = {(x.kind, x.label): x.path for x in items}
         sources = tuple(path_of[k] for k in inputs.drawn if k in path_of)
         sec.panels.append(Panel(summary.study_summary(inputs),
                                 "Each regime's mean change in greedy success against the SFT policy over its runs, "
@@ -226,14 +246,10 @@ def _summary(loaded: Sequence[Loaded]) -> Section:
                                 "what grafting the group contributes to success (and to KL, where the sweeps record "
                                 "it) in each swept run. Colours: a regime's hue, a shade per seed, in every figure.",
                                 sources))
-    return sec
 
 
-def _findings(loaded: Sequence[Loaded]) -> Section:
-    sec = Section("findings", "Findings", "no findings results in this run — run `graftkit demo` to add them")
-    for item in _of(loaded, "findings"):
-        sec.present = True
-
+def _findings(sec: Section, items: list[Loaded]) -> None:
+    for item in items:
         def build(item=item):
             view = FindingsResult.from_result(item.result)
             # header → cell: each header is written beside what fills its column
@@ -249,7 +265,6 @@ def _findings(loaded: Sequence[Loaded]) -> Section:
                          + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
 
         _guard(sec, item, build)
-    return sec
 
 
 def _estimate_text(f) -> str:
@@ -258,13 +273,9 @@ def _estimate_text(f) -> str:
                                      if np.isfinite(f.low) or np.isfinite(f.high) else "")
 
 
-def _training(loaded: Sequence[Loaded]) -> Section:
-    sec = Section("training", "Training curves",
-                  "no training-curve results in this run — run `graftkit train sft` or `graftkit train grpo` to add them")
-    items = _of(loaded, "train-sft", "train-grpo", "train-trainer")
+def _training(sec: Section, items: list[Loaded]) -> None:
     runs = [(training_label(x.label, x.kind), x.result) for x in items]
     names = [x.label for x in items]
-    sec.present = bool(runs)
     menu = ("; a study's runs in their regime's colour, a shade per seed, and the menu shows one regime's runs"
             if len(regime_groups(names)) > 1 else "")
     for fam in curves.families_present(runs):
@@ -272,7 +283,6 @@ def _training(loaded: Sequence[Loaded]) -> Section:
         sec.panels.append(Panel(curves.training_curve(runs, fam, names),
                                 f"{fam.title} per optimiser step, one line per training run ({', '.join(fam.metrics)})"
                                 f"{menu}.", logged))
-    return sec
 
 
 def _is_sft(item: Loaded, sft_paths: set[str]) -> bool:
@@ -286,18 +296,14 @@ def _resolved(path: str) -> str:
     return str(Path(path).resolve())
 
 
-def _success(loaded: Sequence[Loaded]) -> Section:
-    sec = Section("success", "Success with intervals",
-                  "no evaluation results in this run — run `graftkit eval --model M` to add them")
-    evals = _of(loaded, "eval")
+def _success(sec: Section, items: list[Loaded]) -> None:
+    evals = [x for x in items if x.kind == EVAL]
     sec.present = bool(evals)
-    if not evals:
-        return sec
     drawable = []
     for item in evals:
         _guard(sec, item, lambda item=item: (success.task_rates(item.result), drawable.append(item)))
     if not drawable:
-        return sec
+        return
     sec.panels.append(Panel(success.success_rates([(x.label, x.result) for x in drawable]),
                             "Success rate per task for each evaluated model (bars), with 95% Wilson intervals "
                             "over all episodes; 'all tasks' pools every task of that model; the hover gives the "
@@ -305,7 +311,7 @@ def _success(loaded: Sequence[Loaded]) -> Section:
                             tuple(x.path for x in drawable)))
     # The SFT model: a model this run trained with `train sft`, or an eval result marked role = "sft";
     # failing both, the one model whose folder name says sft.
-    sft_paths = {_resolved(p) for x in _of(loaded, "train-sft") if (p := _model_path(x.result.attrs))}
+    sft_paths = {_resolved(p) for x in items if x.kind == TRAIN_SFT and (p := _model_path(x.result.attrs))}
     refs = [x for x in drawable if _is_sft(x, sft_paths)]
     if not refs:
         named = [x for x in drawable if "sft" in x.label.lower()]
@@ -334,7 +340,6 @@ def _success(loaded: Sequence[Loaded]) -> Section:
                                 "episodes (same tasks, seeds and episodes), with the 95% paired bootstrap interval "
                                 "(clusters of episodes: by item where the results kept items, else by seed); the verdict needs both the bootstrap and the Bayesian "
                                 "interval to exclude zero.", tuple(paired[ref_label])))
-    return sec
 
 
 def _reader_notes(sec: Section, items: Sequence[Loaded]) -> None:
@@ -345,11 +350,7 @@ def _reader_notes(sec: Section, items: Sequence[Loaded]) -> None:
                                                              for n in success.reader_notes(item.result)))
 
 
-def _headroom(loaded: Sequence[Loaded]) -> Section:
-    sec = Section("headroom", "Headroom",
-                  "no headroom results in this run — run `graftkit headroom --model M` to add them")
-    items = _of(loaded, "headroom")
-    sec.present = bool(items)
+def _headroom(sec: Section, items: list[Loaded]) -> None:
     tables, paired = [], []
     for item in items:
         def build(item=item):
@@ -374,15 +375,9 @@ def _headroom(loaded: Sequence[Loaded]) -> Section:
                                 "Headroom = sampled − greedy success per task, each greedy episode paired with its "
                                 "k samples, with the 95% paired bootstrap interval; a task has headroom when both "
                                 "the bootstrap and Bayesian intervals lie above zero.", tuple(paired)))
-    return sec
 
 
-def _kl(loaded: Sequence[Loaded]) -> Section:
-    sec = Section("kl", "Behavioural divergence",
-                  "no KL results in this run — run `graftkit kl --model RL` to add them (KL(π_RL‖π_SFT) on RL's "
-                  "rollouts and KL(π_SFT‖π_RL) on SFT's)")
-    items = _of(loaded, "kl")
-    sec.present = bool(items)
+def _kl(sec: Section, items: list[Loaded]) -> None:
     ok: list[Loaded] = []
     for item in items:
         _guard(sec, item, lambda item=item: (kl.kl_means(item.result), kl.side_names(item.result), ok.append(item)))
@@ -390,7 +385,7 @@ def _kl(loaded: Sequence[Loaded]) -> Section:
         _guard(sec, item, lambda item=item: sec.notes.extend(f"{item.label}: {n}"
                                                              for n in KLResult.from_result(item.result).notes()))
     if not ok:
-        return sec
+        return
     conventions = kl.caption_conventions(ok[0].result)
     if any(kl.caption_conventions(x.result) != conventions for x in ok[1:]):
         conventions += " (as recorded by the first of these results; the others record other conventions)"
@@ -447,14 +442,9 @@ def _kl(loaded: Sequence[Loaded]) -> Section:
                                 "and lost the most probability under RL, by the mean over their occurrences on both "
                                 "sides' rollouts of log π_RL − log π_SFT of the played tokens (an action: the sum over "
                                 "its tokens), in nats (graftkit kl --top).", tuple(top_from)))
-    return sec
 
 
-def _anatomy(loaded: Sequence[Loaded]) -> Section:
-    sec = Section("anatomy", "Delta anatomy",
-                  "no delta-anatomy results in this run — run `graftkit delta --base SFT --from RL` to add them")
-    items = _of(loaded, "delta")
-    sec.present = bool(items)
+def _anatomy(sec: Section, items: list[Loaded]) -> None:
     bars, moved = [], []
     for item in items:
         def build(item=item):
@@ -504,7 +494,6 @@ def _anatomy(loaded: Sequence[Loaded]) -> Section:
                                     "all tensors including embeddings and the output head.", tuple(dict.fromkeys(moved))))
         except KeyError as exc:
             sec.notes.append(f"group shares could not be drawn (missing array {exc})")
-    return sec
 
 
 def _listed(labels: Sequence[str]) -> str:
@@ -525,12 +514,8 @@ def _owner(labels: Sequence[str]) -> str:
     return labels[0] if len(labels) == 1 else f"The menu at the top right picks one of {len(labels)}{_listed(labels)}"
 
 
-def _grafts(loaded: Sequence[Loaded]) -> Section:
-    sec = Section("grafts", "Graft effects and attribution",
-                  "no graft-experiment results in this run — run `graftkit graft --from RL --sweep factorial` (add "
-                  "`--metric both` to score each graft by KL as well) to add them")
-    sweeps, dissoc = _of(loaded, "graft-sweep"), _of(loaded, "graft-dissociation")
-    sec.present = bool(sweeps or dissoc)
+def _grafts(sec: Section, items: list[Loaded]) -> None:
+    sweeps, dissoc = [x for x in items if x.kind == GRAFT_SWEEP], [x for x in items if x.kind == GRAFT_DISSOCIATION]
     # measure → (builder, caption); each measure is one figure, a menu picking the swept run
     measures = {
         "effects": (grafts.graft_effects, "success change of each grafted configuration against the base (SFT) and "
@@ -585,7 +570,6 @@ def _grafts(loaded: Sequence[Loaded]) -> Section:
         sec.panels.append(Panel(fig, f"{_owner([lab for lab, _ in drawn])}: per group, the effect on success in RL "
                                      "run A and in RL run B and their difference (95% intervals); the verdict says "
                                      "which run's change the group carries.", tuple(drawn_from)))
-    return sec
 
 
 def _step_ordered(items: Sequence[Loaded], runs: Sequence[Trajectory[Loaded]]) -> list[Loaded]:
@@ -641,16 +625,10 @@ def _sweep_trajectories(sec: Section, sweeps: Sequence[Loaded]) -> list[Trajecto
     return runs
 
 
-def _rank(loaded: Sequence[Loaded]) -> Section:
-    sec = Section("rank", "Rank by layer",
-                  "no rank results in this run — run `graftkit rank` (weights, --what delta or activations) to add them")
-    for kind in ("rank-weights", "rank-delta", "rank-activations"):
-        items = _of(loaded, kind)
-        if not items:
-            continue
-        sec.present = True
+def _rank(sec: Section, items: list[Loaded]) -> None:
+    for kind in RANK_KINDS:
         ok = []
-        for item in items:
+        for item in (x for x in items if x.kind == kind):
             _guard(sec, item, lambda item=item: (rank.layer_values(item.result), ok.append(item)))
         if ok:
             target = rank.TARGETS[kind][0]
@@ -658,14 +636,9 @@ def _rank(loaded: Sequence[Loaded]) -> Section:
                                     f"Rank of the {target} per layer, one line per checkpoint; the menu picks the "
                                     "measure and the subtitle states its convention as recorded.",
                                     tuple(x.path for x in ok)))
-    return sec
 
 
-def _coupling(loaded: Sequence[Loaded]) -> Section:
-    sec = Section("coupling", "Rank–success coupling",
-                  "no coupling results in this run — run `graftkit couple` to add them")
-    items = _of(loaded, "coupling")
-    sec.present = bool(items)
+def _coupling(sec: Section, items: list[Loaded]) -> None:
     for item in items:
         def build(item=item):
             lab, res = item.label, item.result
@@ -683,19 +656,41 @@ def _coupling(loaded: Sequence[Loaded]) -> Section:
                                              "way as success.", (item.path,)))
 
         _guard(sec, item, build)
-    return sec
 
 
-SECTIONS: tuple[Callable[[Sequence[Loaded]], Section], ...] = (
-    _summary, _findings, _training, _success, _headroom, _kl, _anatomy, _grafts, _rank, _coupling,
+#: The report's sections, in the page's order.
+SECTIONS: tuple[SectionSpec, ...] = (
+    SectionSpec("summary", "The study at a glance",
+                "no study regimes in this run (runs named <regime>-s<seed> evaluated beside an SFT evaluation, or the "
+                "findings' positive control) — run `graftkit demo` to add them", (EVAL, FINDINGS, GRAFT_SWEEP), _summary),
+    SectionSpec("findings", "Findings", "no findings results in this run — run `graftkit demo` to add them",
+                (FINDINGS,), _findings),
+    SectionSpec("training", "Training curves", "no training-curve results in this run — run `graftkit train sft` or "
+                "`graftkit train grpo` to add them", TRAIN_KINDS, _training),
+    SectionSpec("success", "Success with intervals",
+                "no evaluation results in this run — run `graftkit eval --model M` to add them", (EVAL, TRAIN_SFT),
+                _success),
+    SectionSpec("headroom", "Headroom", "no headroom results in this run — run `graftkit headroom --model M` to add "
+                "them", (HEADROOM,), _headroom),
+    SectionSpec("kl", "Behavioural divergence", "no KL results in this run — run `graftkit kl --model RL` to add them "
+                "(KL(π_RL‖π_SFT) on RL's rollouts and KL(π_SFT‖π_RL) on SFT's)", (KL,), _kl),
+    SectionSpec("anatomy", "Delta anatomy", "no delta-anatomy results in this run — run `graftkit delta --base SFT "
+                "--from RL` to add them", (DELTA,), _anatomy),
+    SectionSpec("grafts", "Graft effects and attribution", "no graft-experiment results in this run — run `graftkit "
+                "graft --from RL --sweep factorial` (add `--metric both` to score each graft by KL as well) to add them",
+                (GRAFT_SWEEP, GRAFT_DISSOCIATION), _grafts),
+    SectionSpec("rank", "Rank by layer", "no rank results in this run — run `graftkit rank` (weights, --what delta or "
+                "activations) to add them", RANK_KINDS, _rank),
+    SectionSpec("coupling", "Rank–success coupling", "no coupling results in this run — run `graftkit couple` to add "
+                "them", (COUPLING,), _coupling),
 )
 
 
 def plan_report(loaded: Sequence[Loaded], on_section: Callable[[], None] = lambda: None) -> list[Section]:
     """The report's sections for the run's results (figures built, nothing rendered); ``on_section`` after each."""
     out = []
-    for make in SECTIONS:
-        out.append(make(loaded))
+    for spec in SECTIONS:
+        out.append(spec.section(loaded))
         on_section()
     return out
 

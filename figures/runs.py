@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Callable, Generic, Hashable, Iterable, Mapping, Sequence, TypeVar
 
 from ..core.errors import GraftkitError
-from ..results.layout import result_labels
+from ..results.layout import FINDINGS, SFT, result_labels
 from ..results.store import Result
 from ..study.design import VARIANTS
 from ._common import colour
@@ -54,7 +54,7 @@ SHADES = (0.0, 0.42, -0.34, 0.64, -0.55, 0.22, -0.5, 0.5, -0.65, 0.82, 0.0, -0.7
 #: Shade index of the first variant (a variant's shade: this plus its place in ``VARIANTS``), after the seeds.
 VARIANT_SHADE = 6
 #: Labels of the SFT reference policy (the study's and the usual name).
-REFERENCE_NAMES = ("sft",)
+REFERENCE_NAMES = (SFT,)
 #: The regime (and suite) of the study's runs on the headroom suite.
 HEADROOM = "headroom"
 
@@ -113,7 +113,7 @@ def study_in(results: Iterable[Result]) -> Study | None:
     """The study of a run folder's results: from the first findings result that records a study's config
     (:func:`study_from_config`); None when there is none (regimes then come from run names alone)."""
     for res in results:
-        if res.kind != "findings" or not isinstance(res.attrs.get("config"), Mapping):
+        if res.kind != FINDINGS or not isinstance(res.attrs.get("config"), Mapping):
             continue
         try:
             return study_from_config(res.attrs["config"])

@@ -30,6 +30,7 @@ from plotly.subplots import make_subplots
 
 from ..core.errors import GraftkitError
 from ..evaluation.commands import EvalResult
+from ..results.layout import EVAL, FINDINGS, GRAFT_SWEEP
 from ..results.store import Result
 from ..stats import RegimeInterval, regime_interval
 from ..study.findings import Finding, FindingsResult, suite_episodes
@@ -133,24 +134,24 @@ def _swept(res: Result) -> str:
 def summary_inputs(items: Sequence[tuple[str, str, Result]], study: Study | None = None) -> SummaryInputs:
     """The summary's inputs from a run's labelled results ``(label, kind, result)``: the SFT evaluation and
     every run's evaluation decoded the same way, the findings' control row, the graft sweeps."""
-    evals = [(lab, r) for lab, kind, r in items if kind == "eval"]
+    evals = [(lab, r) for lab, kind, r in items if kind == EVAL]
     ref = _reference(evals)
     effects, notes = [], []
     if ref is not None:
         runs = [(lab, r) for lab, r in evals if r is not ref[1] and decode_key(r) == decode_key(ref[1])]
         effects, notes = regime_effects(ref[1], runs, study)
-    drawn = [("eval", ref[0]), *(("eval", run) for e in effects for run in e.runs)] if effects else []
+    drawn = [(EVAL, ref[0]), *((EVAL, run) for e in effects for run in e.runs)] if effects else []
     control, control_of = None, None
     for lab, kind, r in items:
-        if kind == "findings":
+        if kind == FINDINGS:
             found = next((f for f in FindingsResult.from_result(r).findings if str(f.number) == CONTROL), None)
             if found is not None:
                 control, control_of = found, lab
     if control_of is not None:
-        drawn.append(("findings", control_of))
+        drawn.append((FINDINGS, control_of))
     # a sweep's bars are named after its swept run (a run's success and KL sweeps may be two files), unless two
     # sweeps of one panel share the run: then after their labels
-    sweeps = [(_swept(r) or lab, lab, r) for lab, kind, r in items if kind == "graft-sweep"]
+    sweeps = [(_swept(r) or lab, lab, r) for lab, kind, r in items if kind == GRAFT_SWEEP]
     per_group: dict[str, list] = {"success": [], "kl": []}
     for run, lab, r in (sweeps[i] for i in study_order([run for run, _, _ in sweeps], study)):
         for key, read in (("success", effect_per_group), ("kl", kl_per_group)):
@@ -161,7 +162,7 @@ def summary_inputs(items: Sequence[tuple[str, str, Result]], study: Study | None
                 continue
             if found is not None:
                 per_group[key].append((run, lab, found))
-                drawn.append(("graft-sweep", lab))
+                drawn.append((GRAFT_SWEEP, lab))
     for key, rows in per_group.items():
         runs = [run for run, _, _ in rows]
         per_group[key] = [(run if runs.count(run) == 1 else lab, found) for run, lab, found in rows]

@@ -45,6 +45,7 @@ import numpy as np
 
 from ..core.config import OnProgress, RunOption, no_progress, opt
 from ..core.errors import GraftkitError
+from ..results.layout import DELTA
 from ..results.store import Result, View
 from ..weights import Checkpoint, PairDistance, Taxonomy, check_pair, judge_pair, pair_distance
 from ..weights.pair import blocked_dot as _dot, exact_float as _to_float, judged_matrices, upcast_code
@@ -474,7 +475,7 @@ def delta_anatomy(
         "tied_embeddings": tax.tied,
         **(provenance or {}),
     }
-    return Result("delta", coords, anatomy_arrays(s, places, scope_metrics(s, places)), attrs)
+    return Result(DELTA, coords, anatomy_arrays(s, places, scope_metrics(s, places)), attrs)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -605,7 +606,7 @@ class DeltaResult(View):
     whole model and (decoder layer × group) cells, and the cosine between runs' deltas.
     ``path`` is the file it was read from or written to."""
 
-    KINDS = ("delta",)
+    KINDS = (DELTA,)
     PRODUCER = "graftkit delta"
 
     def as_json(self, seconds: float) -> dict:
@@ -787,13 +788,14 @@ class DeltaResult(View):
 def run_delta(cfg: DeltaConfig, on_progress: OnProgress = no_progress) -> DeltaResult:
     """Delta anatomy of every ``cfg.rl`` against the base; written to ``cfg.save`` (default
     ``RUN/results/delta-<labels>.h5``). The result records ``cfg.as_dict()`` as its config."""
-    from ..results.layout import delta_path, result_labels, run_layout, training_path, trajectory_path
+    from ..results.layout import delta_path, result_labels, run_layout, trajectory_path
     from ..results.store import write_result
+    from ..train.commands import write_curves
     from ..weights import base_of, checkpoints_of, describe, open_pair, shared_vocab
-    from ..weights.runs import checkpoint_step, trainer_run, trainer_series
+    from ..weights.runs import checkpoint_step, trainer_run
 
     paths = [m for p in cfg.rl for m in checkpoints_of(p, all_checkpoints=cfg.all_checkpoints, flag="--from")]
-    b, rls = open_pair(base_of(paths[0], cfg.base), paths, allow_pickle=cfg.allow_pickle,
+    b, rls = open_pair(base_of(paths[0], cfg.base), paths, no_pickle=cfg.no_pickle,
                        unknown=cfg.unknown, config=cfg.config)
     tax = b.taxonomy(cfg.unknown)
     if cfg.shared_vocab:
@@ -811,10 +813,5 @@ def run_delta(cfg: DeltaConfig, on_progress: OnProgress = no_progress) -> DeltaR
                            flag="--save" if cfg.save else None)
     for p in cfg.rl:  # a trainer run's own logged curves, for the report to draw beside its movement
         if (run := trainer_run(Path(p))) is not None and run.state is not None:
-            steps, series = trainer_series(run.state)
-            label = result_labels([run.root])[0]
-            curves = Result("train-trainer", {"step": steps}, {k: (("step",), v) for k, v in series.items()},
-                            {"model": str(run.root.resolve()), "label": label, "state": str(run.state),
-                             "checkpoints": list(run.steps), "producer": "trainer_state.json"})
-            write_result(training_path(results, "trainer", label), curves)
+            write_curves(run.root, "trainer", results)
     return DeltaResult(res, written)

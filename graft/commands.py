@@ -36,8 +36,8 @@ from typing import Optional
 
 from ..core.config import DeviceOption, EngineOption, ExecutorOption, OnProgress, RunOption, check_choice, no_progress, opt
 from ..core.errors import GraftkitError
-from ..results.layout import (RESULTS, dissociation_path, glob_pattern, partial_path, result_labels, run_layout,
-                              sweep_kl_path, sweep_path, with_tag)
+from ..results.layout import (GRAFT_SWEEP, RESULTS, dissociation_path_of, glob_pattern, partial_path, result_labels,
+                              run_layout, sweep_kl_path, sweep_path, with_tag)
 from ..results.store import write_result
 from ..verifiable.format import FORMAT_FIX, MOSTLY_UNPARSED, PromptOption
 from ..weights.commands import ReadOptions
@@ -150,7 +150,7 @@ class GraftConfig(ReadOptions, RunOption, DeviceOption, EngineOption, ExecutorOp
         if self.all_checkpoints and self.save is not None:
             raise GraftkitError("--save names one result file, but --all-checkpoints writes one per checkpoint",
                                 f"drop --save: each checkpoint's sweep goes to RUN/{RESULTS}/"
-                                f"{glob_pattern('graft-sweep', label='RUN-checkpoint-N')}")
+                                f"{glob_pattern(GRAFT_SWEEP, label='RUN-checkpoint-N')}")
 
     def _check_export(self) -> None:
         if self.groups is None:
@@ -316,7 +316,7 @@ def run_graft(cfg: GraftConfig, on_progress: OnProgress = no_progress):
     spec = cfg.spec()
     cfg = cfg.replace(rl=checkpoint_of(cfg.rl, "--from"))  # a trainer's output_dir: its last checkpoint
     base_path = base_of(cfg.rl, cfg.base)
-    b, (stored,) = open_pair(base_path, [cfg.rl], allow_pickle=cfg.allow_pickle, unknown=cfg.unknown,
+    b, (stored,) = open_pair(base_path, [cfg.rl], no_pickle=cfg.no_pickle, unknown=cfg.unknown,
                              config=cfg.config)
     tax = b.taxonomy(cfg.unknown)
     r = _cast_pair(cfg, b, stored, tax)
@@ -730,7 +730,7 @@ def _open_sweep(cfg: GraftConfig, base_path: Path, device: str, paths: dict[str,
     from ..weights import open_pair
 
     paths = paths or cfg.rl_paths
-    b, stored = open_pair(base_path, list(paths.values()), allow_pickle=cfg.allow_pickle, unknown=cfg.unknown,
+    b, stored = open_pair(base_path, list(paths.values()), no_pickle=cfg.no_pickle, unknown=cfg.unknown,
                           config=cfg.config)
     tax = b.taxonomy(cfg.unknown)
     rls = {key: _cast_pair(cfg, b, r, tax) for key, r in zip(paths, stored)}
@@ -738,7 +738,7 @@ def _open_sweep(cfg: GraftConfig, base_path: Path, device: str, paths: dict[str,
     def load():
         resolve_tasks(cfg.tasks, cfg.prompt_format)  # a user's tasks are registered in the worker's process too
         # a single-file base is built over the config (and tokenizer) its names were matched with
-        return load_policy(Path(base_path), allow_pickle=cfg.allow_pickle, obs="text",
+        return load_policy(Path(base_path), no_pickle=cfg.no_pickle, obs="text",
                            config=cfg.config or b.config_from, device=device, dtype=cfg.dtype, engine=cfg.engine)
 
     return X.SweepWorker(b, rls, load, unknown=cfg.unknown, tax=tax)
@@ -863,7 +863,7 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
         res = X.dissociation_result(d, {k: {"path": str(p), "label": labels[k], "result": files[k]}
                                         for k, p in paths.items()},
                                     attrs={"base": setup["base"], "sweep": cfg.kind, "config": cfg.as_dict()})
-        dest = dissociation_path(cfg.results or run_layout(cfg.run).results, labels["A"], labels["B"])
+        dest = dissociation_path_of(cfg.results or run_layout(cfg.run).results, paths["A"], paths["B"])
         files["dissociation"] = str(write_result(dest, res))
         dis = X.DissociationResult.from_result(res, dest)
     return GraftExperiments(Path(base_path), dict(paths), labels, sweeps, dis, files, resumed,

@@ -47,7 +47,7 @@ from typing import Any, Callable, Collection, Mapping, Sequence
 import numpy as np
 
 from ..core.errors import GraftkitError
-from ..results.layout import partial_path
+from ..results.layout import GRAFT_DISSOCIATION, GRAFT_SWEEP, partial_path
 from ..results.store import Result, View, read_result
 from ..weights import BANDS, GROUPS, Checkpoint, Taxonomy
 from ..weights.taxonomy import DECODER
@@ -598,7 +598,7 @@ def sweep_result(
         data["movement_share"] = (("group",), np.array([float(movement_share.get(g, 0.0)) for g in groups]))
         var_attrs["movement_share"] = {
             "what": "share of the run's total squared weight movement ‖Δ‖²_F in the group (delta anatomy)"}
-    return Result("graft-sweep", coords, data, {
+    return Result(GRAFT_SWEEP, coords, data, {
         "sweep": kind, "metric": metric, "layers": layers, "groups": list(groups), "complete": not pending,
         "pending": pending,
         **({"kl_timing": {**kl.seconds, "scored_tokens": kl.scored_tokens}} if kl is not None else {}),
@@ -665,7 +665,7 @@ def _add_attribution(data: dict, var_attrs: dict, kind: str, subsets: Mapping[fr
 def completed_outcomes(result: Result, experiments: Sequence[GraftExperiment], setup: Mapping) -> dict[str, np.ndarray]:
     """The outcomes a stored (partial) sweep already holds, if it was run with the same experiments and
     ``setup`` (base, rl, tasks, seeds, episodes, decode); else nothing."""
-    if result.kind != "graft-sweep" or "success" not in result.data:
+    if result.kind != GRAFT_SWEEP or "success" not in result.data:
         return {}
     same = json.dumps([e.as_dict() for e in experiments], sort_keys=True) == json.dumps(
         result.attrs.get("experiments"), sort_keys=True)
@@ -720,7 +720,7 @@ class SweepResult(View):
     :meth:`kl_per_token`, :meth:`kl_episode` and :meth:`kl_attribution` (a sweep scored by KL alone has no
     ``success``). ``path``: the file it was read from."""
 
-    KINDS = ("graft-sweep",)
+    KINDS = (GRAFT_SWEEP,)
     PRODUCER = "graftkit graft --sweep"
 
     ATTRIBUTION = ("group_effect", "main_effect", "shapley")
@@ -891,7 +891,7 @@ class DissociationResult(View):
     """A ``graft-dissociation`` result (:func:`dissociation_result`): per run A, B and group the effect
     ``effect[run, group, bound]``, the paired difference ``difference[group, bound]`` and ``verdict[group]``."""
 
-    KINDS = ("graft-dissociation",)
+    KINDS = (GRAFT_DISSOCIATION,)
     PRODUCER = "graftkit graft --vs"
 
     @property
@@ -941,7 +941,7 @@ def dissociation_result(d: A.Dissociation, runs: Mapping[str, Mapping], attrs: M
               "bound": np.array(A.BOUNDS, dtype=object)}
     data = {"effect": (("run", "group", "bound"), d.effect), "difference": (("group", "bound"), d.difference),
             "verdict": (("group",), np.array(d.verdict, dtype=object))}
-    return Result("graft-dissociation", coords, data, {
+    return Result(GRAFT_DISSOCIATION, coords, data, {
         "runs": dict(runs), "effect": d.kind, "effect_formula": A.EFFECTS[d.kind], "level": d.level,
         "rule": A.DISSOCIATION_RULE, "double_dissociation": d.double_dissociation,
         "interval": A.INTERVAL_METHOD, **(attrs or {}),

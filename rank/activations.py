@@ -53,6 +53,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from ..core.errors import GraftkitError
+from ..results.layout import RANK_ACTIVATIONS
 from ..results.store import Result
 from ..weights import band_rule, parse_layers
 from .metrics import of_spectrum
@@ -446,7 +447,7 @@ def activation_ranks(
         "seconds": time.perf_counter() - t0,
         **(provenance or {}),
     }
-    return Result("rank-activations", coords, data, attrs)
+    return Result(RANK_ACTIVATIONS, coords, data, attrs)
 
 
 def _model_and_tokenizer(policy_or_model, tokenizer, path):

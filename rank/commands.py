@@ -21,8 +21,8 @@ import numpy as np
 from ..core.config import CommandConfig, RunOption, DeviceOption, check_choice, no_progress, opt
 from ..core.errors import GraftkitError
 from ..stats import fold_episodes
-from ..results.layout import (RunLayout, coupling_path, current_run, find_results, glob_pattern, layer_tag, rank_path,
-                              result_labels)
+from ..results.layout import (EVAL, RunLayout, coupling_path, current_run, find_results, glob_pattern, layer_tag,
+                              rank_path, result_labels)
 from ..results.store import Result, read_result, write_result
 from ..weights.commands import ReadOptions
 from .coupling import CouplingResult
@@ -81,7 +81,7 @@ class RankConfig(ReadOptions, RunOption, DeviceOption):
 
             for p in self.model or ():  # a policy run from one file is built over --config: refused before any load
                 if Path(p).is_file():
-                    single_file_config(Path(p), self.config, self.allow_pickle)
+                    single_file_config(Path(p), self.config, self.no_pickle)
         elif self.what not in ("weights", "delta"):
             raise GraftkitError(f"--what {self.what!r} is not an option", "use weights, delta or activations")
         allowed = METRICS + (PAIR_METRICS if self.what == "delta" else ())
@@ -165,7 +165,7 @@ def _rank_weights(cfg: RankConfig, models: list[Path], labels: list[str], run: P
     placed = [] if cfg.dtype == "auto" else [
         f"--dtype {cfg.dtype} applies to --what activations: weight and delta spectra are always computed from "
         "the stored values in float64"]
-    read = dict(allow_pickle=cfg.allow_pickle, unknown=cfg.unknown, config=cfg.config)
+    read = dict(no_pickle=cfg.no_pickle, unknown=cfg.unknown, config=cfg.config)
     for path, lab in zip(models, labels):
         prov = {"config": cfg.as_dict()}
         base_ck = None
@@ -210,8 +210,8 @@ def _rank_activations(cfg: RankConfig, models: list[Path], labels: list[str], ru
                      "models": {}}
     for path, lab in zip(models, labels):
         # opened first: a LoRA adapter whose base is not found is refused naming --base, before any loading
-        desc = describe(open_model(path, cfg.base, allow_pickle=cfg.allow_pickle, config=cfg.config))
-        policy = load_policy(Path(path), allow_pickle=cfg.allow_pickle, config=cfg.config, base=cfg.base,
+        desc = describe(open_model(path, cfg.base, no_pickle=cfg.no_pickle, config=cfg.config))
+        policy = load_policy(Path(path), no_pickle=cfg.no_pickle, config=cfg.config, base=cfg.base,
                              device=cfg.device, dtype=cfg.dtype)
         tick = lambda n: on_progress(f"rank activations {lab}", n, len(prompts), "prompts")  # noqa: E731
         # the model was loaded for the measurement alone: TransformerBridge may rewire it in place
@@ -290,9 +290,9 @@ def _discover(results: Path, what: str) -> tuple[dict, dict]:
         _newest(ranks, _model_key(view.result, p), {"path": p, "res": view},
                 lambda a, b: (len(a["res"].layer_ids), str(a["res"].attrs.get("created")))
                 > (len(b["res"].layer_ids), str(b["res"].attrs.get("created"))))
-    for _, p in find_results(results, "eval", decoding="greedy", obs="text"):
+    for _, p in find_results(results, EVAL, decoding="greedy", obs="text"):
         res = read_result(p)
-        if res.kind != "eval":
+        if res.kind != EVAL:
             continue
         _newest(evals, _model_key(res, p), {"path": p, "res": res},
                 lambda a, b: str(a["res"].attrs.get("created")) > str(b["res"].attrs.get("created")))
@@ -308,7 +308,7 @@ def _coupled(cfg: CoupleConfig, ranks: dict, evals: dict, results: Path) -> list
         no_rank = [f"{evals[k]['path'].name} (make it: graftkit rank --model {k} --what {cfg.what})"
                    for k in sorted(set(evals) - set(ranks))]
         parts = [f"{len(both)} checkpoint(s) in {results} have both a {glob_pattern('rank', what=cfg.what)} and an "
-                 f"{glob_pattern('eval', decoding='greedy', obs='text')} result; coupling needs at least 3"]
+                 f"{glob_pattern(EVAL, decoding='greedy', obs='text')} result; coupling needs at least 3"]
         if no_eval:
             parts.append("rank results without an eval: " + "; ".join(no_eval))
         if no_rank:

@@ -34,6 +34,7 @@ import numpy as np
 
 from ..core.errors import GraftkitError
 from ..stats import BETTER, WORSE, correlation_ci, wilson_interval
+from ..results.layout import BOTH_DIRECTIONS, COUPLING
 from ..results.store import Result, View
 from ..weights import BANDS, band_of, band_rule
 
@@ -233,7 +234,7 @@ def coupling(
         "band_rule": band_rule(n), "n_layers": n, "band_value": "mean rank over the band's layers (NaN left out)",
         "degenerate": DEGENERATE_RULE, **dict(conventions or {}),
     }
-    return Result("coupling", coords, data, attrs, var_attrs)
+    return Result(COUPLING, coords, data, attrs, var_attrs)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -343,7 +344,7 @@ def both_directions(
         "n_excluded": len(excluded), "excluded_runs": excluded, "band_rule": band_rule(n), "n_layers": n,
         **dict(conventions or {}),
     }
-    return Result("both-directions", coords, data, attrs)
+    return Result(BOTH_DIRECTIONS, coords, data, attrs)
 
 
 def coupling_result(corr: Result, both: Result | None) -> Result:
@@ -358,7 +359,7 @@ def coupling_result(corr: Result, both: Result | None) -> Result:
     for name, v in both.data.items():
         data[name if name not in data else f"both_{name}"] = v
     attrs = {**corr.attrs, "both_directions": dict(both.attrs)}
-    return Result("coupling", {**corr.coords, **both.coords}, data, attrs, {**corr.var_attrs, **both.var_attrs})
+    return Result(COUPLING, {**corr.coords, **both.coords}, data, attrs, {**corr.var_attrs, **both.var_attrs})
 
 
 def verdicts_from_intervals(low: Any, high: Any) -> list[str]:
@@ -379,7 +380,7 @@ class CouplingResult(View):
     each run's rank and success, and the both-directions arrays when the result holds them (their names
     take a ``both_`` prefix where they clash with the correlation's)."""
 
-    KINDS = ("coupling",)
+    KINDS = (COUPLING,)
     PRODUCER = "graftkit couple"
 
     @property

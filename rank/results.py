@@ -14,10 +14,10 @@ from typing import Sequence
 import numpy as np
 
 from ..core.errors import GraftkitError
+from ..results.layout import RANK_ACTIVATIONS, RANK_KINDS
 from ..results.store import View
 from .metrics import METRICS, PAIR_METRICS  # noqa: F401  (the registry's names: value's metric order, and delta's)
 
-RANK_KINDS: tuple[str, ...] = ("rank-weights", "rank-delta", "rank-activations")
 #: Activation ranks: which tokens of a probe prompt, and which way hidden states are read.
 TOKENS = ("last", "all")
 BACKENDS = ("hooks", "lens")
@@ -56,14 +56,14 @@ class RankResult(View):
     def layer_ids(self) -> list[int]:
         """Decoder layer indices of the rows: the layer coordinate, or for activation ranks the decoder block
         whose output each hidden state is (the embedding output, block −1, is left out)."""
-        if self.kind == "rank-activations":
+        if self.kind == RANK_ACTIVATIONS:
             return [int(b) for b in self.result["block"] if b >= 0]
         return [int(L) for L in self.result.coords["layer"]]
 
     @property
     def n_layers(self) -> int:
         """The model's decoder depth as the result records it (attrs n_layers, else its band rule)."""
-        if self.kind == "rank-activations":
+        if self.kind == RANK_ACTIVATIONS:
             return len(self.layer_ids)
         if self.attrs.get("n_layers"):
             return int(self.attrs["n_layers"])
@@ -74,7 +74,7 @@ class RankResult(View):
         """``metric`` at :attr:`layer_ids`: value_layer[:, group "all", metric] (value_layer[:, metric] for a
         result without groups); for activation ranks value[:, metric] of the decoder blocks' outputs."""
         res, metrics = self.result, self.metrics
-        if self.kind == "rank-activations" and metric in metrics:
+        if self.kind == RANK_ACTIVATIONS and metric in metrics:
             return np.asarray(res["value"])[np.asarray(res["block"]) >= 0, metrics.index(metric)]
         if "value_layer" not in res.data or metric not in metrics:
             raise GraftkitError(f"{self.path}: no per-layer '{metric}' (metrics: {', '.join(metrics) or 'none'})",
@@ -107,7 +107,7 @@ class RankResult(View):
         activations: the hidden state's block and token count)."""
         res = self.result
         mi = [self.metrics.index(m) for m in shown]
-        if self.kind == "rank-activations":
+        if self.kind == RANK_ACTIVATIONS:
             return [{"layer": int(L), "block": int(res["block"][i]) if res["block"][i] >= 0 else None,
                      "n_tokens": int(res["n_tokens"][i]), **{m: float(res["value"][i, k]) for m, k in zip(shown, mi)}}
                     for i, L in enumerate(res.coords["layer"])]

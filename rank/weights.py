@@ -56,6 +56,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from ..core.errors import GraftkitError
+from ..results.layout import RANK_DELTA, RANK_WEIGHTS
 from ..results.store import Result
 from ..weights import (Checkpoint, Taxonomy, band_rule, check_fine_tune, check_pair, describe_later, parse_layers,
                        stream_pair_distance)
@@ -264,7 +265,7 @@ def _assemble(kind: str, rows: list[str], parents: list[str], values: np.ndarray
               skipped: list[tuple[str, str]], attrs: dict) -> Result:
     """The Result of one weight or delta ranking; ``per_row`` holds, per row, ``tol``, ``dtype``,
     ``shape``, ``nonzero`` and, for a delta, ``ref`` (the rounding reference of its tolerance)."""
-    delta = kind == "rank-delta"
+    delta = kind == RANK_DELTA
     group_of = np.array([tax.roles[p].group if p in tax.roles else "unknown" for p in parents], dtype=object)
     layer_of = np.array([tax.roles[p].layer if p in tax.roles and tax.roles[p].stack == DECODER else -1
                          for p in parents], dtype=np.int64)
@@ -375,7 +376,7 @@ def weight_ranks(
              "seconds": time.perf_counter() - t0, "workers": n_workers, **_placement(dev, peak),
              "model": model(), **(provenance or {})}
     vals = np.array(values, dtype=np.float64).reshape(len(rows), len(metrics))
-    return _assemble("rank-weights", rows, parents, vals, metrics, per_row, tax, chosen, skipped, attrs)
+    return _assemble(RANK_WEIGHTS, rows, parents, vals, metrics, per_row, tax, chosen, skipped, attrs)
 
 
 def _peak_memory(dev) -> Callable[[], int | None]:
@@ -479,4 +480,4 @@ def delta_ranks(
              "pair_notes": pair_notes, "fine_tune": dist.as_dict(),
              **(provenance or {})}
     vals = np.array(values, dtype=np.float64).reshape(len(rows), len(metrics))
-    return _assemble("rank-delta", rows, parents, vals, metrics, per_row, tax, chosen, skipped, attrs)
+    return _assemble(RANK_DELTA, rows, parents, vals, metrics, per_row, tax, chosen, skipped, attrs)

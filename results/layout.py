@@ -22,8 +22,16 @@ result about other checkpoints already holds a name, ``write_result`` writes bes
 ``unkeyed``), which parses back with its ``key``. A result being written piece by piece sits at
 ``.partial-<name>`` (:func:`partial_path`); no hidden name is a result (:func:`result_files`).
 
+Result kinds. Every result records its kind (``Result.kind``: ``eval``, ``graft-sweep``, ``train-grpo``...); the
+constants below are the one spelling of each, which producers write and readers (the typed views' ``KINDS``, the
+report's sections, the study's findings) match. A name of a kind of result file that holds one kind of result is
+keyed in ``NAMES`` by that kind.
+
 Labels (:func:`result_labels`): a checkpoint's folder or file name, prefixed by its parent's where the name
-says nothing of the run (``grpo-lora-checkpoint-6``).
+says nothing of the run (``grpo-lora-checkpoint-6``). A command that names its results by the checkpoints it was
+given names them through the function here that takes those paths (:func:`training_path_of`,
+:func:`sweep_path_of`, :func:`kl_path_of`, :func:`dissociation_path_of`), so the study finds each file by asking the
+same function, never by labelling the checkpoints the way it expects the command to.
 """
 
 from __future__ import annotations
@@ -143,26 +151,53 @@ def rl_checkpoints(out: str | os.PathLike) -> Path:
     return Path(str(Path(out)) + CHECKPOINTS)
 
 
+# ------------------------------------------------------------------------------------- result kinds
+
+#: Each kind of result, as the result records it (``Result.kind``), with the command that writes it.
+DELTA = "delta"                                             # graftkit delta (graft/anatomy.py DeltaResult)
+EVAL, HEADROOM = "eval", "headroom"                         # graftkit eval, headroom (evaluation/commands.py)
+KL = "kl"                                                   # graftkit kl (evaluation/kl.py KLResult)
+GRAFT_SWEEP = "graft-sweep"                                 # graft --eval / --sweep (graft/experiments.py SweepResult)
+GRAFT_DISSOCIATION = "graft-dissociation"                   # graft --vs (graft/experiments.py DissociationResult)
+RANK_WEIGHTS = "rank-weights"                               # graftkit rank (rank/results.py RankResult)
+RANK_DELTA = "rank-delta"                                   # rank --what delta
+RANK_ACTIVATIONS = "rank-activations"                       # rank --what activations
+COUPLING = "coupling"                                       # graftkit couple (rank/coupling.py CouplingResult)
+BOTH_DIRECTIONS = "both-directions"                         # the both-directions test alone, before couple joins it
+TRAIN_SFT, TRAIN_GRPO = "train-sft", "train-grpo"           # train sft, train grpo (train/commands.py TrainingCurves)
+TRAIN_TRAINER = "train-trainer"                             # another trainer's trainer_state.json (delta of its run)
+FINDINGS = "findings"                                       # graftkit demo (study/findings.py FindingsResult)
+
+#: The rank results, by what was ranked (``rank --what``: weights, delta, activations).
+RANK_KINDS: tuple[str, ...] = (RANK_WEIGHTS, RANK_DELTA, RANK_ACTIVATIONS)
+#: Training curves by what trained the run (the ``kind`` field of their name, ``train-{kind}-{label}``) → their kind.
+TRAINING: dict[str, str] = {"sft": TRAIN_SFT, "grpo": TRAIN_GRPO, "trainer": TRAIN_TRAINER}
+TRAIN_KINDS: tuple[str, ...] = tuple(TRAINING.values())
+#: Every kind of result.
+KINDS: tuple[str, ...] = (DELTA, EVAL, HEADROOM, KL, GRAFT_SWEEP, GRAFT_DISSOCIATION, *RANK_KINDS, COUPLING,
+                          BOTH_DIRECTIONS, *TRAIN_KINDS, FINDINGS)
+
 # ------------------------------------------------------------------------------------- result names
 
-#: Each kind of result name → its template (without ``SUFFIX``). In parse order: a fixed name comes before a
-#: template that would also match it, a longer template before a shorter one of the same prefix.
+#: Each kind of result name → its template (without ``SUFFIX``); a name that holds one kind of result is keyed by
+#: that kind. In parse order: a fixed name comes before a template that would also match it, a longer template
+#: before a shorter one of the same prefix.
 NAMES: dict[str, str] = {
-    "findings": "findings",                                 # the study's four findings
+    FINDINGS: "findings",                                   # the study's four findings
     "study-delta": "delta",                                 # the study's delta anatomy of every RL run
     "delta-trajectory": "delta-{label}-trajectory",         # delta --all-checkpoints of one trainer run
-    "delta": "delta-{labels}",                              # delta of RL runs, labels joined by "+"
-    "eval": "eval-{label}-{decoding}{obs}",
-    "headroom": "headroom-{label}{obs}",
-    "graft-dissociation": "graft-dissociation-{a}-vs-{b}",
+    DELTA: "delta-{labels}",                                # delta of RL runs, labels joined by "+"
+    EVAL: "eval-{label}-{decoding}{obs}",
+    HEADROOM: "headroom-{label}{obs}",
+    GRAFT_DISSOCIATION: "graft-dissociation-{a}-vs-{b}",
     "graft-sweep-kl": "graft-{sweep}-{label}-kl",           # a sweep scored by KL alone (--metric kl)
-    "graft-sweep": "graft-{sweep}-{label}",
-    "kl": "kl-{a}-vs-{b}",                                  # graftkit kl: policy a against its base b
+    GRAFT_SWEEP: "graft-{sweep}-{label}",
+    KL: "kl-{a}-vs-{b}",                                    # graftkit kl: policy a against its base b
     # the label carries the layer selection's tag (layer_tag), which a name cannot tell apart from it: readers
     # key rank results by the model they record
     "rank": "rank-{what}-{label}",
-    "coupling": "coupling-{what}-{metric}",
-    "train": "train-{kind}-{label}",                        # training curves: kind sft, grpo or trainer
+    COUPLING: "coupling-{what}-{metric}",
+    "train": "train-{kind}-{label}",                        # training curves: kind sft, grpo or trainer (TRAINING)
 }
 
 #: The pattern of each field's value in a name.
@@ -282,17 +317,17 @@ def partial_path(dest: str | os.PathLike) -> Path:
 
 def eval_path(results: str | os.PathLike, label: str, decoding: str = "greedy", obs: str = "text") -> Path:
     """``graftkit eval`` of the checkpoint ``label``: ``decoding`` greedy or sampled, ``obs`` text or som."""
-    return result_path(results, "eval", label=label, decoding=decoding, obs=obs)
+    return result_path(results, EVAL, label=label, decoding=decoding, obs=obs)
 
 
 def headroom_path(results: str | os.PathLike, label: str, obs: str = "text") -> Path:
     """``graftkit headroom`` of the checkpoint ``label``."""
-    return result_path(results, "headroom", label=label, obs=obs)
+    return result_path(results, HEADROOM, label=label, obs=obs)
 
 
 def sweep_path(results: str | os.PathLike, sweep: str, label: str) -> Path:
     """``graftkit graft --sweep SWEEP`` (or ``--eval``: sweep ``eval``) of the RL checkpoint ``label``."""
-    return result_path(results, "graft-sweep", sweep=sweep, label=label)
+    return result_path(results, GRAFT_SWEEP, sweep=sweep, label=label)
 
 
 def sweep_kl_path(results: str | os.PathLike, sweep: str, label: str) -> Path:
@@ -303,12 +338,12 @@ def sweep_kl_path(results: str | os.PathLike, sweep: str, label: str) -> Path:
 
 def kl_path(results: str | os.PathLike, a: str, b: str) -> Path:
     """``graftkit kl`` of the policy ``a`` against the policy ``b`` (its base)."""
-    return result_path(results, "kl", a=a, b=b)
+    return result_path(results, KL, a=a, b=b)
 
 
 def dissociation_path(results: str | os.PathLike, a: str, b: str) -> Path:
     """The double dissociation of RL runs ``a`` and ``b`` (``graftkit graft --vs``)."""
-    return result_path(results, "graft-dissociation", a=a, b=b)
+    return result_path(results, GRAFT_DISSOCIATION, a=a, b=b)
 
 
 def layer_tag(layers: str) -> str:
@@ -324,7 +359,7 @@ def rank_path(results: str | os.PathLike, what: str, label: str, layers: str = "
 
 def delta_path(results: str | os.PathLike, labels: Sequence[str]) -> Path:
     """``graftkit delta`` of the RL checkpoints ``labels`` against their base."""
-    return result_path(results, "delta", labels="+".join(labels))
+    return result_path(results, DELTA, labels="+".join(labels))
 
 
 def trajectory_path(results: str | os.PathLike, label: str) -> Path:
@@ -334,7 +369,7 @@ def trajectory_path(results: str | os.PathLike, label: str) -> Path:
 
 def coupling_path(results: str | os.PathLike, what: str, metric: str) -> Path:
     """``graftkit couple --what WHAT --metric METRIC`` of the run."""
-    return result_path(results, "coupling", what=what, metric=metric)
+    return result_path(results, COUPLING, what=what, metric=metric)
 
 
 def training_path(results: str | os.PathLike, kind: str, label: str) -> Path:
@@ -345,7 +380,7 @@ def training_path(results: str | os.PathLike, kind: str, label: str) -> Path:
 
 def findings_path(results: str | os.PathLike) -> Path:
     """The study's four findings."""
-    return result_path(results, "findings")
+    return result_path(results, FINDINGS)
 
 
 def study_delta_path(results: str | os.PathLike) -> Path:
@@ -378,3 +413,27 @@ def result_labels(paths: Iterable[str | os.PathLike]) -> list[str]:
             lab += "'"
         labels.append(lab)
     return labels
+
+
+# ------------------------------------------------------------- the names commands give their checkpoints' results
+
+
+def training_path_of(results: str | os.PathLike, kind: str, folder: str | os.PathLike) -> Path:
+    """The training curves of the run in ``folder`` (``kind`` sft, grpo or trainer: :data:`TRAINING`), as ``train
+    sft``, ``train grpo`` and ``delta`` of a trainer's run name them: by the folder's label."""
+    return training_path(results, kind, result_labels([folder])[0])
+
+
+def sweep_path_of(results: str | os.PathLike, sweep: str, rl: str | os.PathLike) -> Path:
+    """``graftkit graft --sweep SWEEP --from RL`` of the one RL checkpoint ``rl``: named by its label."""
+    return sweep_path(results, sweep, result_labels([rl])[0])
+
+
+def kl_path_of(results: str | os.PathLike, rl: str | os.PathLike, base: str | os.PathLike) -> Path:
+    """``graftkit kl --model RL --base BASE``: named by the two checkpoints' labels, taken together."""
+    return kl_path(results, *result_labels([rl, base]))
+
+
+def dissociation_path_of(results: str | os.PathLike, rl: str | os.PathLike, vs: str | os.PathLike) -> Path:
+    """``graftkit graft --from RL --vs VS``: named by the two RL checkpoints' labels, taken together."""
+    return dissociation_path(results, *result_labels([rl, vs]))

@@ -15,6 +15,7 @@ A preset is a table of :class:`~graftkit.study.pipeline.StudyConfig` fields over
 from __future__ import annotations
 
 from ..core.suites import register_suites
+from ..results.layout import SFT_B
 
 # --- the web study on the embedded policy --------------------------------------------------------------------------
 
@@ -85,8 +86,8 @@ REGIME_CALIBRATION = ("GRPO runs of the study's SFT policy (seed 0, 40 steps, T 
 VARIANTS: dict[str, tuple[str, dict, str]] = {
     "kl0.04": ("degrade", {"beta": 0.04}, "recipe"),
     "kl0.2": ("degrade", {"beta": 0.2}, "recipe"),
-    "init-b-null": ("null", {"init": "sft-b"}, "null"),
-    "init-b-degrade": ("degrade", {"init": "sft-b"}, "degrade"),
+    "init-b-null": ("null", {"init": SFT_B}, "null"),
+    "init-b-degrade": ("degrade", {"init": SFT_B}, "degrade"),
     "clip0.1": ("degrade", {"epsilon": 0.1}, "recipe"),
     "clip-high0.3": ("degrade", {"epsilon_high": 0.3}, "recipe"),
 }

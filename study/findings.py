@@ -45,6 +45,7 @@ from ..graft.experiments import BASE_LABEL, RL_LABEL, SweepResult
 from ..rank.coupling import DIRECTIONS, TOO_FEW, TRACKS_BOTH, CouplingResult, both_directions
 from ..stats import BETTER, WORSE, compare, correlation_ci, detectable_improvement, regime_interval, regime_tost
 from ..stats import headroom as headroom_table
+from ..results.layout import FINDINGS, SFT, SFT_CONTROL
 from ..results.store import Result, View
 from .design import SUITES
 
@@ -56,9 +57,6 @@ VERDICTS = (REPRODUCED, PARTLY, NOT_REPRODUCED, NOT_TESTABLE, NOT_MEASURED, CONT
 
 #: The positive control's suite (``suites["control"]``), the ``suite`` of its runs, and its findings row.
 CONTROL = "control"
-#: Label of the control's SFT policy (its eval result ``evals["sft-control"]`` and its coupled policy): the study's
-#: SFT policy fine-tuned on demonstrations with a planted position bias on the control task (a decoy).
-CONTROL_SFT = "sft-control"
 
 #: Finding 1 is a claim about a strong SFT baseline: greedy success on the mastered suite in this range.
 STRONG_BASELINE = (0.90, 0.97)
@@ -104,7 +102,7 @@ class RLRun:
     """Label of the run: its policy folder, its eval result (``evals[name]``), its graft sweep's ``rl_label``."""
     suite: str
     """The suite it was trained on (``mastered``, ``headroom`` or ``control``: the positive control's runs, trained
-    from the control's own SFT policy :data:`CONTROL_SFT`)."""
+    from the control's own SFT policy :data:`SFT_CONTROL`)."""
     regime: str
     """Its regime: null, degrade or collapse on the mastered suite, headroom on the headroom suite, control on the
     control suite. Runs that differ in another axis of the grid (seed, KL, init, clipping) share their regime."""
@@ -250,11 +248,11 @@ def _regime_iv(ri) -> str:
 def decoy_note(runs: Sequence[RLRun], sft_decoy: bool) -> str:
     """The sentence a finding's statement ends with when the SFT policy or any of ``runs`` was trained
     with decoys (else ''). A control run (``suite == "control"``) is named whatever its ``decoy`` flag: it is
-    trained from :data:`CONTROL_SFT`, whose demonstrations plant a position bias, and the note says so."""
+    trained from :data:`SFT_CONTROL`, whose demonstrations plant a position bias, and the note says so."""
     who = (["the SFT policy"] if sft_decoy else []) + [r.name for r in runs if r.decoy and r.suite != CONTROL]
     control = [r.name for r in runs if r.suite == CONTROL]
     if control:
-        who.append(f"{', '.join(control)} (the positive control's runs, trained from {CONTROL_SFT}: the SFT policy "
+        who.append(f"{', '.join(control)} (the positive control's runs, trained from {SFT_CONTROL}: the SFT policy "
                    "fine-tuned on demonstrations with a planted position bias)")
     return f" Trained with decoys (planted headroom): {', '.join(who)}." if who else ""
 
@@ -300,49 +298,49 @@ def finding_control(evals: Mapping[str, Result | EvalResult], runs: Sequence[RLR
     """The positive control: GRPO with the headroom recipe raises greedy success on the control suite, where the
     control's SFT policy fails greedily and sampling reaches the reward.
 
-    ``evals``: label → greedy eval result (:data:`CONTROL_SFT` and every control run's name); ``runs``: the study's
+    ``evals``: label → greedy eval result (:data:`SFT_CONTROL` and every control run's name); ``runs``: the study's
     runs (those with ``suite == "control"`` are read, their regime "control"); ``suites``: the study's task suites
-    (``suites["control"]`` is read). Each control run is paired with :data:`CONTROL_SFT` — the study's SFT policy
+    (``suites["control"]`` is read). Each control run is paired with :data:`SFT_CONTROL` — the study's SFT policy
     fine-tuned on demonstrations with a planted position bias on the control task, a decoy: it is the control's
     own SFT policy, never the study's — on identical episodes of the control suite (:func:`suite_episodes`).
     Estimate: ``regime_interval`` over the control runs (the training seed a random effect, as finding 2's gain).
 
     Verdict: the interval lies above 0 → "learns" (:data:`CONTROL_LEARNS`); otherwise → "does not learn"
     (:data:`CONTROL_FAILS`); the control's SFT policy at 100% greedy success on the suite (the bias was not
-    planted: nothing to raise) → not testable here; no control run, no evaluation of :data:`CONTROL_SFT` or no
+    planted: nothing to raise) → not testable here; no control run, no evaluation of :data:`SFT_CONTROL` or no
     control suite → not measured. Findings 1 and 2 cite it (:func:`control_learnt`): a null result of a pipeline
     whose own control does not learn says nothing about GRPO.
     """
     ctrl = [r for r in runs if r.suite == CONTROL]
     if not ctrl:
         return _unmeasured(CONTROL, FINDING_CONTROL, "no control-suite GRPO run")
-    if CONTROL_SFT not in evals:
-        return _unmeasured(CONTROL, FINDING_CONTROL, f"no evaluation of the control's SFT policy ({CONTROL_SFT})")
+    if SFT_CONTROL not in evals:
+        return _unmeasured(CONTROL, FINDING_CONTROL, f"no evaluation of the control's SFT policy ({SFT_CONTROL})")
     if CONTROL not in suites:
         return _unmeasured(CONTROL, FINDING_CONTROL, "the study's suites have no control suite")
-    tasks, left = suite_tasks(evals[CONTROL_SFT], CONTROL, suites)
+    tasks, left = suite_tasks(evals[SFT_CONTROL], CONTROL, suites)
     if not tasks:
-        return _unmeasured(CONTROL, FINDING_CONTROL, f"the evaluation of {CONTROL_SFT} has no task of the control suite")
-    sft = suite_episodes(evals[CONTROL_SFT], tasks, f"the evaluation of {CONTROL_SFT}")
+        return _unmeasured(CONTROL, FINDING_CONTROL, f"the evaluation of {SFT_CONTROL} has no task of the control suite")
+    sft = suite_episodes(evals[SFT_CONTROL], tasks, f"the evaluation of {SFT_CONTROL}")
     pairs = [_pair(sft, suite_episodes(evals[r.name], tasks, r.name), r.name) for r in ctrl]
     gain = regime_interval(pairs, level=level)
     p0 = sft.rate
     study = ""
-    if "sft" in evals and all(t in _view(evals["sft"]).tasks for t in tasks):
-        study = f"; the study's SFT policy {_pct(suite_episodes(evals['sft'], tasks).rate)}"
+    if SFT in evals and all(t in _view(evals[SFT]).tasks for t in tasks):
+        study = f"; the study's SFT policy {_pct(suite_episodes(evals[SFT], tasks).rate)}"
     per_run = ", ".join(f"{r.name} {_pts(d)}" for r, d in zip(ctrl, gain.run_diffs))
-    text = (f"Control suite ({', '.join(tasks)}): greedy success of {CONTROL_SFT}, the control's SFT policy (the "
+    text = (f"Control suite ({', '.join(tasks)}): greedy success of {SFT_CONTROL}, the control's SFT policy (the "
             f"study's SFT fine-tuned on demonstrations with a planted position bias, a decoy), {_pct(p0)} "
             f"({sft.outcomes.size} episodes in {sft.n_clusters} {sft.by} clusters{study}). GRPO from it on the "
             f"control suite changes greedy success by {_regime_iv(gain)} (runs: {per_run}); the control learns when "
             f"that interval lies above 0")
     if p0 >= 1:
-        text += f": at 100% {CONTROL_SFT} leaves nothing to raise (the bias was not planted), so the control is no test"
+        text += f": at 100% {SFT_CONTROL} leaves nothing to raise (the bias was not planted), so the control is no test"
         verdict = NOT_TESTABLE
     else:
         verdict = CONTROL_LEARNS if gain.low > 0 else CONTROL_FAILS
         text += f", and it {verdict}"
-    text += "." + _left_out(left, CONTROL, f"the evaluation of {CONTROL_SFT}") + decoy_note(ctrl, False)
+    text += "." + _left_out(left, CONTROL, f"the evaluation of {SFT_CONTROL}") + decoy_note(ctrl, False)
     return Finding(CONTROL, FINDING_CONTROL, text, gain.diff, gain.low, gain.high, verdict)
 
 
@@ -415,10 +413,10 @@ def finding_1(evals: Mapping[str, Result | EvalResult], runs: Sequence[RLRun], *
     grid = [r for r in runs if r.suite == "mastered"]
     if not grid:
         return _unmeasured(1, FINDING_1, "no mastered-suite GRPO run")
-    tasks, left = suite_tasks(evals["sft"], "mastered", suites)
+    tasks, left = suite_tasks(evals[SFT], "mastered", suites)
     if not tasks:
         return _unmeasured(1, FINDING_1, "the SFT evaluation has no task of the mastered suite")
-    sft = suite_episodes(evals["sft"], tasks, "the SFT evaluation")
+    sft = suite_episodes(evals[SFT], tasks, "the SFT evaluation")
     pairs = {r.name: _pair(sft, suite_episodes(evals[r.name], tasks, r.name), r.name) for r in grid}
     comps = {n: compare(a, b, level=level, clusters=c) for n, (a, b, c) in pairs.items()}
     better = [n for n, c in comps.items() if c.verdict == BETTER]
@@ -504,7 +502,7 @@ def finding_2(evals: Mapping[str, Result | EvalResult], runs: Sequence[RLRun],
     if not hr:
         return _unmeasured(2, FINDING_2, "no headroom-suite GRPO run")
     hv = _view(headroom, HeadroomResult)
-    tasks = {s: suite_tasks(evals["sft"], s, suites) for s in ("headroom", "mastered")}
+    tasks = {s: suite_tasks(evals[SFT], s, suites) for s in ("headroom", "mastered")}
     H = [t for t in tasks["headroom"][0] if t in hv.tasks]
     if not H or not tasks["mastered"][0]:
         return _unmeasured(2, FINDING_2, "the SFT evaluation or its headroom result has no task of a suite")
@@ -513,7 +511,7 @@ def finding_2(evals: Mapping[str, Result | EvalResult], runs: Sequence[RLRun],
                           clusters=greedy.clusters).rows[0]
     has_room = room.has_headroom
     played = {"headroom": H, "mastered": tasks["mastered"][0]}
-    sft = {s: suite_episodes(evals["sft"], played[s], "the SFT evaluation") for s in played}
+    sft = {s: suite_episodes(evals[SFT], played[s], "the SFT evaluation") for s in played}
 
     def interval(suite: str, rs: Sequence[RLRun]):
         return regime_interval([_pair(sft[suite], suite_episodes(evals[r.name], played[suite], r.name), r.name)
@@ -963,14 +961,14 @@ def finding_4(coupling: CouplingResult | None, *, runs: Sequence[RLRun] = (), sf
     ``coupling``: the study's coupling result with its both-directions arrays (None if not computed, and
     ``missing`` says why); ``runs``: the study's runs; ``kl_from_sft``: run name → (KL(π_RL‖π_SFT) per action token
     on the run's own rollouts, low, high), against the same SFT policy the coupling pairs the run with (for a control
-    run, :data:`CONTROL_SFT`; ``KLResult.summary("rl")`` of ``graftkit kl``).
+    run, :data:`SFT_CONTROL`; ``KLResult.summary("rl")`` of ``graftkit kl``).
 
     Which runs the both-directions test counts (:func:`counted_runs`). Without ``runs``: the coupling's own counts.
-    With ``runs``: only the study's RL runs (the SFT policies, :data:`CONTROL_SFT` included, are coupled policies but
+    With ``runs``: only the study's RL runs (the SFT policies, :data:`SFT_CONTROL` included, are coupled policies but
     no runs), each in the direction of its paired verdict against the parent the coupling paired it with
     (``direction_run``). A control run (``suite == "control"``) counts — as improved when it credibly improved —
-    only when its pair in the coupling is against its own SFT policy :data:`CONTROL_SFT`: the coupling's
-    ``base_rank`` and ``base_success`` rows of the run equal :data:`CONTROL_SFT`'s ``rank`` and ``success`` rows
+    only when its pair in the coupling is against its own SFT policy :data:`SFT_CONTROL`: the coupling's
+    ``base_rank`` and ``base_success`` rows of the run equal :data:`SFT_CONTROL`'s ``rank`` and ``success`` rows
     (so that policy must be among the coupled ones, and the coupling must pair each run with its recorded parent).
     Against the study's SFT its change would be the decoy's undoing plus training, not a change from its parent,
     so it is left out and the statement names it. When a row the coupling counted is not counted here, the late
@@ -1017,11 +1015,11 @@ def finding_4(coupling: CouplingResult | None, *, runs: Sequence[RLRun] = (), sf
     n_up, n_down = int(total[up]), int(total[down])
     n_ctrl = sum(1 for i in counted if direction[i] == "improved"
                  and any(r.name == res.runs[i] and r.suite == CONTROL for r in runs))
-    text += (f"; {n_up} credibly improved" + (f" ({n_ctrl} of them control runs, against {CONTROL_SFT})" if n_ctrl else "")
+    text += (f"; {n_up} credibly improved" + (f" ({n_ctrl} of them control runs, against {SFT_CONTROL})" if n_ctrl else "")
              + f" and {n_down} credibly degraded runs (the test needs {MIN_RUNS_PER_DIRECTION} of each: with fewer, "
              "even full agreement is not credible)")
     if left_out:
-        text += (f"; left out, as the coupling paired them with another policy than their own SFT ({CONTROL_SFT}): "
+        text += (f"; left out, as the coupling paired them with another policy than their own SFT ({SFT_CONTROL}): "
                  f"{', '.join(left_out)}")
     kl_ok, kl_text = _kl_tracking(res, counted, b, kl_from_sft)
     kl_text = f" On KL: {kl_text}." if kl_text else ""
@@ -1060,7 +1058,7 @@ def _paired_with(res: CouplingResult, row: int, parent: str) -> bool:
 
 def counted_runs(res: CouplingResult, runs: Sequence[RLRun]) -> tuple[list[int], list[str]]:
     """The coupling's rows the both-directions test counts (:func:`finding_4`'s docstring), and the control runs
-    left out because the coupling paired them with another policy than :data:`CONTROL_SFT`. Without ``runs``:
+    left out because the coupling paired them with another policy than :data:`SFT_CONTROL`. Without ``runs``:
     every row (the coupling's own counts)."""
     if not runs:
         return list(range(len(res.runs))), []
@@ -1070,7 +1068,7 @@ def counted_runs(res: CouplingResult, runs: Sequence[RLRun]) -> tuple[list[int],
         run = study.get(name)
         if run is None:
             continue
-        if run.suite == CONTROL and not _paired_with(res, i, CONTROL_SFT):
+        if run.suite == CONTROL and not _paired_with(res, i, SFT_CONTROL):
             left_out.append(name)
             continue
         counted.append(i)
@@ -1127,7 +1125,7 @@ def findings_result(findings: list[Finding], cfg) -> Result:
     # the numbered findings in order, then named rows (the positive control)
     f = sorted(findings, key=lambda x: (0, x.number, "") if isinstance(x.number, int) else (1, 0, str(x.number)))
     arr = lambda key, dt=float: np.array([getattr(x, key) for x in f], dtype=dt)  # noqa: E731
-    return Result("findings", {"finding": np.array([str(x.number) for x in f], dtype=object)},
+    return Result(FINDINGS, {"finding": np.array([str(x.number) for x in f], dtype=object)},
                   {"claim": (("finding",), arr("claim", object)), "statement": (("finding",), arr("statement", object)),
                    "estimate": (("finding",), arr("estimate")), "low": (("finding",), arr("low")),
                    "high": (("finding",), arr("high")), "verdict": (("finding",), arr("verdict", object))},
@@ -1143,7 +1141,7 @@ class FindingsResult(View):
     """A ``findings`` result read by name: the findings in order, whether they state their claims (results
     written before claims were stored do not), and the notes on units and intervals."""
 
-    KINDS = ("findings",)
+    KINDS = (FINDINGS,)
     PRODUCER = "graftkit demo"
 
     @property

@@ -27,8 +27,9 @@ from typing import Callable, Mapping, Optional
 from ..core.config import DeviceOption, OnProgress, no_progress, opt
 from ..core.errors import GraftkitError
 from ..evaluation.commands import EvalConfig, HeadroomConfig, run_eval, run_headroom
-from ..results.layout import (RunLayout, coupling_path, dissociation_path, eval_path, findings_path, headroom_path,
-                              kl_path, rank_path, result_labels, study_delta_path, sweep_path, training_path)
+from ..results.layout import (SFT, SFT_B, SFT_CONTROL, RunLayout, coupling_path, dissociation_path_of, eval_path,
+                              findings_path, headroom_path, kl_path_of, rank_path, study_delta_path, sweep_path_of,
+                              training_path_of)
 from ..weights import PROVENANCE
 from .design import (CONTROL, DOMAIN_PRESETS, DOMAINS, EMBEDDED_PRESETS, HEADROOM_CALIBRATION, HEADROOM_RECIPE,
                      PRETRAINED_PRESETS, REGIME_CALIBRATION, REGIMES, STUDY_SFT, SUITES, VARIANTS)
@@ -52,7 +53,9 @@ class GridRun:
     """One GRPO run of the study's grid: its finding-side description and the settings it changes."""
 
     rl: RLRun
-    init: str = "sft"
+    #: The policy folder it starts from (``results/layout.py``): the SFT policy, the second initialisation or the
+    #: control's SFT policy.
+    init: str = SFT
     overrides: Mapping[str, float] = field(default_factory=dict)
 
     @property
@@ -247,10 +250,10 @@ def grid(cfg: StudyConfig) -> list[GridRun]:
             raise GraftkitError(f"unknown grid variant {name!r}", f"choose from {', '.join(VARIANTS)}")
         lr_of, overrides, regime = VARIANTS[name]
         knobs = {k: v for k, v in overrides.items() if k != "init"}
-        runs.append(GridRun(RLRun(name, "mastered", regime, cfg.regimes[lr_of], 0), overrides.get("init", "sft"), knobs))
+        runs.append(GridRun(RLRun(name, "mastered", regime, cfg.regimes[lr_of], 0), overrides.get("init", SFT), knobs))
     runs += [GridRun(RLRun(f"headroom-s{s}", "headroom", "headroom", cfg.headroom_lr, s)) for s in cfg.headroom_seeds]
     if "control" in cfg.suites:
-        runs += [GridRun(RLRun(f"control-s{s}", "control", "control", cfg.headroom_lr, s, decoy=True), "sft-control")
+        runs += [GridRun(RLRun(f"control-s{s}", "control", "control", cfg.headroom_lr, s, decoy=True), SFT_CONTROL)
                  for s in cfg.control_seeds]
     return runs
 
@@ -308,19 +311,19 @@ class Study:
 
     def init_of(self, g: "GridRun") -> Path:
         """The policy a grid run starts from: the SFT policy, the second initialisation or the control's SFT."""
-        return {"sft": self.sft, "sft-b": self.sft_b, "sft-control": self.layout.sft_control}[g.init]
+        return {SFT: self.sft, SFT_B: self.sft_b, SFT_CONTROL: self.layout.sft_control}[g.init]
 
     def parent(self, label: str) -> Path:
         """The SFT policy a run (by label) is measured against: the control's SFT for the control runs."""
-        init = {g.name: g.init for g in grid(self.cfg)}.get(label, "sft")
-        return self.layout.sft_control if init == "sft-control" else self.sft
+        init = {g.name: g.init for g in grid(self.cfg)}.get(label, SFT)
+        return self.layout.sft_control if init == SFT_CONTROL else self.sft
 
     def rl(self, run: RLRun) -> Path:
         return self.layout.rl(run.name)
 
     def sweep(self, run: RLRun) -> Path:
         """The factorial graft sweep of ``run``: where ``graftkit graft`` writes it, named by the run's label."""
-        return sweep_path(self.results, "factorial", result_labels([self.rl(run)])[0])
+        return sweep_path_of(self.results, "factorial", self.rl(run))
 
     @property
     def coupling(self) -> Path:
@@ -438,7 +441,7 @@ def _train_pretrained_sft(st: Study) -> None:
                     lora_alpha=2.0 * cfg.sft_lora_r if lora else 16.0, lora_targets="all-linear", **cfg.placement)
     # resume: a study stopped after the adapter was written merges it instead of training it again
     run_train_sft(sft, resume=True, force=True, results=st.results,
-                  on_step=lambda m: st.on_work("sft", m["step"], cfg.sft_steps))
+                  on_step=lambda m: st.on_work(SFT, m["step"], cfg.sft_steps))
 
 
 def stage_sft(st: Study) -> None:
@@ -457,7 +460,7 @@ def stage_sft(st: Study) -> None:
             sft_cfg = SFTConfig(out=st.sft, tasks=cfg.sft_tasks, budgets=cfg.sft_budgets, steps=cfg.sft_steps,
                                 lr=cfg.sft_lr, batch_size=cfg.sft_batch_size, threads=2, **cfg.placement)
             run_train_sft(sft_cfg, force=True, results=st.results,
-                          on_step=lambda m: st.on_work("sft", m["step"], cfg.sft_steps))
+                          on_step=lambda m: st.on_work(SFT, m["step"], cfg.sft_steps))
         elif not cfg.train_sft:
             src = Path(cfg.sft) if cfg.sft else EMBEDDED_SFT
             if not (src / "config.json").is_file():
@@ -478,7 +481,7 @@ def stage_sft(st: Study) -> None:
             f"SFT on solutions of {cfg.sft_tasks} training items, {cfg.sft_steps} steps" if cfg.domain != "web" else
             f"SFT on oracle demonstrations in two stages, the second until {until} on training items"
             if cfg.train_sft else "the study's SFT policy (embedded copy)")
-    st.stage("sft", [st.sft / PROVENANCE], run, what)
+    st.stage(SFT, [st.sft / PROVENANCE], run, what)
 
 
 def _train_study_sft(st: Study) -> None:
@@ -509,7 +512,7 @@ def stage_sft_control(st: Study) -> None:
     """The positive control's SFT policy: the study's SFT trained further on demonstrations of the control suite
     whose demonstrator slips to the first element of the target's kind (a planted position bias)."""
     cfg = st.cfg
-    if not any(g.init == "sft-control" for g in grid(cfg)):
+    if not any(g.init == SFT_CONTROL for g in grid(cfg)):
         return
     spec = cfg.control
 
@@ -522,16 +525,16 @@ def stage_sft_control(st: Study) -> None:
                                 decoys=tuple(f"{t}={spec['decoy']}" for t in tasks), steps=int(spec["steps"]),
                                 lr=spec["lr"], seed=0, threads=cfg.threads, **cfg.placement),
                       force=True, results=st.results,
-                      on_step=lambda m: st.on_work("sft-control", m["step"], int(spec["steps"])))
+                      on_step=lambda m: st.on_work(SFT_CONTROL, m["step"], int(spec["steps"])))
 
-    st.stage("sft-control", [st.layout.sft_control / PROVENANCE], run,
+    st.stage(SFT_CONTROL, [st.layout.sft_control / PROVENANCE], run,
              f"positive control: {int(spec['steps'])} more SFT steps, {100 * spec['decoy']:.0f}% of clicks on "
              f"{', '.join(cfg.suites['control'])} sent to the first tab")
 
 
 def stage_headroom(st: Study) -> Path:
     """Greedy vs sampled success of the SFT policy on every task."""
-    cfg, dest = st.cfg, headroom_path(st.results, "sft")
+    cfg, dest = st.cfg, headroom_path(st.results, SFT)
     # items="heldout": the study trains on its tasks, a user's file among them, so it plays held-out items only.
     hcfg = HeadroomConfig(model=st.sft, tasks=",".join(all_tasks(cfg)), seeds=cfg.eval_seeds, episodes=cfg.eval_episodes,
                           k=cfg.headroom_k, save=dest, items="heldout", engine=cfg.engine_name, **cfg.placement)
@@ -560,8 +563,8 @@ def stage_grpo(st: Study) -> None:
             run_train_grpo(gcfg, resume=latest_checkpoint(gcfg) is not None, force=True, results=st.results,
                            on_step=lambda m: st.on_work(f"grpo {run.name}", m["step"], gcfg.steps))
 
-        knobs = "".join(f", {k} {v:g}" for k, v in g.overrides.items()) + (f", init {g.init}" if g.init != "sft" else "")
-        curves = training_path(st.results, "grpo", result_labels([st.rl(run)])[0])  # as run_train_grpo names them
+        knobs = "".join(f", {k} {v:g}" for k, v in g.overrides.items()) + (f", init {g.init}" if g.init != SFT else "")
+        curves = training_path_of(st.results, "grpo", st.rl(run))
         st.stage(f"grpo {run.name}", [curves, st.rl(run) / PROVENANCE], go,
                  f"{run.suite} suite, lr {run.lr:g}, seed {run.seed}{knobs}")
 
@@ -570,7 +573,7 @@ def stage_sft_b(st: Study) -> None:
     """The second initialisation: the SFT policy trained ``sft_b_steps`` further on fresh demonstrations with
     another seed (a different SFT checkpoint of the same recipe, as a second SFT run would give)."""
     cfg = st.cfg
-    if not any(g.init == "sft-b" for g in grid(cfg)):
+    if not any(g.init == SFT_B for g in grid(cfg)):
         return
 
     def run():
@@ -581,22 +584,22 @@ def stage_sft_b(st: Study) -> None:
         run_train_sft(SFTConfig(out=st.sft_b, init=st.sft, tasks=tasks, steps=cfg.sft_b_steps,
                                 batch_size=cfg.sft_batch_size, lr=cfg.sft_b_lr or cfg.sft_lr / 3, seed=1,
                                 threads=cfg.threads, **cfg.placement), force=True, results=st.results,
-                      on_step=lambda m: st.on_work("sft-b", m["step"], cfg.sft_b_steps))
+                      on_step=lambda m: st.on_work(SFT_B, m["step"], cfg.sft_b_steps))
 
-    st.stage("sft-b", [st.sft_b / PROVENANCE], run, f"second initialisation: {cfg.sft_b_steps} more SFT steps, seed 1")
+    st.stage(SFT_B, [st.sft_b / PROVENANCE], run, f"second initialisation: {cfg.sft_b_steps} more SFT steps, seed 1")
 
 
 def models(st: Study) -> dict[str, Path]:
     """label → policy folder: the SFT policy, the control's SFT policy (when the study has a control), then every
     RL run."""
-    control = {"sft-control": st.layout.sft_control} if any(g.init == "sft-control" for g in grid(st.cfg)) else {}
-    return {"sft": st.sft, **control, **{r.name: st.rl(r) for r in rl_runs(st.cfg)}}
+    control = {SFT_CONTROL: st.layout.sft_control} if any(g.init == SFT_CONTROL for g in grid(st.cfg)) else {}
+    return {SFT: st.sft, **control, **{r.name: st.rl(r) for r in rl_runs(st.cfg)}}
 
 
 def measured_runs(st: Study) -> list[RLRun]:
     """The runs measured against the study's SFT policy (deltas, grafts, ranks, coupling): all but the control's,
     which start from their own SFT."""
-    return [g.rl for g in grid(st.cfg) if g.init != "sft-control"]
+    return [g.rl for g in grid(st.cfg) if g.init != SFT_CONTROL]
 
 
 def stage_eval(st: Study) -> None:
@@ -630,7 +633,7 @@ def stage_delta(st: Study) -> Path:
 def swept_runs(cfg: StudyConfig, regime: str) -> list[RLRun]:
     """The runs of a learning-rate regime that the graft sweeps take apart: its first ``swept_seeds`` training
     seeds (fixed in advance, never picked by their evaluation)."""
-    return [g.rl for g in grid(cfg) if g.rl.regime == regime and g.init == "sft" and not g.overrides
+    return [g.rl for g in grid(cfg) if g.rl.regime == regime and g.init == SFT and not g.overrides
             and g.rl.suite == "mastered"][: cfg.swept_seeds]
 
 
@@ -659,7 +662,7 @@ def stage_grafts(st: Study) -> list[Path]:
                  f"factorial over {'+'.join(groups)} = {n_configs} configurations, scored by {cfg.graft_metric}")
     if degrade and collapse:
         a, b = degrade[0], collapse[0]
-        dest = dissociation_path(st.results, *result_labels([st.rl(a), st.rl(b)]))  # as graft --vs names it
+        dest = dissociation_path_of(st.results, st.rl(a), st.rl(b))
         st.stage("dissociation", [dest], lambda: run_graft_experiments(sweep(rl=st.rl(a), vs=st.rl(b))),
                  f"{a.name} vs {b.name}")
         files.append(dest)
@@ -673,19 +676,19 @@ def stage_ranks(st: Study) -> None:
     cfg = st.cfg
     for label, path in models(st).items():
         w, a, d = (rank_path(st.results, k, label) for k in ("weights", "activations", "delta"))
+        rl = label not in (SFT, SFT_CONTROL)  # an RL run: its delta from the SFT policy it started from
 
-        def go(label=label, path=path, w=w, a=a, d=d):
+        def go(label=label, path=path, w=w, a=a, d=d, rl=rl):
             if not w.exists():
                 run_rank(RankConfig(model=(path,), what="weights", layers=cfg.rank_weight_layers, save=w))
             if not a.exists():
                 run_rank(RankConfig(model=(path,), what="activations", probes=cfg.probes, tasks=cfg.probe_tasks, save=a,
                                     **cfg.placement))
-            if not label.startswith("sft") and not d.exists():
+            if rl and not d.exists():
                 run_rank(RankConfig(model=(path,), what="delta", base=st.parent(label), layers=cfg.rank_weight_layers,
                                     save=d, force_pair=True))
 
-        st.stage(f"rank {label}", [w, a] + ([d] if not label.startswith("sft") else []), go, "weights, activations"
-                 + (", delta" if not label.startswith("sft") else ""))
+        st.stage(f"rank {label}", [w, a] + ([d] if rl else []), go, "weights, activations" + (", delta" if rl else ""))
 
 
 # ---------------------------------------------------------------------------------------------- run
@@ -709,7 +712,7 @@ def item_audit(st: Study) -> dict:
     from ..evaluation.commands import EvalResult
     from ..results.store import read_result
 
-    sft = EvalResult.from_result(read_result(eval_path(st.results, "sft")))
+    sft = EvalResult.from_result(read_result(eval_path(st.results, SFT)))
     counts = sft.item_counts()
     held = {t: set(str(x) for x in sft.items_of(t).ravel()) for t in sft.tasks} if counts else {}
     grpo = {}
@@ -735,7 +738,7 @@ def items_line(audit: Mapping) -> str:
 
 def kl_result_path(st: Study, run: RLRun) -> Path:
     """Where ``graftkit kl`` writes ``run``'s KL from the SFT policy it started from (as the command names it)."""
-    return kl_path(st.results, *result_labels([st.rl(run), st.parent(run.name)]))
+    return kl_path_of(st.results, st.rl(run), st.parent(run.name))
 
 
 def stage_kl(st: Study) -> None:
@@ -774,7 +777,7 @@ def stage_findings(st: Study) -> list:
 
     cfg, runs = st.cfg, rl_runs(st.cfg)
     evals = {label: read_result(eval_path(st.results, label)) for label in models(st)}
-    headroom_res = read_result(headroom_path(st.results, "sft"))
+    headroom_res = read_result(headroom_path(st.results, SFT))
     sweeps = {g: [SweepResult.read(p) for r in swept_runs(cfg, g) if (p := st.sweep(r)).exists()]
               for g in ("degrade", "collapse")}
     delta = DeltaResult.read(study_delta_path(st.results))

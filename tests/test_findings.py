@@ -16,7 +16,7 @@ from graftkit.agent.rollout import Decode
 from graftkit.core.errors import GraftkitError
 from graftkit.evaluation.commands import EvalResult, eval_result
 from graftkit.study.findings import (
-    CONTROL_FAILS, CONTROL_LEARNS, CONTROL_SFT, KL_INERT_MARGIN, MIN_RUNS_PER_DIRECTION, NOT_MEASURED, NOT_REPRODUCED,
+    CONTROL_FAILS, CONTROL_LEARNS, KL_INERT_MARGIN, MIN_RUNS_PER_DIRECTION, NOT_MEASURED, NOT_REPRODUCED,
     NOT_TESTABLE, PARTLY, REPRODUCED, VERDICTS, Finding, FindingsResult, RLRun, control_learnt, finding_1, finding_2,
     finding_3, finding_4, finding_control, findings_result, suite_episodes,
 )
@@ -24,6 +24,7 @@ from graftkit.graft.experiments import BASE_LABEL, RL_LABEL, SweepResult, expand
 from graftkit.graft.kl import SweepKL
 from graftkit.rank.coupling import CouplingResult, both_directions, coupling, coupling_result
 from graftkit.stats import BETTER, NO_CHANGE, WORSE, wilson_interval
+from graftkit.results.layout import SFT_CONTROL
 from graftkit.results.store import Result, read_result, write_result
 from graftkit.study.design import SUITES
 from graftkit.study.pipeline import StudyConfig
@@ -215,7 +216,7 @@ def control_study(rate: float, changes: list[float], with_sft_control: bool = Tr
     (SFT's elsewhere) and runs ``control-s<i>`` changing it by ``changes[i]`` (decoy runs, as the pipeline sets)."""
     evals, runs = study(SFT, {})
     if with_sft_control:
-        evals[CONTROL_SFT] = eval_of(SFT | {CONTROL_TASKS[0]: rate}, CONTROL_SFT)
+        evals[SFT_CONTROL] = eval_of(SFT | {CONTROL_TASKS[0]: rate}, SFT_CONTROL)
     for i, d in enumerate(changes):
         runs.append(RLRun(f"control-s{i}", "control", "control", 3e-4, i, decoy=True))
         evals[f"control-s{i}"] = eval_of(SFT | {CONTROL_TASKS[0]: rate + d}, f"control-s{i}")
@@ -233,10 +234,10 @@ def test_finding_control_learns_only_on_a_credible_gain_over_its_own_sft(changes
     assert f.number == "control" and f.verdict == verdict, f.statement
     assert control_learnt(f) is (verdict == CONTROL_LEARNS)
     assert f.estimate == pytest.approx(np.mean(changes), abs=0.01) and (f.low > 0) == (verdict == CONTROL_LEARNS)
-    assert f"{CONTROL_SFT}, the control's SFT policy" in f.statement and "planted position bias, a decoy" in f.statement
+    assert f"{SFT_CONTROL}, the control's SFT policy" in f.statement and "planted position bias, a decoy" in f.statement
     assert "30.0%" in f.statement and "the study's SFT policy 90.0%" in f.statement and "over 3 runs" in f.statement
     assert "Trained with decoys (planted headroom): control-s0, control-s1, control-s2 (the positive control's runs, "\
-           f"trained from {CONTROL_SFT}" in f.statement
+           f"trained from {SFT_CONTROL}" in f.statement
 
 
 def test_finding_control_not_testable_at_a_ceiling_and_not_measured_without_its_inputs():
@@ -247,7 +248,7 @@ def test_finding_control_not_testable_at_a_ceiling_and_not_measured_without_its_
     assert finding_control(evals, runs).verdict == NOT_MEASURED  # no control run
     evals, runs = control_study(0.3, [0.4, 0.4], with_sft_control=False)
     f = finding_control(evals, runs)
-    assert f.verdict == NOT_MEASURED and CONTROL_SFT in f.statement and control_learnt(f) is None
+    assert f.verdict == NOT_MEASURED and SFT_CONTROL in f.statement and control_learnt(f) is None
     assert control_learnt(None) is None
     # control runs are named as decoy-trained whatever their flag: they start from the biased SFT
     evals, runs = control_study(0.3, [0.4])
@@ -559,7 +560,7 @@ def coupling_with_control(control_parent: str):
     """The coupling of SFT, the control's SFT (its own parent SFT: credibly worse, as the decoy made it) and the
     runs: 3 improved and 5 degraded mastered runs against SFT, and 2 control runs that credibly improved against
     ``control_parent`` (their own SFT, or the study's), each paired with it as the coupling records."""
-    rows = {"sft": (0.6, 10.0, "sft", "reference (SFT)"), CONTROL_SFT: (0.3, 4.0, "sft", WORSE)}
+    rows = {"sft": (0.6, 10.0, "sft", "reference (SFT)"), SFT_CONTROL: (0.3, 4.0, "sft", WORSE)}
     rows |= {f"up{i}": (0.65 + 0.04 * i, 11.0 + 0.8 * i, "sft", BETTER) for i in range(3)}
     rows |= {f"down{i}": (0.5 - 0.06 * i, 8.0 - 1.2 * i, "sft", WORSE) for i in range(5)}
     rows |= {f"control-s{i}": (0.7 + 0.05 * i, 12.0 + i, control_parent, BETTER) for i in range(2)}
@@ -576,11 +577,11 @@ def coupling_with_control(control_parent: str):
 
 
 def test_finding_4_counts_control_runs_paired_with_their_own_sft():
-    res, runs = coupling_with_control(CONTROL_SFT)
+    res, runs = coupling_with_control(SFT_CONTROL)
     f = finding_4(res, runs=runs)
     assert f.verdict == REPRODUCED, f.statement
     # sft-control is coupled (credibly worse than SFT) but is no run: only the 5 degraded runs count
-    assert f"5 credibly improved (2 of them control runs, against {CONTROL_SFT}) and 5 credibly degraded" in f.statement
+    assert f"5 credibly improved (2 of them control runs, against {SFT_CONTROL}) and 5 credibly degraded" in f.statement
     assert "control-s0, control-s1 (the positive control's runs" in f.statement
 
 
@@ -589,7 +590,7 @@ def test_finding_4_leaves_out_control_runs_paired_with_the_studys_sft():
     assert int(res.both("total", "band")[-1][0]) == 5  # the coupling itself counted them improved
     f = finding_4(res, runs=runs)
     assert f.verdict == NOT_TESTABLE and "3 credibly improved and 5 credibly degraded" in f.statement, f.statement
-    assert f"the coupling paired them with another policy than their own SFT ({CONTROL_SFT}): control-s0, control-s1" \
+    assert f"the coupling paired them with another policy than their own SFT ({SFT_CONTROL}): control-s0, control-s1" \
         in f.statement
     assert finding_4(res).verdict != NOT_TESTABLE  # without the study's runs: the coupling's own counts
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,14 +20,15 @@ ALLOWED = {
     "agent": {"webenv", "weights", "verifiable"},
     # the trainers, and the training commands that write their results
     "train": {"agent", "webenv", "weights", "verifiable", "results", "stats"},
-    "graft": {"weights", "agent", "stats", "results", "rank", "verifiable"},
+    # delta writes a trainer run's curves (train's writer) beside its movement
+    "graft": {"weights", "agent", "stats", "results", "rank", "verifiable", "train"},
     "rank": {"weights", "agent", "stats", "results"},
     # the eval/headroom commands (they write results, which agent may not)
     "evaluation": {"agent", "webenv", "weights", "stats", "results", "verifiable"},
     # figures read results through the typed views defined beside their producers
     "figures": {"results", "stats", "graft", "rank", "evaluation", "train", "study.findings", "study.design"},
-    # the study's design as data: regimes, suites, presets
-    "study.design": {"webenv", "verifiable"},
+    # the study's design as data: regimes, suites, presets (a variant names the policy folder it starts from)
+    "study.design": {"webenv", "verifiable", "results"},
     # the study's findings rules, read from typed result views
     "study.findings": {"results", "stats", "evaluation", "graft", "rank", "webenv", "study.design"},
     # the pipeline composes every command's run function, and writes the report last
@@ -118,6 +120,39 @@ def test_checker_sees_violations(tmp_path):
     fake = tmp_path / "probe.py"
     fake.write_text("from ..graft import plan\nimport graftkit.results.store\nfrom . import taxonomy\n")
     assert _imports(fake, ["weights"]) == {"graft", "results", "weights"}
+
+
+def _design_table(text: str) -> dict[str, set[str]]:
+    """docs/design.md's import table: unit → the units it may import, read from the markdown rows under its
+    ``| unit | may import (besides `core`) |`` header (several units in a row's first cell share it; a backticked
+    name in the second cell is a unit it may import, "nothing of graftkit" none, "everything above" every unit of
+    the rows above)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| unit | may import"))
+    table: dict[str, set[str]] = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        first, second = [c.strip() for c in line.strip("|").split("|")][:2]
+        units = re.findall(r"`([\w.]+)`", first)
+        may = set(re.findall(r"`([\w.]+)`", second))
+        if "everything above" in second:
+            may |= set(table)
+        for unit in units:
+            table[unit] = may
+    return table
+
+
+def test_design_md_import_table_is_the_rules():
+    """The table docs/design.md shows is ``ALLOWED``, row for row (the leaves, ``core``, are said in its header)."""
+    table = _design_table((ROOT / "docs" / "design.md").read_text())
+    assert table == {unit: may for unit, may in ALLOWED.items() if unit not in LEAVES}
+
+
+def test_the_table_reader_reads_what_it_is_given():
+    text = ("| unit | may import (besides `core`) |\n|---|---|\n| `a`, `b` | nothing of graftkit |\n"
+            "| `c` | `a` (why), `b` |\n| `d` | everything above, `e` included |\n\nafter\n| `x` | `y` |\n")
+    assert _design_table(text) == {"a": set(), "b": set(), "c": {"a", "b"}, "d": {"a", "b", "c", "e"}}
 
 
 def test_only_safetensors_io_in_weights():

@@ -308,7 +308,6 @@ FOLDER_NAMES = {L.RESULTS, L.REPORT, L.STUDY, L.CHECKPOINTS, L.CURRENT, L.SFT_AD
 #: Strings that look like result names and are none, each with why.
 ALLOWED = {
     ("results/store.py", 'f"graftkit-result-{os.getpid()}-{id(result)}.h5"'): "an in-memory HDF5 image's name",
-    ("train/commands.py", 'f"train-{kind}"'): "a result kind, not a file name",
 }
 
 
@@ -371,3 +370,194 @@ def test_the_scan_sees_names_built_elsewhere(tmp_path):
                      'h = f"rank-{what}-" + label\n')
     assert _result_names(probe) == ['"results"', 'f"eval-{label}-greedy.h5"', '"rank-*.h5"', 'f"graft-{kind}-{label}"',
                                     '"report.html"', 'f"{results}/x.h5"', 'f"rank-{what}-"']
+
+
+# ------------------------------------------------------------- no result kind, no study folder, spelled elsewhere
+
+#: A kind with a hyphen (``graft-sweep``, ``train-grpo``) and its family's prefix (``train-``) mean nothing but a kind:
+#: any such string outside the layout spells one.
+UNIQUE = {k for k in L.KINDS if "-" in k} | {k.split("-")[0] + "-" for k in L.KINDS if "-" in k}
+#: Names a kind is held in: a variable, attribute or parameter named so holds a kind (``kind``, ``KINDS``,
+#: ``TRAIN_KINDS``, ``kinds``).
+KIND_NAME = re.compile(r"kinds?|[A-Z_]*KINDS")
+#: Strings in a kind's place that are no result kind, each with why (by file and the expression they sit in).
+KIND_ALLOWED = {
+    ("graft/commands.py", 'cfg.kind == "eval"'): "graft --eval is a sweep of one configuration (GraftConfig.kind)",
+    ("graft/commands.py", 'cfg.kind not in ("layers", "eval")'): "the sweep kinds that play every layer",
+}
+#: The study's policy folders (``<run>/sft``...), which only the layout spells.
+FOLDERS = {L.BASE, L.SFT, L.SFT_ADAPTER, L.SFT_B, L.SFT_STAGE1, L.SFT_CONTROL}
+#: Strings in study/ that read as a folder's name and are none, each with why.
+FOLDER_ALLOWED = {
+    ("study/pipeline.py", 'overrides.get("sft")'): "the preset's --sft (StudyConfig.sft), a path the user gives",
+    ("study/pipeline.py", '("out", "sft")'): "StudyConfig fields that hold paths",
+    ("study/pipeline.py", 'write_curves(st.sft, "sft", st.results)'): "what trained the curves (layout TRAINING)",
+    ("study/findings.py", 'role in ("base", "rl")'): "a graft configuration's role (graft/experiments.py ROLES)",
+    ("study/findings.py", 'sweep.reproduced(label, "sft")'): "a side of a sweep's KL (graft/kl.py SIDES)",
+    ("study/findings.py", '"sft" in sweep.sides'): "a side of a sweep's KL (graft/kl.py SIDES)",
+}
+
+
+def _name(node: ast.AST) -> str | None:
+    """The name a call, an assignment target or a comparison operand goes by: ``f`` of ``f`` and ``x.f``."""
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+
+
+def _strings(node: ast.AST) -> list[ast.Constant]:
+    """``node`` if it is a string, else the strings of a tuple, list or set it displays."""
+    items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+    return [n for n in items if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def _kind_parameters(paths: list[Path]) -> dict[str, set[int | str]]:
+    """Every graftkit function and dataclass by name → where its calls take a kind: the positions of its parameters
+    (a method's after ``self``) or fields named ``kind``/``kinds``, ``"*"`` from a ``*kinds`` on."""
+    out: dict[str, set[int | str]] = {}
+    for path in paths:
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names = [a.arg for a in node.args.posonlyargs + node.args.args]
+                names = names[1:] if names[:1] in (["self"], ["cls"]) else names
+                found = {i for i, n in enumerate(names) if KIND_NAME.fullmatch(n)}
+                if node.args.vararg and KIND_NAME.fullmatch(node.args.vararg.arg):
+                    found |= {len(names), "*"}
+            elif isinstance(node, ast.ClassDef) and any("dataclass" in ast.unparse(d) for d in node.decorator_list):
+                fields = [n.target.id for n in node.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+                          and "ClassVar" not in ast.unparse(n.annotation)]
+                found = {i for i, n in enumerate(fields) if KIND_NAME.fullmatch(n)}
+            else:
+                continue
+            if found:
+                out.setdefault(node.name, set()).update(found)
+    return out
+
+
+def _kind_places(tree: ast.AST, params: dict[str, set[int | str]]) -> list[tuple[ast.AST, ast.Constant]]:
+    """(the expression, a string in it) wherever a string stands for a result kind: the first argument of
+    ``Result(...)``; a value given to a name, attribute, parameter or field that holds a kind (``KIND_NAME``:
+    ``KINDS = (...)``, ``kind: ClassVar[str] = ...``, ``_of(loaded, ...)``, ``glob_pattern(...)``); a side of a
+    comparison with one (``x.kind == ...``)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = _name(node.func)
+            where = params.get(name, set()) | ({0} if name == "Result" else set())
+            for i, arg in enumerate(node.args):
+                if i in where or ("*" in where and i >= min(w for w in where if w != "*")):
+                    found += [(node, s) for s in _strings(arg)]
+            found += [(node, s) for k in node.keywords if k.arg and KIND_NAME.fullmatch(k.arg) for s in _strings(k.value)]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if node.value is not None and any(KIND_NAME.fullmatch(_name(t) or "") for t in targets):
+                found += [(node, s) for s in _strings(node.value)]
+        elif isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(KIND_NAME.fullmatch(_name(x) or "") for x in sides):
+                found += [(node, s) for x in sides for s in _strings(x)]
+    return found
+
+
+def _spelled_kinds(path: Path, params: dict[str, set[int | str]]) -> list[tuple[str, str]]:
+    """(the expression, the kind) for every result kind ``path`` spells: a string that is a hyphenated kind or a
+    family's prefix anywhere but a docstring (in an f-string too), and any kind in a kind's place."""
+    text = path.read_text()
+    tree = ast.parse(text, str(path))
+    docs, found = _docstrings(tree), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and node.value in UNIQUE and id(node) not in docs:
+            found.append((node, node))
+    found += [(ctx, s) for ctx, s in _kind_places(tree, params) if s.value in L.KINDS and s.value not in UNIQUE]
+    found.sort(key=lambda f: (f[1].lineno, f[1].col_offset))
+    return [(ast.get_source_segment(text, ctx), s.value) for ctx, s in found]
+
+
+def _all_modules() -> list[Path]:
+    return _package_modules() + [ROOT / "results" / "layout.py"]
+
+
+def test_no_module_but_the_layout_spells_a_result_kind():
+    rel = lambda p: p.relative_to(ROOT).as_posix()  # noqa: E731
+    params = _kind_parameters(_all_modules())
+    found = [(rel(p), ctx, kind) for p in _package_modules() for ctx, kind in _spelled_kinds(p, params)]
+    assert [f for f in found if f[:2] not in KIND_ALLOWED] == [], "write these kinds from graftkit.results.layout"
+    assert set(KIND_ALLOWED) <= {f[:2] for f in found}, "an allowance no longer needed: remove it from KIND_ALLOWED"
+
+
+def test_the_kinds_are_the_views_and_the_names():
+    """Every kind is some typed view's (read back by it), and each result file name keyed by a kind holds that kind."""
+    from graftkit.evaluation.commands import EvalResult, HeadroomResult
+    from graftkit.evaluation.kl import KLResult
+    from graftkit.graft.anatomy import DeltaResult
+    from graftkit.graft.experiments import DissociationResult, SweepResult
+    from graftkit.rank.coupling import CouplingResult
+    from graftkit.rank.results import RankResult
+    from graftkit.study.findings import FindingsResult
+    from graftkit.train.commands import TrainingCurves
+
+    viewed = {k for v in (DeltaResult, KLResult, SweepResult, DissociationResult, CouplingResult, RankResult,
+                          FindingsResult, TrainingCurves) for k in v.KINDS} | {EvalResult.kind, HeadroomResult.kind}
+    assert viewed == set(L.KINDS) - {L.BOTH_DIRECTIONS}  # joined into a coupling result before it is written
+    assert len(set(L.KINDS)) == len(L.KINDS) and set(L.TRAINING.values()) == set(L.TRAIN_KINDS)
+    assert {k for k in NAMES if k in L.KINDS} == {L.FINDINGS, L.DELTA, L.EVAL, L.HEADROOM, L.GRAFT_DISSOCIATION,
+                                                   L.GRAFT_SWEEP, L.KL, L.COUPLING}
+
+
+def test_the_kind_scan_sees_kinds_spelled_elsewhere(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text('"""docstring: a graft-sweep result, kind "eval"."""\n'
+                     'r = Result("eval", coords, data)\n'
+                     'class V(View):\n    KINDS = ("kl", "train-sft")\n    kind: ClassVar[str] = "headroom"\n'
+                     'a = _of(loaded, "delta", "coupling")\n'
+                     'b = _items(results, ("findings",), labels)\n'
+                     'c = x.kind == "kl" or kind in ("eval", "weights")\n'
+                     'd = f"train-{kind}"\n'
+                     'e = {"metric": "kl", "command": "eval", "suite": "headroom"}  # no kind\n'
+                     'f = write_curves(folder, "sft")  # a training kind, not a result kind\n'
+                     'g = Checkpoint(path, kind="pickle")\n')
+    params = {"_of": {"*", 1}, "_items": {1}, "write_curves": {1}}
+    assert _spelled_kinds(probe, params) == [
+        ('Result("eval", coords, data)', "eval"), ('KINDS = ("kl", "train-sft")', "kl"), ('"train-sft"', "train-sft"),
+        ('kind: ClassVar[str] = "headroom"', "headroom"), ('_of(loaded, "delta", "coupling")', "delta"),
+        ('_of(loaded, "delta", "coupling")', "coupling"), ('_items(results, ("findings",), labels)', "findings"),
+        ('x.kind == "kl"', "kl"), ('kind in ("eval", "weights")', "eval"), ('f"train-{kind}"', "train-")]
+    defs = tmp_path / "defs.py"
+    defs.write_text("def _of(loaded, *kinds): ...\ndef one(x, kind, y): ...\nclass C:\n    def m(self, a, kinds): ...\n"
+                    "@dataclass\nclass S:\n    key: str\n    kinds: tuple\n    K: ClassVar[str] = 'x'\n")
+    assert _kind_parameters([defs]) == {"_of": {1, "*"}, "one": {1}, "m": {1}, "S": {1}}
+
+
+def _spelled_folders(path: Path) -> list[str]:
+    """The expression around every string of ``path`` that is one of the study's folder names (docstrings aside): a
+    call, comparison or subscript it sits in, else the string itself."""
+    text = path.read_text()
+    tree = ast.parse(text, str(path))
+    docs = _docstrings(tree)
+    parent = {id(c): n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and node.value in FOLDERS and id(node) not in docs:
+            ctx = node
+            while isinstance(parent.get(id(ctx)), (ast.Tuple, ast.List, ast.Set)):
+                ctx = parent[id(ctx)]
+            up = parent.get(id(ctx))
+            found.append((node.lineno, node.col_offset, up if isinstance(up, (ast.Call, ast.Compare)) else ctx))
+    return [ast.get_source_segment(text, ctx) for *_, ctx in sorted(found, key=lambda f: f[:2])]
+
+
+def test_the_study_spells_no_folder_name():
+    """The pipeline, its design and its findings name the study's policies (``sft``, ``sft-b``, ``sft-control``...)
+    through the layout, which the stages, the labels of their results and the findings' ``evals[SFT]`` share."""
+    found = [(p.relative_to(ROOT).as_posix(), s) for p in sorted((ROOT / "study").glob("*.py"))
+             for s in _spelled_folders(p)]
+    assert [f for f in found if f not in FOLDER_ALLOWED] == [], "spell these folders from graftkit.results.layout"
+    assert set(FOLDER_ALLOWED) <= set(found), "an allowance no longer needed: remove it from FOLDER_ALLOWED"
+
+
+def test_the_folder_scan_sees_folder_names(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text('"""the sft folder: "sft"."""\n'
+                     'a = evals["sft"]\nb = g.init == "sft-b"\nc = {"sft-control": p}\nd = st.stage("sft", [x], go)\n'
+                     'e = ("base", "rl")\nf = "sft-policy"\n')
+    assert _spelled_folders(probe) == ['"sft"', 'g.init == "sft-b"', '"sft-control"', 'st.stage("sft", [x], go)',
+                                       '("base", "rl")']

@@ -154,7 +154,7 @@ def _rank(root: Path) -> list[tuple[dict, Result]]:
     from conftest import make_tiny_lm, make_tiny_tokenizer
 
     from graftkit.rank import activation_ranks, delta_ranks, weight_ranks
-    from graftkit.rank.results import RANK_KINDS
+    from graftkit.results.layout import RANK_KINDS
 
     b, r, tax = _pair(root)
     built = {"rank-weights": weight_ranks(b, tax, workers=1), "rank-delta": delta_ranks(b, r, tax),
@@ -179,7 +179,8 @@ def _train(root: Path) -> list[tuple[dict, Result]]:
     """SFT and GRPO curves from a train_log.jsonl, and a Trainer's trainer_state.json that logged one step."""
     import shutil
 
-    from graftkit.train.commands import TRAIN_KINDS, trainer_curves_result, training_curves
+    from graftkit.results.layout import TRAIN_KINDS
+    from graftkit.train.commands import trainer_curves_result, training_curves
 
     built = {}
     for kind in ("sft", "grpo"):

@@ -87,7 +87,7 @@ def _tensors(folder) -> dict[str, bytes]:
 
 
 def _delta(cli, rl, base, save):
-    j = _ok(cli("delta", "--from", rl, "--base", base, "--allow-pickle", "--save", save, "--json"))
+    j = _ok(cli("delta", "--from", rl, "--base", base, "--save", save, "--json"))
     (run,) = j["runs"].values()
     return j, run, read_result(save)
 
@@ -100,7 +100,8 @@ def test_delta_of_a_single_file_equals_the_folders(world, cli, style):
     _, want, want_res = _delta(cli, world["rl"], world["sft"], cli.tmp / "folder.h5")
     j, got, got_res = _delta(cli, world["files"][style], world["sft"], cli.tmp / "file.h5")
     read_from = got.pop("precision").pop("source"), want.pop("precision").pop("source")
-    assert read_from == ("float32 tensors as stored (a pickled state dict)", "float32 tensors as stored (safetensors files)")
+    assert read_from == ("float32 tensors as stored (a pickled state dict), read through graftkit's restricted "
+                         "unpickler (weights_only, allowlisted classes)", "float32 tensors as stored (safetensors files)")
     assert got == want
     for name in want_res.data:
         w, g = np.asarray(want_res[name]), np.asarray(got_res[name])
@@ -109,8 +110,7 @@ def test_delta_of_a_single_file_equals_the_folders(world, cli, style):
     assert f"{PREFIX.get(style, 'no prefix')} stripped" in note and str(world["sft"]) in note
     if style == "lightning":
         assert "state dict under 'state_dict'" in note
-    table = cli("delta", "--from", world["files"][style], "--base", world["sft"], "--allow-pickle",
-                "--save", cli.tmp / "t.h5")
+    table = cli("delta", "--from", world["files"][style], "--base", world["sft"], "--save", cli.tmp / "t.h5")
     assert table.exit_code == 0 and "note: " in table.stdout and "stripped" in table.stdout
 
 
@@ -118,7 +118,7 @@ def test_delta_of_a_single_file_equals_the_folders(world, cli, style):
 def test_graft_export_of_a_single_file_is_bit_exact_and_loads(world, cli, style):
     from transformers import AutoModelForCausalLM
 
-    args = ("--base", world["sft"], "--groups", "attn,mlp", "--layers", "late", "--allow-pickle", "--json")
+    args = ("--base", world["sft"], "--groups", "attn,mlp", "--layers", "late", "--json")
     want = _ok(cli("graft", "--from", world["rl"], "--out", cli.tmp / "ref", *args))
     got = _ok(cli("graft", "--from", world["files"][style], "--out", cli.tmp / "out", *args))
     assert got["selected"] == want["selected"] and any("stripped" in n for n in got["notes"])
@@ -132,7 +132,7 @@ def test_graft_export_of_a_single_file_is_bit_exact_and_loads(world, cli, style)
 
 def test_graft_eval_of_a_single_file_equals_the_folders(world, cli):
     args = ("--base", world["sft"], "--groups", "attn,mlp", "--eval", "--tasks", "click-tab", "--seeds", "1",
-            "--episodes", "1", "--max-new-tokens", "4", "--allow-pickle", "--json")
+            "--episodes", "1", "--max-new-tokens", "4", "--json")
     want = _ok(cli("graft", "--from", world["rl"], *args, "--save", cli.tmp / "ref.h5"))
     got = _ok(cli("graft", "--from", world["files"]["lightning"], *args, "--save", cli.tmp / "file.h5"))
     (w,), (g,) = want["runs"].values(), got["runs"].values()
@@ -145,7 +145,7 @@ def test_rank_of_a_single_file_equals_the_folders(world, cli, style):
     f = world["files"][style]
     for what in (("--what", "weights"), ("--what", "delta", "--base", world["sft"])):
         want = _ok(cli("rank", "--model", world["rl"], *what, "--save", cli.tmp / "ref.h5", "--json"))
-        got = _ok(cli("rank", "--model", f, *what, "--allow-pickle", "--save", cli.tmp / "f.h5", "--json"))
+        got = _ok(cli("rank", "--model", f, *what, "--save", cli.tmp / "f.h5", "--json"))
         (w,), (g,) = want["models"].values(), got["models"].values()
         assert g["layers"] == w["layers"] and g["outside_decoder"] == w["outside_decoder"]
         assert any("stripped" in n for n in g["notes"])
@@ -155,7 +155,7 @@ def test_a_single_file_base_takes_the_rl_folders_names_and_config(world, cli):
     _, want, _ = _delta(cli, world["rl"], world["sft"], cli.tmp / "ref.h5")
     _, got, _ = _delta(cli, world["rl"], world["files"]["sft"], cli.tmp / "f.h5")
     assert got == want
-    args = ("--groups", "attn,mlp", "--allow-pickle", "--json")
+    args = ("--groups", "attn,mlp", "--json")
     _ok(cli("graft", "--from", world["rl"], "--base", world["sft"], "--out", cli.tmp / "ref", *args))
     _ok(cli("graft", "--from", world["rl"], "--base", world["files"]["sft"], "--out", cli.tmp / "out", *args))
     assert _tensors(cli.tmp / "out") == _tensors(cli.tmp / "ref")
@@ -163,10 +163,10 @@ def test_a_single_file_base_takes_the_rl_folders_names_and_config(world, cli):
 
 
 def test_config_option_names_the_config_folder(world, cli):
-    j = _ok(cli("inspect", world["files"]["lightning"], "--allow-pickle", "--config", world["sft"], "--json"))
+    j = _ok(cli("inspect", world["files"]["lightning"], "--config", world["sft"], "--json"))
     assert j["model_type"] == "qwen3" and j["layers"]["decoder"] == 6
     assert any(f"config from {world['sft']}" in n for n in j["notes"])
-    _one_line_error(cli("inspect", world["files"]["plain"], "--allow-pickle", "--config", cli.tmp),
+    _one_line_error(cli("inspect", world["files"]["plain"], "--config", cli.tmp),
                     "--config", "no config.json")
 
 
@@ -174,22 +174,25 @@ def test_refused_objects_are_one_line_naming_them(world, cli):
     bad = cli.tmp / "lightning.ckpt"
     torch.save({"state_dict": {f"model.{k}": v for k, v in world["sd"].items()}, "hyper_parameters": HyperParameters()},
                bad)
-    line = _one_line_error(cli("graft", "--from", bad, "--base", world["sft"], "--groups", "attn", "--allow-pickle"),
+    line = _one_line_error(cli("graft", "--from", bad, "--base", world["sft"], "--groups", "attn"),
                            "HyperParameters", "weights_only=True", "safetensors")
     assert "add_safe_globals" not in line and "weights_only=False" not in line
 
 
-def test_pickles_need_allow_pickle(world, cli):
+def test_no_pickle_refuses_every_style_naming_its_file(world, cli):
     for style in STYLES:
-        _one_line_error(cli("delta", "--from", world["files"][style], "--base", world["sft"]),
-                        "--allow-pickle", STYLES[style][0])
+        _one_line_error(cli("delta", "--from", world["files"][style], "--base", world["sft"], "--no-pickle"),
+                        "--no-pickle", str(world["files"][style]), "safetensors only")
+    # a pickled base too
+    _one_line_error(cli("delta", "--from", world["rl"], "--base", world["files"]["sft"], "--no-pickle"),
+                    "--no-pickle", str(world["files"]["sft"]))
 
 
 def test_tensors_that_match_nothing_are_one_error_or_ignored_with_keep_base(world, cli):
     f = cli.tmp / "extra.ckpt"
     sd = {f"model.{k}": v for k, v in world["sd"].items()}
     torch.save({"state_dict": {**sd, "model.value_head.weight": torch.zeros(1, 64)}}, f)
-    args = ("graft", "--from", f, "--base", world["sft"], "--groups", "attn,mlp", "--allow-pickle")
+    args = ("graft", "--from", f, "--base", world["sft"], "--groups", "attn,mlp")
     _one_line_error(cli(*args, "--out", cli.tmp / "x"), "model.value_head.weight", "--unknown keep-base")
     _one_line_error(cli(*args, "--unknown", "keep-base", "--out", cli.tmp, "--force"), "overlaps the input")
     got = _ok(cli(*args, "--unknown", "keep-base", "--out", cli.tmp / "out", "--json"))  # beside the file: fine
@@ -199,14 +202,14 @@ def test_tensors_that_match_nothing_are_one_error_or_ignored_with_keep_base(worl
     assert _tensors(cli.tmp / "out") == _tensors(cli.tmp / "ref")
     other = cli.tmp / "other.pt"
     torch.save({"model": {f"encoder.{k}": v for k, v in world["sd"].items()}}, other)
-    _one_line_error(cli("delta", "--from", other, "--base", world["sft"], "--allow-pickle", "--unknown", "keep-base"),
+    _one_line_error(cli("delta", "--from", other, "--base", world["sft"], "--unknown", "keep-base"),
                     "match no tensor", "expected names like")
 
 
 def test_no_state_dict_inside_is_one_line(world, cli):
     f = cli.tmp / "opt.pt"
     torch.save({"optimizer": {"lr": 0.1}, "epoch": 3}, f)
-    _one_line_error(cli("delta", "--from", f, "--base", world["sft"], "--allow-pickle"),
+    _one_line_error(cli("delta", "--from", f, "--base", world["sft"]),
                     "not a state dict of tensors", "'optimizer'")
 
 
@@ -242,7 +245,7 @@ def test_a_policy_from_a_single_file_is_the_folders_model(world):
 
     want = load_policy(world["rl"])
     for style in STYLE_IDS:
-        got = load_policy(world["files"][style], allow_pickle=True, config=world["sft"])
+        got = load_policy(world["files"][style], config=world["sft"])
         w, g = want.model.state_dict(), got.model.state_dict()
         assert list(g) == list(w) and all(torch.equal(g[n], w[n]) for n in w), style
         assert got.tokenizer.get_vocab() == want.tokenizer.get_vocab()
@@ -251,7 +254,7 @@ def test_a_policy_from_a_single_file_is_the_folders_model(world):
 @pytest.mark.slow
 @pytest.mark.parametrize("style", STYLE_IDS)
 def test_eval_and_headroom_of_a_single_file_equal_the_folders(world, cli, style):
-    f, config = world["files"][style], ("--allow-pickle", "--config", world["sft"])
+    f, config = world["files"][style], ("--config", world["sft"])
     for cmd, more in (("eval", ()), ("headroom", ("--k", "2"))):
         want = _ok(cli(cmd, "--model", world["rl"], *EPISODES, *more, "--save", cli.tmp / f"{cmd}-ref.h5", "--json"))
         got = _ok(cli(cmd, "--model", f, *EPISODES, *more, *config, "--save", cli.tmp / f"{cmd}-f.h5", "--json"))
@@ -272,21 +275,21 @@ def test_eval_and_headroom_of_a_single_file_equal_the_folders(world, cli, style)
 def test_rank_activations_of_a_single_file_equal_the_folders(world, cli, style):
     args = ("rank", "--what", "activations", "--probes", "8", "--tokens", "all", "--tasks", "click-tab", "--json")
     want = _ok(cli(*args, "--model", world["rl"], "--save", cli.tmp / "ref.h5"))
-    got = _ok(cli(*args, "--model", world["files"][style], "--allow-pickle", "--config", world["sft"],
+    got = _ok(cli(*args, "--model", world["files"][style], "--config", world["sft"],
                   "--save", cli.tmp / "f.h5"))
     (w,), (g,) = want["models"].values(), got["models"].values()
     assert g["layers"] == w["layers"] and g["n_prompts"] == w["n_prompts"]
     value = _arrays(cli.tmp / "ref.h5")["value"]
     assert np.isfinite(value).any() and np.array_equal(_arrays(cli.tmp / "f.h5")["value"], value, equal_nan=True)
     assert any(f"{PREFIX[style]} stripped" in n for n in g["notes"]) and w["notes"] == []
-    table = cli(*args[:-1], "--model", world["files"][style], "--allow-pickle", "--config", world["sft"],
+    table = cli(*args[:-1], "--model", world["files"][style], "--config", world["sft"],
                 "--save", cli.tmp / "t.h5")
     assert table.exit_code == 0 and "note: " in table.stdout, table.output
 
 
 def test_a_single_file_base_runs_graft_eval(world, cli):
     args = ("--from", world["rl"], "--groups", "attn,mlp", "--eval", *EPISODES, "--max-new-tokens", "4",
-            "--allow-pickle", "--json")
+            "--json")
     want = _ok(cli("graft", "--base", world["sft"], *args, "--save", cli.tmp / "ref.h5"))
     got = _ok(cli("graft", "--base", world["files"]["sft"], *args, "--save", cli.tmp / "f.h5"))
     (w,), (g,) = want["runs"].values(), got["runs"].values()
@@ -295,13 +298,13 @@ def test_a_single_file_base_runs_graft_eval(world, cli):
     assert any(f"config from {world['rl']}" in n for n in got["notes"])
 
 
-def test_a_policy_file_needs_config_and_allow_pickle(world, cli):
+def test_a_policy_file_needs_config_and_no_pickle_refuses_it(world, cli):
     f = world["files"]["lightning"]
     for cmd in (("eval", "--model", f, *EPISODES), ("headroom", "--model", f, *EPISODES, "--k", "2"),
                 ("rank", "--what", "activations", "--model", f)):
-        _one_line_error(cli(*cmd, "--allow-pickle"), "--config", str(f))
-        _one_line_error(cli(*cmd), "--allow-pickle", f.name)
-        _one_line_error(cli(*cmd, "--allow-pickle", "--config", cli.tmp), "--config", "no config.json")
+        _one_line_error(cli(*cmd), "--config", str(f))
+        _one_line_error(cli(*cmd, "--no-pickle"), "--no-pickle", f.name)
+        _one_line_error(cli(*cmd, "--config", cli.tmp), "--config", "no config.json")
 
 
 def test_a_policy_file_of_another_shape_is_one_line(world, cli, tmp_path):
@@ -315,11 +318,11 @@ def test_a_policy_file_of_another_shape_is_one_line(world, cli, tmp_path):
     cfg = Qwen3Config.from_pretrained(world["sft"])
     cfg.intermediate_size *= 2
     cfg.save_pretrained(other)
-    _one_line_error(cli("eval", "--model", world["files"]["plain"], *EPISODES, "--allow-pickle", "--config", other),
+    _one_line_error(cli("eval", "--model", world["files"]["plain"], *EPISODES, "--config", other),
                     "mlp", "expects", "--config")
     short = tmp_path / "short.pt"
     torch.save({k: v for k, v in world["sd"].items() if "layers.5." not in k}, short)
-    _one_line_error(cli("eval", "--model", short, *EPISODES, "--allow-pickle", "--config", world["sft"]),
+    _one_line_error(cli("eval", "--model", short, *EPISODES, "--config", world["sft"]),
                     "holds no tensor for", "layers.5")
 
 
@@ -331,7 +334,7 @@ def test_a_vision_policy_from_a_single_file_is_the_folders(tmp_path):
     p = tiny_vlm_policy(task_words())
     folder = save_model(tmp_path / "vlm", p.model, processor=p.processor, provenance={"producer": "test"})
     torch.save({"module": {f"module.{k}": v for k, v in p.model.state_dict().items()}}, tmp_path / "vlm.pt")
-    got = load_policy(tmp_path / "vlm.pt", allow_pickle=True, config=folder, obs="som")
+    got = load_policy(tmp_path / "vlm.pt", config=folder, obs="som")
     want, back = p.model.state_dict(), got.model.state_dict()
     assert isinstance(got, VisionPolicy) and list(back) == list(want)
     assert all(torch.equal(back[n], want[n]) for n in want)

@@ -27,8 +27,8 @@ from typer.testing import CliRunner
 from graftkit.cli import app
 from graftkit.results.store import read_result
 from graftkit.weights import open_checkpoint, tensor_bits
+from graftkit.weights.checkpoint import READERS, layout_of, recognise
 from graftkit.weights.resolve import checkpoints_of
-from graftkit.weights.trainers import recognise
 
 FIX = Path(__file__).parent / "fixtures" / "trainers"
 BASE = FIX / "base"
@@ -184,7 +184,7 @@ def _bytes(folder) -> dict[str, bytes]:
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_each_layout_reads_the_libraries_own_conversion_bit_for_bit(layout, refs):
     (path,) = checkpoints_of(_path(layout))
-    ck = open_checkpoint(path, allow_pickle=True)
+    ck = open_checkpoint(path)
     want = refs(layout)
     assert sorted(ck.names) == sorted(want)
     for n, t in want.items():
@@ -198,20 +198,20 @@ def test_each_layout_reads_the_libraries_own_conversion_bit_for_bit(layout, refs
 def test_the_masters_are_not_the_module_states_the_engine_saved_in_bf16():
     """The bf16 copies DeepSpeed keeps in its model states round the masters: the reader never takes them."""
     ms = torch.load(FIX / "deepspeed/engine-zero2-bf16/global_step4/mp_rank_00_model_states.pt", weights_only=True)
-    ck = open_checkpoint(FIX / "deepspeed/engine-zero2-bf16", allow_pickle=True)
+    ck = open_checkpoint(FIX / "deepspeed/engine-zero2-bf16")
     assert all(t.dtype == torch.bfloat16 for t in ms["module"].values())
     differ = [n for n, t in ms["module"].items() if not torch.equal(t.float(), ck.read(n))]
     assert len(differ) >= 10 and all(torch.equal(ms["module"][n], ck.read(n).bfloat16()) for n in ms["module"])
 
 
 def test_a_trainer_checkpoint_with_bf16_weights_beside_its_deepspeed_states(cli):
-    """trainer-zero2's checkpoint-N holds the Trainer's bf16 model.safetensors and the ZeRO states: without
-    --allow-pickle the bf16 file is read and said to be below the trained precision; with it, the fp32 masters."""
+    """trainer-zero2's checkpoint-N holds the Trainer's bf16 model.safetensors and the ZeRO states: the fp32 masters
+    are read; with --no-pickle the bf16 file, said to be below the trained precision."""
     ckpt = FIX / "deepspeed/trainer-zero2/checkpoint-4"
-    plain = open_checkpoint(ckpt)
+    plain = open_checkpoint(ckpt, no_pickle=True)
     assert plain.kind == "hf-folder" and plain.precision["dtype"] == "bfloat16"
-    assert "--allow-pickle" in plain.precision["below_trained"] and "DeepSpeed checkpoint" in plain.precision["below_trained"]
-    masters = open_checkpoint(ckpt, allow_pickle=True)
+    assert "--no-pickle" in plain.precision["below_trained"] and "DeepSpeed checkpoint" in plain.precision["below_trained"]
+    masters = open_checkpoint(ckpt)
     assert masters.kind == "deepspeed" and masters.precision["dtype"] == "float32"
     assert any("not its bf16 HF weights file" in n for n in masters.notes)
 
@@ -228,7 +228,7 @@ def test_only_files_that_hold_weights_are_opened(monkeypatch):
 
     monkeypatch.setattr(torch, "load", spy)
     for path in ("deepspeed/trainer-zero2/checkpoint-4", "verl/fsdp1/checkpoints/graftkit_fixtures/tiny_llama_fsdp1"):
-        ck = open_checkpoint(FIX / path, allow_pickle=True)
+        ck = open_checkpoint(FIX / path)
         for n in ck.names:
             ck.read(n)
     files = set(opened) - {"<bytes>"}
@@ -240,7 +240,7 @@ def test_only_files_that_hold_weights_are_opened(monkeypatch):
     chunks: list[str] = []
     real_chunk = dcp._load_chunk
     monkeypatch.setattr(dcp, "_load_chunk", lambda folder, info, fqn: chunks.append(fqn) or real_chunk(folder, info, fqn))
-    ck = open_checkpoint(FIX / "dcp/torchtitan/step-4", allow_pickle=True)
+    ck = open_checkpoint(FIX / "dcp/torchtitan/step-4")
     for n in ck.names:
         ck.read(n)
     md = dcp.read_metadata(FIX / "dcp/torchtitan/step-4")
@@ -261,7 +261,7 @@ def test_files_mapped_anew_while_two_threads_read_give_the_same_values(layout, r
     real = torch.load
     monkeypatch.setattr(torch, "load", lambda f, *a, **k: loads.append(f) or real(f, *a, **k))
     (path,) = checkpoints_of(_path(layout))
-    ck, want = open_checkpoint(path, allow_pickle=True), refs(layout)
+    ck, want = open_checkpoint(path), refs(layout)
     opened = len(loads)
     names = list(want) * 6
     with ThreadPoolExecutor(2) as pool:
@@ -276,7 +276,7 @@ def test_files_mapped_anew_while_two_threads_read_give_the_same_values(layout, r
 @pytest.mark.parametrize("layout", COMMANDS_ON)
 def test_a_graft_of_each_layout_equals_the_fp32_splice(layout, cli, ref_folders):
     args = ("--base", BASE, "--groups", "attn,mlp", "--layers", "mid", "--json")
-    got = _ok(cli("graft", "--from", _path(layout), "--out", cli.tmp / "direct", "--allow-pickle", *args))
+    got = _ok(cli("graft", "--from", _path(layout), "--out", cli.tmp / "direct", *args))
     want = _ok(cli("graft", "--from", ref_folders(layout), "--out", cli.tmp / "ref", *args))
     assert got["selected"] == want["selected"] and sum(s["tensors"] for s in got["selected"]) == 7  # layer 1's
     grafted, ref = _bytes(cli.tmp / "direct"), _bytes(cli.tmp / "ref")
@@ -296,18 +296,18 @@ def test_inspect_delta_and_rank_of_each_layout_equal_those_of_its_fp32_weights(l
         j = _ok(cli("delta", "--from", rl, "--base", BASE, "--save", save, "--json", *flags))
         return j, read_result(save)
 
-    j, got = delta(_path(layout), cli.tmp / "direct.h5", "--allow-pickle")
+    j, got = delta(_path(layout), cli.tmp / "direct.h5")
     _, want = delta(ref_folders(layout), cli.tmp / "ref.h5")
     for name in want.data:
         w, g = np.asarray(want[name]), np.asarray(got[name])
         assert (g.tobytes() == w.tobytes()) if w.dtype.kind in "fiub" else g.tolist() == w.tolist(), name
     (run,) = j["runs"].values()
     assert run["precision"]["exact"] and LAYOUTS[layout][2] in run["precision"]["source"]
-    info = _ok(cli("inspect", _path(layout), "--allow-pickle", "--config", BASE, "--json"))
+    info = _ok(cli("inspect", _path(layout), "--config", BASE, "--json"))
     want_params = sum(t.numel() for n, t in load_file(ref_folders(layout) / "model.safetensors").items())
     assert sum(g["params"] for g in info["groups"].values()) == want_params and info["tied_embeddings"]
     assert LAYOUTS[layout][2] in info["precision"]["source"]
-    _ok(cli("rank", "--what", "delta", "--model", _path(layout), "--base", BASE, "--allow-pickle", "--json",
+    _ok(cli("rank", "--what", "delta", "--model", _path(layout), "--base", BASE, "--json",
             "--save", cli.tmp / "rank.h5"))
     _ok(cli("rank", "--what", "delta", "--model", ref_folders(layout), "--base", BASE, "--json",
             "--save", cli.tmp / "rank-ref.h5"))
@@ -319,7 +319,7 @@ def test_inspect_delta_and_rank_of_each_layout_equal_those_of_its_fp32_weights(l
 
 
 def test_inspect_states_each_family_and_its_precision(cli):
-    got = {k: _ok(cli("inspect", _path(k), "--allow-pickle", "--json"))
+    got = {k: _ok(cli("inspect", _path(k), "--json"))
            for k in ("torchtitan-run", "trainer-zero3-run", "verl-fsdp2-actor", "torchtitan-bf16")}
     assert got["trainer-zero3-run"]["kind"] == "deepspeed" and got["verl-fsdp2-actor"]["kind"] == "verl"
     assert got["trainer-zero3-run"]["precision"]["source"].startswith("fp32 master weights from ZeRO-3 optimizer")
@@ -328,7 +328,7 @@ def test_inspect_states_each_family_and_its_precision(cli):
         assert sum(g["params"] for g in info["groups"].values()) > 0, k
     assert got["torchtitan-run"]["checkpoints"] == {"2": str(FIX / "dcp/torchtitan/step-2"),
                                                      "4": str(FIX / "dcp/torchtitan/step-4")}
-    table = cli("inspect", _path("trainer-zero3-run"), "--allow-pickle")
+    table = cli("inspect", _path("trainer-zero3-run"))
     assert table.exit_code == 0
     line = " ".join(table.stdout.split())
     assert "precision: float32, fp32 master weights from ZeRO-3 optimizer partitions (2 ranks;" in line
@@ -343,11 +343,11 @@ def test_eval_builds_the_policy_from_the_layout_with_its_own_config(layout, refs
 
     (path,) = checkpoints_of(_path(layout))
     config = None
-    if open_checkpoint(path, allow_pickle=True).config_from is None:
+    if open_checkpoint(path).config_from is None:
         with pytest.raises(GraftkitError, match="pass --config"):
-            load_model(path, allow_pickle=True)
+            load_model(path)
         config = BASE
-    model, tok = load_model(path, allow_pickle=True, config_dir=config)
+    model, tok = load_model(path, config_dir=config)
     sd, want = model.state_dict(), {_hf_name(n): t for n, t in refs(layout).items()}
     assert tok is not None and set(want) <= set(sd)
     assert all(torch.equal(sd[n], t) for n, t in want.items())
@@ -355,7 +355,7 @@ def test_eval_builds_the_policy_from_the_layout_with_its_own_config(layout, refs
 
 @pytest.mark.slow
 def test_eval_runs_on_a_layout_and_records_its_precision(cli):
-    j = _ok(cli("eval", "--model", _path("verl-fsdp2-actor"), "--allow-pickle", "--tasks", "click-button",
+    j = _ok(cli("eval", "--model", _path("verl-fsdp2-actor"), "--tasks", "click-button",
                 "--seeds", "1", "--episodes", "1", "--json", "--save", cli.tmp / "ev.h5"))
     assert j["tasks"][0]["task"] == "click-button"
     model = read_result(cli.tmp / "ev.h5").attrs["model"]
@@ -373,7 +373,7 @@ def test_eval_runs_on_a_layout_and_records_its_precision(cli):
     (FIX / "dcp/accelerate-fsdp1", [2, 4], "accelerate-fsdp1-checkpoint-{}"),
 ])
 def test_a_runs_step_folders_are_its_trajectory(run, steps, label, cli):
-    j = _ok(cli("delta", "--from", run, "--base", BASE, "--all-checkpoints", "--allow-pickle", "--json",
+    j = _ok(cli("delta", "--from", run, "--base", BASE, "--all-checkpoints", "--json",
                 "--save", cli.tmp / "traj.h5"))
     assert list(j["runs"]) == [label.format(s) for s in steps]
     res = read_result(cli.tmp / "traj.h5")
@@ -393,7 +393,7 @@ def test_accelerates_deepspeed_save_state_layout(tmp_path):
     paths = checkpoints_of(tmp_path / "checkpoints", all_checkpoints=True)
     assert [p.name for p in paths] == ["checkpoint_0", "checkpoint_1"]
     for p, step in zip(paths, (2, 4)):
-        ck = open_checkpoint(p, allow_pickle=True)
+        ck = open_checkpoint(p)
         assert all(torch.equal(ck.read(n), t) for n, t in _ds_ref("engine-zero3-bf16", step).items())
 
 
@@ -401,7 +401,7 @@ def test_the_trajectory_reads_each_step_as_its_reference(refs):
     """Step 2 of a run is the step-2 reference, not the latest one."""
     paths = checkpoints_of(FIX / "deepspeed/engine-zero3-bf16", all_checkpoints=True)
     assert [p.name for p in paths] == ["global_step2", "global_step4"]
-    ck = open_checkpoint(paths[0], allow_pickle=True)
+    ck = open_checkpoint(paths[0])
     want = _ds_ref("engine-zero3-bf16", 2)
     assert all(torch.equal(ck.read(n), t) for n, t in want.items())
     vp = checkpoints_of(VERL["fsdp2"], all_checkpoints=True)
@@ -428,7 +428,7 @@ def _bf16_figures(rl: dict, base: dict, names) -> tuple[float, float]:
 def test_delta_measures_what_bf16_storage_erases_exactly_when_it_reads_the_masters(cli, refs):
     base = load_file(BASE / "model.safetensors")
     rl = refs("engine-zero3-bf16")
-    j = _ok(cli("delta", "--from", _path("engine-zero3-bf16"), "--base", BASE, "--allow-pickle", "--json",
+    j = _ok(cli("delta", "--from", _path("engine-zero3-bf16"), "--base", BASE, "--json",
                 "--save", cli.tmp / "d.h5"))
     (p,) = [r["precision"] for r in j["runs"].values()]
     erased, ratio = _bf16_figures(rl, base, list(base))
@@ -440,8 +440,7 @@ def test_delta_measures_what_bf16_storage_erases_exactly_when_it_reads_the_maste
     assert p["groups"]["mlp"]["round_to_delta"] == pytest.approx(ratio_mlp, rel=1e-5)
     # at lr 1e-5 over four steps, bf16 storage erases most of the update's entries
     assert 0.5 < erased < 0.95
-    table = cli("delta", "--from", _path("engine-zero3-bf16"), "--base", BASE, "--allow-pickle",
-                "--save", cli.tmp / "t.h5")
+    table = cli("delta", "--from", _path("engine-zero3-bf16"), "--base", BASE, "--save", cli.tmp / "t.h5")
     line = " ".join(table.stdout.split())
     assert (f"Stored in bf16, rounding would erase {100 * p['frac_erased']:.2f}% of the moved entries (bf16 copies of "
             f"both sides show {100 * p['frac_unchanged_bf16']:.2f}% of entries unchanged) and add noise of "
@@ -449,13 +448,13 @@ def test_delta_measures_what_bf16_storage_erases_exactly_when_it_reads_the_maste
 
 
 def test_a_bf16_copy_says_its_movement_may_be_rounding_and_bounds_it(cli, refs):
-    """The Trainer's bf16 model.safetensors of trainer-zero2 (what most published RL checkpoints are): the
-    rounding is bounded, never counted, and the bound holds against the masters."""
+    """The Trainer's bf16 model.safetensors of trainer-zero2 (what most published RL checkpoints are), read with
+    --no-pickle: the rounding is bounded, never counted, and the bound holds against the masters."""
     ckpt = FIX / "deepspeed/trainer-zero2/checkpoint-4"
-    j = _ok(cli("delta", "--from", ckpt, "--base", BASE, "--json", "--save", cli.tmp / "d.h5"))
+    j = _ok(cli("delta", "--from", ckpt, "--base", BASE, "--no-pickle", "--json", "--save", cli.tmp / "d.h5"))
     (run,) = j["runs"].values()
     p = run["precision"]
-    assert p["dtype"] == "bfloat16" and not p["exact"] and p["frac_erased"] is None and "--allow-pickle" in p["below_trained"]
+    assert p["dtype"] == "bfloat16" and not p["exact"] and p["frac_erased"] is None and "--no-pickle" in p["below_trained"]
     bf16, masters = load_file(ckpt / "model.safetensors"), refs("trainer-zero2")
     base = load_file(BASE / "model.safetensors")
     names = list(base)
@@ -463,11 +462,11 @@ def test_a_bf16_copy_says_its_movement_may_be_rounding_and_bounds_it(cli, refs):
     measured = run["total"]["fro_delta"]
     assert rounding / measured <= p["round_to_delta"]
     assert p["round_to_delta"] > 0.1  # at this step size the bound is no small share of the delta
-    table = cli("delta", "--from", ckpt, "--base", BASE, "--save", cli.tmp / "t.h5")
+    table = cli("delta", "--from", ckpt, "--base", BASE, "--no-pickle", "--save", cli.tmp / "t.h5")
     line = " ".join(table.stdout.split())
     assert f"may be up to {p['round_to_delta']:.3g}× ‖Δ‖_F" in line and "may be rounding artefacts" in line
     # the sparsity a bf16 copy shows is not the trainer's: entries bitwise unchanged differ per group
-    exact = _ok(cli("delta", "--from", ckpt, "--base", BASE, "--allow-pickle", "--json", "--save", cli.tmp / "e.h5"))
+    exact = _ok(cli("delta", "--from", ckpt, "--base", BASE, "--json", "--save", cli.tmp / "e.h5"))
     (truth,) = exact["runs"].values()
     assert truth["groups"]["norm"]["frac_unchanged"] != run["groups"]["norm"]["frac_unchanged"]
 
@@ -478,8 +477,69 @@ def test_a_bf16_copy_says_its_movement_may_be_rounding_and_bounds_it(cli, refs):
 @pytest.mark.parametrize("layout, convert", [
     ("fsdp2-dcp", "dcp_to_torch"), ("trainer-zero3-run", "zero_to_fp32.py"), ("verl-fsdp1-run", "verl.model_merger"),
 ])
-def test_every_layout_is_refused_without_allow_pickle_naming_its_converter(layout, convert, cli):
-    _one_line_error(cli("delta", "--from", _path(layout), "--base", BASE), "--allow-pickle", convert, "pickles")
+def test_no_pickle_refuses_every_layout_naming_its_converter(layout, convert, cli):
+    _one_line_error(cli("delta", "--from", _path(layout), "--base", BASE, "--no-pickle"), "--no-pickle", convert,
+                    "pickles", "restricted unpickler")
+
+
+def test_allow_pickle_is_accepted_and_changes_nothing(cli):
+    """Scripts written when pickles needed --allow-pickle still run: the flag is accepted, and reads what is read
+    without it."""
+    for layout in ("trainer-zero3-run", "verl-fsdp2-actor"):
+        plain = _ok(cli("inspect", _path(layout), "--json"))
+        assert _ok(cli("inspect", _path(layout), "--allow-pickle", "--json")) == plain
+        assert "restricted unpickler" in plain["precision"]["source"]
+    ckpt = FIX / "deepspeed/trainer-zero2/checkpoint-4"
+    assert open_checkpoint(ckpt, allow_pickle=True).precision == open_checkpoint(ckpt).precision
+    assert "changes nothing" in " ".join(cli("delta", "--help").stdout.split())
+
+
+def test_every_reader_is_registered_recognised_and_recorded(cli, tmp_path):
+    """Each reader of the registry recognises what it reads (and no earlier reader takes it), its kind is what the
+    provenance of every result records, its precision line says when the values were unpickled, and --no-pickle
+    refuses every reader that loads pickles; a reader that refuses is one line whatever the flags."""
+    from graftkit.weights import describe
+
+    sd = load_file(BASE / "model.safetensors")
+    (tmp_path / "pt").mkdir()
+    shutil.copy(BASE / "config.json", tmp_path / "pt" / "config.json")
+    torch.save(sd, tmp_path / "pt" / "pytorch_model.bin")
+    torch.save({"state_dict": sd}, tmp_path / "rl.ckpt")
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
+    mega = tmp_path / "iter_0000010"
+    mega.mkdir()
+    (mega / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist"}))
+    reads = {"safetensors-file": [BASE / "model.safetensors"], "hf-folder": [BASE],
+             "pickle": [tmp_path / "rl.ckpt", tmp_path / "pt"], "dcp": [_path("fsdp2-dcp")],
+             "deepspeed": [_path("engine-zero2-bf16")], "verl": [_path("verl-fsdp2-actor")]}
+    refuses = {"layout-piece": FIX / "dcp/fsdp2-model/__0_0.distcp",
+               "trainer-state": FIX / "deepspeed/trainer-zero2/checkpoint-4/training_args.bin",
+               "lora-adapter": tmp_path / "adapter", "megatron": mega}
+    assert {r.kind for r in READERS if not r.refuses} == set(reads)
+    assert {r.kind for r in READERS if r.refuses} == set(refuses)
+    recognisers = [recognise(p)[0] for ps in reads.values() for p in ps] + [recognise(p)[0] for p in refuses.values()]
+    assert sorted(map(id, recognisers)) == sorted(map(id, READERS))  # every reader, each once
+    for kind, paths in reads.items():
+        for path in paths:
+            reader = recognise(path)[0]
+            record = describe(open_checkpoint(path))
+            assert reader.kind == kind == record["kind"], path
+            assert ("restricted unpickler" in record["precision"]["source"]) == reader.pickled, path
+            info = _ok(cli("inspect", path, "--config", BASE, "--json"))
+            assert info["kind"] == kind and info["precision"] == record["precision"], path
+            refused = cli("inspect", path, "--config", BASE, "--no-pickle", "--json")
+            if reader.pickled:
+                _one_line_error(refused, "--no-pickle", path.name, "safetensors only")
+            else:
+                assert _ok(refused) == info, path
+    from graftkit.core.errors import GraftkitError
+
+    for kind, path in refuses.items():
+        for no_pickle in (False, True):
+            with pytest.raises(GraftkitError) as err:
+                open_checkpoint(path, no_pickle=no_pickle)
+            assert str(path) in str(err.value) and "\n" not in str(err.value), kind
 
 
 @pytest.mark.parametrize("part, says", [
@@ -492,7 +552,7 @@ def test_every_layout_is_refused_without_allow_pickle_naming_its_converter(layou
     ("deepspeed/trainer-zero2/checkpoint-4/training_args.bin", "holds no model weights"),
 ])
 def test_a_part_of_a_layout_names_what_to_pass(part, says, cli):
-    _one_line_error(cli("inspect", FIX / part, "--allow-pickle"), says)
+    _one_line_error(cli("inspect", FIX / part), says)
 
 
 def _copy(src: Path, dst: Path, skip=()) -> Path:
@@ -502,9 +562,9 @@ def _copy(src: Path, dst: Path, skip=()) -> Path:
 
 def test_zero3_placeholders_are_never_weights_and_bf16_module_states_say_so(cli, tmp_path):
     z3 = _copy(FIX / "deepspeed/engine-zero3-bf16/global_step4", tmp_path / "z3/global_step4", ("*optim_states.pt",))
-    _one_line_error(cli("inspect", z3, "--allow-pickle"), "ZeRO-3", "placeholders", "zero_to_fp32.py")
+    _one_line_error(cli("inspect", z3), "ZeRO-3", "placeholders", "zero_to_fp32.py")
     z2 = _copy(FIX / "deepspeed/engine-zero2-bf16/global_step4", tmp_path / "z2/global_step4", ("*optim_states.pt",))
-    j = _ok(cli("delta", "--from", z2, "--base", BASE, "--allow-pickle", "--json", "--save", tmp_path / "z2.h5"))
+    j = _ok(cli("delta", "--from", z2, "--base", BASE, "--json", "--save", tmp_path / "z2.h5"))
     (p,) = [r["precision"] for r in j["runs"].values()]
     assert p["dtype"] == "bfloat16" and "bf16 module states" in p["source"] and "no optimizer files" in p["below_trained"]
 
@@ -512,20 +572,20 @@ def test_zero3_placeholders_are_never_weights_and_bf16_module_states_say_so(cli,
 def test_incomplete_or_foreign_checkpoints_are_one_clear_error(cli, tmp_path):
     actor = _copy(VERL["fsdp1"] / "global_step_4" / "actor", tmp_path / "global_step_4" / "actor",
                   ("model_world_size_2_rank_1.pt",))
-    _one_line_error(cli("inspect", actor.parent, "--allow-pickle"), "no model file for rank(s) 1")
+    _one_line_error(cli("inspect", actor.parent), "no model file for rank(s) 1")
     zero = _copy(FIX / "deepspeed/engine-zero2-bf16/global_step4", tmp_path / "zero/global_step4",
                  ("bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt",))
-    _one_line_error(cli("inspect", zero, "--allow-pickle"), "2 ranks but 1 optimizer files")
+    _one_line_error(cli("inspect", zero), "2 ranks but 1 optimizer files")
     cut = _copy(FIX / "dcp/fsdp2-model", tmp_path / "cut")
     shard = cut / "__1_0.distcp"
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
-    _one_line_error(cli("delta", "--from", cut, "--base", BASE, "--allow-pickle", "--save", tmp_path / "x.h5"),
+    _one_line_error(cli("delta", "--from", cut, "--base", BASE, "--save", tmp_path / "x.h5"),
                     "ends before tensor")
     mega = tmp_path / "iter_0000010"
     mega.mkdir()
     (mega / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1}))
     (mega / "__0_0.distcp").write_bytes(b"\0")
-    _one_line_error(cli("inspect", mega, "--allow-pickle"), "Megatron-Core", "model_merger merge --backend megatron")
+    _one_line_error(cli("inspect", mega), "Megatron-Core", "model_merger merge --backend megatron")
 
 
 def test_a_folder_with_no_model_tensors_never_exits_0(cli, tmp_path):
@@ -533,7 +593,7 @@ def test_a_folder_with_no_model_tensors_never_exits_0(cli, tmp_path):
 
     dcp.save({"optimizer": {"state": {"m": torch.zeros(3)}}, "train_state": {"step": torch.tensor(4)}},
              storage_writer=dcp.FileSystemWriter(tmp_path / "opt-only"), no_dist=True)
-    _one_line_error(cli("inspect", tmp_path / "opt-only", "--allow-pickle"), "holds no model tensors")
+    _one_line_error(cli("inspect", tmp_path / "opt-only"), "holds no model tensors")
 
 
 class _Payload:
@@ -544,14 +604,14 @@ class _Payload:
 def test_dcp_metadata_admits_only_dcps_own_classes(cli, tmp_path):
     folder = _copy(FIX / "dcp/fsdp2-model", tmp_path / "evil")
     (folder / ".metadata").write_bytes(pickle.dumps(_Payload()))
-    _one_line_error(cli("inspect", folder, "--allow-pickle"), "no class of DCP's metadata")
+    _one_line_error(cli("inspect", folder), "no class of DCP's metadata")
     assert not (tmp_path / "PWNED").exists()
     # a dotted name reaches through an admitted module to what it imports: filesystem's os.system
     module, name, arg = (x.encode() for x in ("torch.distributed.checkpoint.filesystem", "os.system", "touch PWNED"))
     (folder / ".metadata").write_bytes(b"\x80\x04" + b"\x8c" + bytes([len(module)]) + module + b"\x8c"
                                        + bytes([len(name)]) + name + b"\x93" + b"\x8c" + bytes([len(arg)]) + arg
                                        + b"\x85R.")
-    _one_line_error(cli("inspect", folder, "--allow-pickle"), "no class of DCP's metadata")
+    _one_line_error(cli("inspect", folder), "no class of DCP's metadata")
     assert not (tmp_path / "PWNED").exists()
     from graftkit.weights.trainers.dcp import _MetadataUnpickler
 
@@ -562,7 +622,7 @@ def test_dcp_metadata_admits_only_dcps_own_classes(cli, tmp_path):
 def test_a_verl_shard_pickle_with_foreign_classes_is_refused(cli, tmp_path):
     actor = _copy(VERL["fsdp2"] / "global_step_4" / "actor", tmp_path / "global_step_4" / "actor")
     torch.save({"w": _Payload()}, actor / "model_world_size_2_rank_1.pt")
-    _one_line_error(cli("inspect", actor, "--allow-pickle"), "weights_only=True", "verl.model_merger")
+    _one_line_error(cli("inspect", actor), "weights_only=True", "verl.model_merger")
     assert not (tmp_path / "PWNED").exists() and not Path("PWNED").exists()
 
 
@@ -570,10 +630,12 @@ def test_layouts_are_recognised_by_what_is_on_disk():
     for k, (rel, *_) in LAYOUTS.items():
         (path,) = checkpoints_of(_path(k))
         family = "dcp" if rel.startswith("dcp") else rel.split("/")[0]
-        assert recognise(path).family == family, k
-    assert recognise(BASE) is None and recognise(FIX / "dcp") is None
-    assert recognise(FIX / "dcp/torchtitan") is None  # a run: its step folders are the checkpoints
-    assert recognise(VERL["fsdp1"]).folder == VERL["fsdp1"] / "global_step_4" / "actor"  # via its latest file
+        reader = next(r for r in READERS if r.layout and r.recognise(path) is not None)
+        assert reader.kind == family and layout_of(path) == reader.recognise(path), k
+        assert recognise(path)[0] is reader or recognise(path)[0].kind == "hf-folder", k  # a Trainer's bf16 copy beside
+    assert recognise(BASE)[0].kind == "hf-folder" and layout_of(BASE) is None and recognise(FIX / "dcp") is None
+    assert layout_of(FIX / "dcp/torchtitan") is None  # a run: its step folders are the checkpoints
+    assert layout_of(VERL["fsdp1"]).where == VERL["fsdp1"] / "global_step_4" / "actor"  # via its latest file
 
 
 # ------------------------------------------------------------------------------------------ the writers
@@ -589,7 +651,7 @@ def test_the_dcp_writer_writes_what_the_fixtures_hold(tmp_path):
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     for rel, inner in (("fsdp2-model", ""), ("torchtitan/step-4", ""), ("torchtitan-model-only/step-4", ""),
                        ("accelerate-fsdp2/checkpoint-4", "pytorch_model_fsdp_0")):
-        a, b = open_checkpoint(tmp_path / rel, allow_pickle=True), open_checkpoint(FIX / "dcp" / rel, allow_pickle=True)
+        a, b = open_checkpoint(tmp_path / rel), open_checkpoint(FIX / "dcp" / rel)
         want = _dcp_ref(tmp_path / rel / inner)
         assert sorted(a.names) == sorted(want) == sorted(b.names), rel
         assert all(torch.equal(a.read(n), t) for n, t in want.items()), rel

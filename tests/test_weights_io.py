@@ -713,23 +713,23 @@ def test_bad_shard_inside_sharded_folder(saved, tmp_path):
 # ------------------------------------------------------------------------------------------ pickles
 
 
-def test_pickle_refused_by_default(models, tmp_path):
+def test_no_pickle_refuses_pickles_naming_the_file(models, tmp_path):
     sd = models[torch.float32].state_dict()
     folder = tmp_path / "pt"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
     torch.save(sd, folder / "pytorch_model.bin")
     for path in (folder, folder / "pytorch_model.bin"):
-        msg = _err(path)
-        assert "pytorch_model.bin" in msg and "--allow-pickle" in msg and "refused" in msg
+        msg = _err(path, no_pickle=True)
+        assert "pytorch_model.bin" in msg and "--no-pickle" in msg and "refused" in msg
     single = tmp_path / "weights.pt"
     torch.save(sd, single)
-    msg = _err(single)
-    assert str(single) in msg and "--allow-pickle" in msg
+    msg = _err(single, no_pickle=True)
+    assert str(single) in msg and "--no-pickle" in msg and "safetensors only" in msg
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_pickle_allowed_loads_state_dict(models, tmp_path, dtype):
+def test_pickle_loads_state_dict(models, tmp_path, dtype):
     model = models[dtype]
     sd = model.state_dict()
     folder = tmp_path / "pt"
@@ -737,13 +737,13 @@ def test_pickle_allowed_loads_state_dict(models, tmp_path, dtype):
     model.config.to_json_file(folder / "config.json")
     torch.save(sd, folder / "pytorch_model.bin")
     for path in (folder, folder / "pytorch_model.bin"):
-        ck = open_checkpoint(path, allow_pickle=True)
-        assert ck.kind == "pickle"
+        ck = open_checkpoint(path)
+        assert ck.kind == "pickle" and "restricted unpickler" in ck.precision["source"]
         assert set(ck.names) == set(sd)  # a pickled state dict keeps the tied alias
         for name, t in sd.items():
             assert ck.metas[name].dtype == t.dtype and ck.metas[name].shape == tuple(t.shape)
             assert same_bits(ck.read(name), t), name
-    assert open_checkpoint(folder, allow_pickle=True).model_type == "qwen3"
+    assert open_checkpoint(folder).model_type == "qwen3"
 
 
 def test_sharded_pickle_with_index(models, tmp_path):
@@ -757,8 +757,8 @@ def test_sharded_pickle_with_index(models, tmp_path):
         torch.save({k: sd[k] for k in keys}, folder / fname)
     (folder / "pytorch_model.bin.index.json").write_text(
         json.dumps({"metadata": {}, "weight_map": {k: f for f, ks in parts.items() for k in ks}}))
-    assert "--allow-pickle" in _err(folder)
-    ck = open_checkpoint(folder, allow_pickle=True)
+    assert "--no-pickle" in _err(folder, no_pickle=True)
+    ck = open_checkpoint(folder)
     assert set(ck.names) == set(sd)
     assert all(same_bits(ck.read(n), sd[n]) for n in sd)
 
@@ -780,18 +780,18 @@ class _Plain:
         self.x = 1
 
 
-def test_pickle_with_code_is_refused_even_when_allowed(tmp_path):
+def test_pickle_with_code_is_refused_by_default(tmp_path):
     marker = tmp_path / "PWNED"
     evil = tmp_path / "evil.bin"
     torch.save({"w": torch.zeros(2), "x": _Payload(marker)}, evil)
-    msg = _err(evil, allow_pickle=True)
+    msg = _err(evil)
     assert str(evil) in msg and "weights_only" in msg
     assert "\n" not in msg
     assert not marker.exists()
 
     plain = tmp_path / "plain.pt"
     torch.save({"w": torch.zeros(2), "obj": _Plain()}, plain)
-    msg = _err(plain, allow_pickle=True)
+    msg = _err(plain)
     assert str(plain) in msg and "weights_only" in msg
 
     # the payload is live: an unrestricted load would have run it
@@ -806,14 +806,14 @@ def test_pickle_with_code_is_refused_even_when_allowed(tmp_path):
 def test_pickle_that_is_not_a_state_dict(tmp_path, obj):
     f = tmp_path / "model.bin"
     torch.save(obj, f)
-    msg = _err(f, allow_pickle=True)
+    msg = _err(f)
     assert str(f) in msg and "not a state dict of tensors" in msg
 
 
 def test_pickle_that_is_not_a_pickle(tmp_path):
     f = tmp_path / "model.bin"
     f.write_bytes(b"garbage" * 10)
-    msg = _err(f, allow_pickle=True)
+    msg = _err(f)
     assert str(f) in msg and "\n" not in msg
 
 

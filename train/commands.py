@@ -19,14 +19,13 @@ import numpy as np
 
 from ..core.config import OnProgress, no_progress
 from ..core.errors import GraftkitError
-from ..results.layout import result_labels, run_layout, training_path
+from ..core.tables import Table
+from ..results.layout import TRAIN_KINDS, TRAIN_TRAINER, TRAINING, result_labels, run_layout, training_path_of
 from ..results.store import Result, View, write_result
 from .configs import GRPOConfig, SFTConfig, SweepConfig
 
 if TYPE_CHECKING:
     from .sft import Stopping
-
-TRAIN_KINDS = ("train-sft", "train-grpo", "train-trainer")
 
 
 # ------------------------------------------------------------------------------------ training curves
@@ -45,7 +44,7 @@ class TrainingCurves(View):
     @property
     def kind(self) -> str:
         """``sft``, ``grpo`` or ``trainer`` (another trainer's ``trainer_state.json``)."""
-        return self.result.kind.removeprefix("train-")
+        return next(k for k, kind in TRAINING.items() if kind == self.result.kind)
 
     @property
     def label(self) -> str:
@@ -84,7 +83,7 @@ def training_curves(folder: Path, kind: str) -> TrainingCurves:
         convention = {k: stopping[k] for k in ("tasks", "items", "decode", "check_episodes", "episodes")}
         var_attrs = {k: {**convention, "interval": f"Wilson {stopping['rate']['level']:g}"} for k in data
                      if k.startswith(stopping["metric"])}
-    return TrainingCurves(Result(f"train-{kind}", {"step": np.array([m["step"] for m in log])}, data,
+    return TrainingCurves(Result(TRAINING[kind], {"step": np.array([m["step"] for m in log])}, data,
                                  {"model": str(folder.resolve()), "label": folder.name, "config": prov.get("config"),
                                   "producer": prov.get("producer"), **({"stopping": stopping} if stopping else {})},
                                  var_attrs))
@@ -105,15 +104,16 @@ def trainer_curves_result(output_dir: Path) -> Result:
         raise GraftkitError(f"{output_dir}: no trainer_state.json in a Trainer output_dir",
                             "pass the output_dir of a TRL / transformers Trainer run (its checkpoint-N folders)")
     steps, series = trainer_series(run.state)
-    return Result("train-trainer", {"step": steps}, {k: (("step",), v) for k, v in series.items()},
+    return Result(TRAIN_TRAINER, {"step": steps}, {k: (("step",), v) for k, v in series.items()},
                   {"model": str(run.root.resolve()), "label": result_labels([run.root])[0], "state": str(run.state),
                    "checkpoints": [int(s) for s in run.steps], "producer": "trainer_state.json"})
 
 
 def write_curves(folder: Path, kind: str, results: Path | None = None) -> TrainingCurves:
-    """Write ``folder``'s training curves to ``results`` (default: the current run's results/)."""
-    curves = training_curves(Path(folder), kind)
-    dest = training_path(results or run_layout().results, kind, result_labels([folder])[0])
+    """Write ``folder``'s training curves to ``results`` (default: the current run's results/): ``kind`` sft or
+    grpo (its ``train_log.jsonl``), or trainer (a Trainer ``output_dir``'s ``trainer_state.json``)."""
+    curves = trainer_curves(Path(folder)) if kind == "trainer" else training_curves(Path(folder), kind)
+    dest = training_path_of(results or run_layout().results, kind, folder)
     return TrainingCurves(curves.result, write_result(dest, curves.result))
 
 
@@ -219,8 +219,16 @@ def run_train_grpo(cfg: GRPOConfig, on_progress: OnProgress = no_progress, *, re
 
 # ---------------------------------------------------------------------------------------------- sweep
 
-#: The settings a sweep's run rows show beside name, status and out.
+#: The settings a sweep's run rows show beside name, status and out (``sweep --dry-run`` prints them).
 SWEEP_COLUMNS = ("init", "lr", "beta", "seed", "epsilon", "epsilon_high", "loss", "steps", "stages")
+
+
+def sweep_plan(info: dict[str, Any]) -> Table:
+    """What ``graftkit sweep --dry-run`` prints of :func:`run_sweep_grid`'s plan: each run's name, status and
+    settings (:data:`SWEEP_COLUMNS`; its init folder by name)."""
+    columns = {"name": lambda r: r["name"], "status": lambda r: r["status"],
+               **{c: (lambda r, c=c: Path(str(r[c])).name if c == "init" else str(r[c])) for c in SWEEP_COLUMNS}}
+    return Table(f"{info['grid']}: {len(info['runs'])} runs", columns, info["runs"], left=("name", "status", "init", "loss"))
 
 
 def run_sweep_grid(cfg: SweepConfig, on_progress: OnProgress = no_progress,

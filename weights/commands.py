@@ -20,7 +20,12 @@ class ReadOptions(CommandConfig):
     """How checkpoints are read (fields shared by every command that opens one)."""
 
     allow_pickle: bool = False
-    """Load pickled weights (weights_only=True): .bin/.pt folders, or one .ckpt/.pt/.pth/.bin file."""
+    """Accepted and changes nothing: pickled weights (.bin/.pt folders, one .ckpt/.pt/.pth/.bin file, DCP, DeepSpeed
+    and verl checkpoints) are read by default, through graftkit's restricted unpickler (weights_only, allowlisted
+    classes)."""
+    no_pickle: bool = False
+    """Read safetensors only: refuse pickled weights (.bin/.pt folders, one .ckpt/.pt/.pth/.bin file, DCP, DeepSpeed
+    and verl checkpoints), naming the file."""
     unknown: str = "error"
     """Tensors no taxonomy table claims (or, in a single-file checkpoint, that match nothing on the other
     side): error | keep-base."""
@@ -51,7 +56,7 @@ def run_inspect(cfg: InspectConfig) -> dict:
     how it was found (``matched_by``: model_type, names or generic); nothing is written."""
     model = checkpoint_of(cfg.model, "MODEL")
     run = trainer_run(Path(cfg.model))
-    ck = open_model(model, cfg.base, allow_pickle=cfg.allow_pickle, unknown=cfg.unknown, config=cfg.config)
+    ck = open_model(model, cfg.base, no_pickle=cfg.no_pickle, unknown=cfg.unknown, config=cfg.config)
     if is_lora_folder(model):
         ck = dataclasses.replace(ck, notes=(*ck.notes, f"LoRA adapter {model} merged over {ck.provenance['lora']['base']}: "
                                                        f"{len(ck.provenance['lora']['targets'])} tensors adapted"))

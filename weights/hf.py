@@ -147,10 +147,10 @@ def read_tensors(path: Path) -> dict:
     return {n: sf.read(n).clone() for n in sf.entries}
 
 
-def load_model(path: Path, *, allow_pickle: bool = False, dtype=None, need_tokenizer: bool = True,
+def load_model(path: Path, *, no_pickle: bool = False, dtype=None, need_tokenizer: bool = True,
                config_dir: Path | None = None, base: Path | None = None):
-    """Load an HF causal LM folder and its tokenizer: safetensors only unless ``allow_pickle``, and
-    never remote code. A single checkpoint file (``.safetensors``, or with ``allow_pickle`` a
+    """Load an HF causal LM folder and its tokenizer, never remote code; pickled weights are read through graftkit's
+    restricted unpickler, or refused with ``no_pickle``. A single checkpoint file (``.safetensors``, or a
     ``.ckpt``/``.pt``/``.pth``/``.bin`` training checkpoint) holds no config: the model is built from
     ``config_dir``'s config.json and its tokenizer read from there (:func:`_from_single_file`).
     A PEFT LoRA adapter folder is merged into its base model in memory (:func:`.resolve.base_of` with ``base``;
@@ -166,8 +166,8 @@ def load_model(path: Path, *, allow_pickle: bool = False, dtype=None, need_token
     path = Path(path)
     if is_lora_folder(path):
         base_dir = base_of(path, base)
-        model, tokenizer = load_model(base_dir, allow_pickle=allow_pickle, dtype=dtype, need_tokenizer=False)
-        merged = apply_lora(open_checkpoint(base_dir, allow_pickle=allow_pickle), path)
+        model, tokenizer = load_model(base_dir, no_pickle=no_pickle, dtype=dtype, need_tokenizer=False)
+        merged = apply_lora(open_checkpoint(base_dir, no_pickle=no_pickle), path)
         import torch
 
         state = model.state_dict()
@@ -177,8 +177,8 @@ def load_model(path: Path, *, allow_pickle: bool = False, dtype=None, need_token
                     state[name].copy_(merged.read(name).to(state[name].dtype))
         has_tok = any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
         return model, (_tokenizer(path if has_tok else base_dir) if need_tokenizer else None)
-    src = single_file_config(path, config_dir, allow_pickle) if path.is_file() else path
-    ck = open_checkpoint(path, allow_pickle=allow_pickle)  # validates files, refuses pickles
+    src = single_file_config(path, config_dir, no_pickle) if path.is_file() else path
+    ck = open_checkpoint(path, no_pickle=no_pickle)  # validates files (and refuses pickles with no_pickle)
     if path.is_dir() and ck.foreign_names:  # a trainer's own layout: built like a single file, from its config
         src = layout_config(ck, config_dir)
         tokenizer = _tokenizer(src) if need_tokenizer else None
@@ -191,10 +191,10 @@ def load_model(path: Path, *, allow_pickle: bool = False, dtype=None, need_token
     hf_logging.disable_progress_bar()
     if path.is_file():
         return _from_single_file(AutoModelForCausalLM, ck, src, dtype, "a causal LM"), tokenizer
-    return _from_pretrained(AutoModelForCausalLM, path, allow_pickle, dtype, "a causal LM"), tokenizer
+    return _from_pretrained(AutoModelForCausalLM, ck, dtype, "a causal LM"), tokenizer
 
 
-def stored_dtype(path: Path, *, allow_pickle: bool = False, base: Path | None = None):
+def stored_dtype(path: Path, *, no_pickle: bool = False, base: Path | None = None):
     """The floating torch dtype that holds most of a checkpoint's bytes (a LoRA adapter: its base's;
     float32 when it has no floating tensor)."""
     import torch
@@ -204,7 +204,7 @@ def stored_dtype(path: Path, *, allow_pickle: bool = False, base: Path | None = 
     from .resolve import open_model
 
     path = Path(path)
-    ck = open_model(path, base) if is_lora_folder(path) else open_checkpoint(path, allow_pickle=allow_pickle)
+    ck = open_model(path, base) if is_lora_folder(path) else open_checkpoint(path, no_pickle=no_pickle)
     by: dict = {}
     for m in ck.metas.values():
         if m.dtype.is_floating_point:
@@ -224,17 +224,17 @@ def save_dtype(name: str, init: Path | None):
     return stored_dtype(Path(init)) if init is not None else torch.float32
 
 
-def single_file_config(path: Path, config_dir: Path | None, allow_pickle: bool = True) -> Path:
+def single_file_config(path: Path, config_dir: Path | None, no_pickle: bool = False) -> Path:
     """The HF folder whose config.json (and tokenizer or processor) a model loaded from the single
     checkpoint file ``path`` is built from: ``config_dir``, which must be given and hold a config.json.
-    A pickled file without ``allow_pickle`` is left to :func:`.checkpoint.open_checkpoint` to refuse."""
+    A pickled file with ``no_pickle`` is left to :func:`.checkpoint.open_checkpoint` to refuse."""
     from ..core.errors import GraftkitError
-    from .checkpoint import PICKLE_SUFFIXES
+    from .state_dict import SUFFIXES
 
     path = Path(path)
     if config_dir is None:
-        if path.suffix in PICKLE_SUFFIXES and not allow_pickle:
-            return path.parent  # open_checkpoint refuses the pickle first, naming --allow-pickle
+        if path.suffix in SUFFIXES and no_pickle:
+            return path.parent  # open_checkpoint refuses the pickle first, naming --no-pickle
         raise GraftkitError(
             f"{path}: a single checkpoint file holds no config.json or tokenizer, so a policy cannot be built "
             "from it alone", "pass --config with the HF folder of its config.json and tokenizer (e.g. the SFT folder)")
@@ -328,16 +328,18 @@ def _from_single_file(auto_class, ck, config_dir: Path, dtype, what: str):
     return model.eval()
 
 
-def _from_pretrained(auto_class, path: Path, allow_pickle: bool, dtype, what: str):
-    """``auto_class.from_pretrained`` the graftkit way: no remote code, safetensors unless pickles are
-    allowed, float32 unless a dtype is asked for, eval mode, and one clear error."""
+def _from_pretrained(auto_class, ck, dtype, what: str):
+    """``auto_class.from_pretrained`` of the folder ``ck`` was opened from, the graftkit way: no remote code, its
+    safetensors (in a folder of pickled weights, which ``ck`` has read through graftkit's restricted unpickler, its
+    ``.bin`` files, loaded ``weights_only``), float32 unless a dtype is asked for, eval mode, and one clear error."""
     import torch
 
     from ..core.errors import GraftkitError
 
+    path = ck.path
     try:
         model = auto_class.from_pretrained(
-            path, trust_remote_code=False, use_safetensors=not allow_pickle or None,
+            path, trust_remote_code=False, use_safetensors=None if ck.kind == "pickle" else True,
             dtype=dtype if dtype is not None else torch.float32,
         )
     except Exception as exc:  # transformers raises many types for a broken model folder
@@ -392,9 +394,9 @@ def is_vision_folder(path: Path, need_processor: bool = True) -> bool:
             and (not need_processor or any((path / f).is_file() for f in PROCESSOR_FILES)))
 
 
-def load_vlm(path: Path, *, allow_pickle: bool = False, dtype=None, config_dir: Path | None = None):
-    """Load an HF image-text-to-text folder and its processor: safetensors only unless
-    ``allow_pickle``, never remote code. Returns ``(model, processor)``: the folder's own processor
+def load_vlm(path: Path, *, no_pickle: bool = False, dtype=None, config_dir: Path | None = None):
+    """Load an HF image-text-to-text folder and its processor, never remote code (pickled weights read as
+    :func:`load_model` reads them). Returns ``(model, processor)``: the folder's own processor
     (``AutoProcessor``) where transformers can build it, else an :class:`ImageTextProcessor` of its
     tokenizer and image processor. A single checkpoint file is built from ``config_dir`` (config.json and
     processor), as in :func:`load_model`. Each failure is one clear error."""
@@ -405,8 +407,8 @@ def load_vlm(path: Path, *, allow_pickle: bool = False, dtype=None, config_dir: 
     from .checkpoint import open_checkpoint
 
     path = Path(path)
-    src = single_file_config(path, config_dir, allow_pickle) if path.is_file() else path
-    ck = open_checkpoint(path, allow_pickle=allow_pickle)
+    src = single_file_config(path, config_dir, no_pickle) if path.is_file() else path
+    ck = open_checkpoint(path, no_pickle=no_pickle)
     if path.is_dir() and ck.config is None:
         raise GraftkitError(f"{path}: a policy needs an HF model folder with config.json", "point at the model folder")
     model_type = _model_type(src)
@@ -430,5 +432,4 @@ def load_vlm(path: Path, *, allow_pickle: bool = False, dtype=None, config_dir: 
                                 "check preprocessor_config.json and the tokenizer files") from None
     if path.is_file():
         return _from_single_file(AutoModelForImageTextToText, ck, src, dtype, "an image-text-to-text model"), processor
-    return _from_pretrained(AutoModelForImageTextToText, path, allow_pickle, dtype,
-                            "an image-text-to-text model"), processor
+    return _from_pretrained(AutoModelForImageTextToText, ck, dtype, "an image-text-to-text model"), processor

@@ -10,11 +10,12 @@ transposed when ``fan_in_fan_out`` (GPT-2's Conv1D). Embedding adapters store ``
 (r × vocab) and ``lora_embedding_B`` (dim × r); their delta is (B @ A)ᵀ. Tensors listed in
 ``modules_to_save`` are full replacements, as are trained biases (``bias="all"``) and the base weight
 PEFT saves with a targeted embedding (``<module>.base_layer.<param>``, the base's ``<module>.<param>``).
-:func:`apply_lora` presents base + Δ as a :class:`~graftkit.weights.checkpoint.Checkpoint`, each adapted
+:func:`apply_lora` presents base + Δ as a :class:`~graftkit.weights.reader.Checkpoint`, each adapted
 tensor merged in fp32 and cast to the base dtype (what ``merge_and_unload`` computes), every other tensor
 the base's own bytes.
 DoRA (a learned magnitude vector), trainable LoRA biases (``lora_bias``) and non-LoRA adapters are
-refused.
+refused. An adapter folder opened alone (:data:`ADAPTER`, the reader :func:`.checkpoint.open_checkpoint` consults) is
+one error: it is read over its base.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import GraftkitError
-from .checkpoint import Checkpoint, TensorMeta, _read_json
+from .reader import Checkpoint, Found, Reader, TensorMeta, _read_json
 from .safetensors_file import SafetensorsFile
 
 _PREFIX = "base_model.model."
@@ -174,4 +175,15 @@ def apply_lora(base: Checkpoint, adapter_path: Path, base_flag: str = "--base") 
 
     return Checkpoint(path=adapter_path, kind="lora-merged", metas=metas, reader=read, raw=raw, config=base.config,
                       provenance={"lora": {"config": cfg, "base": str(base.path), "targets": sorted(changed)}},
-                      weight_files=(sf.path, *base.weight_files), arrays=base.arrays, deltas=exact)
+                      weight_files=(sf.path, *base.weight_files), arrays=base.arrays, deltas=exact,
+                      stored="base + the adapter's float32 update s·B@A")
+
+
+def _refuse_alone(found: Found, path: Path) -> Checkpoint:
+    raise GraftkitError(f"{path} is a LoRA adapter, not a full checkpoint",
+                        "pass it as the RL side (--from) with the full base model as --base")
+
+
+#: A PEFT adapter folder opened alone: refused (:func:`apply_lora` reads it over its base).
+ADAPTER = Reader("lora-adapter", lambda path: Found(path, "a PEFT LoRA adapter") if is_lora_folder(path) else None,
+                 _refuse_alone, refuses=True)

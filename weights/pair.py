@@ -18,7 +18,7 @@ fingerprint equal to the base's, :func:`judge_pair`: a high-learning-rate GRPO r
 note states the figures), or unless told (``--force-pair``). A pair in which no matrix moved is said to be
 one (:attr:`PairDistance.unmoved`).
 
-Either side may be a single-file PyTorch checkpoint (``--allow-pickle``): :func:`open_pair` maps its
+Either side may be a single-file PyTorch checkpoint: :func:`open_pair` maps its
 names onto the other side's (:func:`.checkpoint.match_names`) and records what it mapped in
 :attr:`Checkpoint.notes`.
 """
@@ -40,26 +40,27 @@ from .safetensors_file import dtype_name, torch_dtype
 from .taxonomy import Taxonomy
 
 
-def open_rl(path: Path, base: Checkpoint, allow_pickle: bool = False) -> Checkpoint:
-    """Open the RL side: a full checkpoint, or a LoRA adapter applied over ``base``."""
+def open_rl(path: Path, base: Checkpoint, *, no_pickle: bool = False, allow_pickle: bool = False) -> Checkpoint:
+    """Open the RL side: a full checkpoint, or a LoRA adapter applied over ``base`` (``allow_pickle`` is accepted and
+    changes nothing, as in :func:`.checkpoint.open_checkpoint`)."""
     path = Path(path)
     if is_lora_folder(path):
         return apply_lora(base, path)
-    return open_checkpoint(path, allow_pickle=allow_pickle)
+    return open_checkpoint(path, no_pickle=no_pickle)
 
 
-def open_one(path: Path, *, allow_pickle: bool = False, unknown: str = "error",
+def open_one(path: Path, *, no_pickle: bool = False, unknown: str = "error",
              config: Path | None = None) -> Checkpoint:
     """Open a checkpoint read alone; a single pickled file is named after the taxonomy tables."""
-    return match_names(open_checkpoint(path, allow_pickle=allow_pickle), unknown=unknown, config_dir=config)
+    return match_names(open_checkpoint(path, no_pickle=no_pickle), unknown=unknown, config_dir=config)
 
 
-def open_pair(base_path: Path, rl_paths, *, allow_pickle: bool = False, unknown: str = "error",
+def open_pair(base_path: Path, rl_paths, *, no_pickle: bool = False, unknown: str = "error",
               config: Path | None = None, base_flag: str = "--base") -> tuple[Checkpoint, list[Checkpoint]]:
     """The base and every RL side, opened; a single pickled file among them is renamed onto the names of
     the first side that is no such file (or, when all are, onto the taxonomy's) and takes its config."""
-    base = open_checkpoint(base_path, allow_pickle=allow_pickle)
-    full = [None if is_lora_folder(Path(p)) else open_checkpoint(p, allow_pickle=allow_pickle) for p in rl_paths]
+    base = open_checkpoint(base_path, no_pickle=no_pickle)
+    full = [None if is_lora_folder(Path(p)) else open_checkpoint(p, no_pickle=no_pickle) for p in rl_paths]
     ref = next((c for c in (base, *full) if c is not None and not c.loose), None)
     base = match_names(base, ref, unknown=unknown, config_dir=config)
     ref = ref or base  # all sides single files: the RL sides take the base's (taxonomy-matched) names

@@ -107,14 +107,14 @@ def base_of(model: str | os.PathLike, explicit: str | os.PathLike | None = None,
 
 
 def open_model(path: str | os.PathLike, base: str | os.PathLike | None = None, *, flag: str = "--base",
-               allow_pickle: bool = False, unknown: str = "error", config: Path | None = None) -> Checkpoint:
+               no_pickle: bool = False, unknown: str = "error", config: Path | None = None) -> Checkpoint:
     """The checkpoint at ``path`` read alone: a LoRA adapter merged over its base (:func:`base_of` with
     ``base``, the command's ``flag``), one tensor at a time; any other checkpoint as :func:`.pair.open_one`
-    reads it (``allow_pickle``, ``unknown`` and ``config`` apply to it, not to an adapter's base)."""
+    reads it (``unknown`` and ``config`` apply to it, not to an adapter's base; ``no_pickle`` to both)."""
     path = Path(path)
     if is_lora_folder(path):
-        return apply_lora(open_checkpoint(base_of(path, base, flag=flag)), path, flag)
-    return open_one(path, allow_pickle=allow_pickle, unknown=unknown, config=config)
+        return apply_lora(open_checkpoint(base_of(path, base, flag=flag), no_pickle=no_pickle), path, flag)
+    return open_one(path, no_pickle=no_pickle, unknown=unknown, config=config)
 
 
 __all__ = ["A_BASE", "A_MODEL", "base_of", "checkpoint_of", "checkpoints_of", "open_model", "recorded_base"]

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import GraftkitError
+from .checkpoint import layout_of
 
 #: A run's step folder: a Trainer's ``checkpoint-N`` (``save_steps``), accelerate's ``checkpoint_N`` (``save_state``
 #: with automatic naming), DeepSpeed's ``global_stepN`` (a raw engine's or OpenRLHF's save dir; under a Trainer it
@@ -40,11 +41,9 @@ def _hf_weights(folder: Path) -> bool:
 
 def holds_weights(folder: Path) -> bool:
     """True when ``folder`` holds a model's or an adapter's weights: HF files, or a trainer's own layout
-    (:func:`.trainers.recognise`: a DCP folder, a DeepSpeed tag, a verl actor) in it or at its ``latest`` tag."""
-    from .trainers import recognise
-
+    (:func:`.checkpoint.layout_of`: a DCP folder, a DeepSpeed tag, a verl actor) in it or at its ``latest`` tag."""
     folder = Path(folder)
-    return folder.is_dir() and (_hf_weights(folder) or recognise(folder) is not None)
+    return folder.is_dir() and (_hf_weights(folder) or layout_of(folder) is not None)
 
 
 @dataclass(frozen=True)
@@ -77,14 +76,12 @@ def checkpoint_step(path: Path) -> int | None:
 def _is_checkpoint(path: Path) -> bool:
     """``path`` is one checkpoint, not a run of them: a step folder, HF weights, or a trainer layout whose weights lie
     in it (not in one of its step folders, as a DeepSpeed save dir's or a verl run's ``latest`` points)."""
-    from .trainers import recognise
-
     if checkpoint_step(path) is not None or _hf_weights(path):
         return True
-    layout = recognise(path)
+    layout = layout_of(path)
     if layout is None:
         return False
-    below = layout.folder.relative_to(path).parts  # "" itself, "pytorch_model_fsdp_0", "global_step_4/actor", …
+    below = layout.where.relative_to(path).parts  # "" itself, "pytorch_model_fsdp_0", "global_step_4/actor", …
     return not below or checkpoint_step(Path(below[0])) is None
 
 

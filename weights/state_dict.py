@@ -1,4 +1,5 @@
-"""Single-file PyTorch checkpoints: the state dict inside a training checkpoint, renamed onto a model's names.
+"""Pickled PyTorch weights: one training checkpoint file, or a folder of ``.bin``/``.pt`` shards, and the state dict
+inside a training checkpoint renamed onto a model's names.
 
 What ``torch.save`` writes in the wild is rarely a bare HF state dict: PyTorch Lightning keeps it under
 ``state_dict`` with the LightningModule's attribute as a prefix (``model.model.layers.0…``), nanoGPT under
@@ -8,7 +9,10 @@ What ``torch.save`` writes in the wild is rarely a bare HF state dict: PyTorch L
 the names the file must match — the other side of the pair, or the taxonomy tables for a checkpoint read
 alone — never guessed from the names themselves (HF names start with ``model.`` too).
 
-Loading is ``torch.load(weights_only=True)`` only, memory-mapped when the file is in the zip format.
+Loading is ``torch.load(weights_only=True)`` only (graftkit's restricted unpickler: tensors, containers and torch's
+own allowlisted classes; anything else is refused, naming it), memory-mapped when the file is in the zip format. The
+readers here (:data:`FILE`, :data:`FOLDER`) read pickles by default; ``--no-pickle`` refuses them. A trainer's own
+files beside its weights (:data:`NOT_WEIGHTS`: optimizer, scheduler and random states, arguments) are never opened.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from ..core.errors import GraftkitError
+from .hf_folder import shards_from_index
+from .reader import PROVENANCE, Checkpoint, Found, Reader, TensorMeta, _read_json
+from .safetensors_file import code_of
 
 #: Keys under which training code keeps the model's state dict (Lightning, nanoGPT, DDP wrappers, common
 #: RL scripts), tried in this order.
@@ -34,8 +41,17 @@ MAX_CHAIN = 3
 
 _UNSAFE_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
 
-EXPORT_FIX = ("export the model's weights once where the file is trusted: "
-              "safetensors.torch.save_file(model.state_dict(), 'model.safetensors')")
+#: How pickled weights become safetensors, where the file is trusted.
+TO_SAFETENSORS = "safetensors.torch.save_file(model.state_dict(), 'model.safetensors')"
+EXPORT_FIX = f"export the model's weights once where the file is trusted: {TO_SAFETENSORS}"
+#: Suffixes of a single-file PyTorch checkpoint.
+SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+INDEX = "pytorch_model.bin.index.json"
+#: Files a trainer writes beside the weights that hold none (random states, arguments, optimizer and scheduler
+#: states, other ranks' pieces): never opened as weights.
+NOT_WEIGHTS = re.compile(r"(rng_state.*|random_states.*|training_args|trainer_state|optimizer.*|optim_.*|scheduler.*|"
+                         r"scaler.*|lr_scheduler.*|.*_optim_states|.*_model_states|extra_state.*|"
+                         r"model_world_size_\d+_rank_\d+)\.(bin|pt|pth|pkl)\Z")
 
 
 def load_pickle(path: Path):
@@ -127,4 +143,76 @@ def rename(names: list[str], known: Callable[[str], bool]) -> Renaming:
     return Renaming(best, matched, tuple(n for n in names if n not in matched))
 
 
-__all__ = ["CONTAINERS", "PREFIXES", "Renaming", "find_state_dict", "load_pickle", "rename"]
+# ------------------------------------------------------------------------------------------ the readers
+
+
+def _recognise_file(path: Path) -> Found | None:
+    return Found(path, "a single-file PyTorch checkpoint") if path.is_file() and path.suffix in SUFFIXES else None
+
+
+def _open_file(found: Found, path: Path) -> Checkpoint:
+    return _open_pickles(path, [path], None)
+
+
+def _folder_files(path: Path) -> list[Path]:
+    """The pickled weight files of folder ``path`` that no index lists (never a trainer's own: :data:`NOT_WEIGHTS`)."""
+    return sorted(p for ext in ("*.bin", "*.pt", "*.pth") for p in path.glob(ext) if not NOT_WEIGHTS.match(p.name))
+
+
+def _recognise_folder(path: Path) -> Found | None:
+    if not path.is_dir():
+        return None
+    if (path / INDEX).is_file():
+        return Found(path, f"PyTorch weights listed by {INDEX}")
+    files = _folder_files(path)
+    if not files:
+        return None
+    shown = ", ".join(p.name for p in files[:3]) + (" …" if len(files) > 3 else "")
+    return Found(path, f"PyTorch weights files ({shown})")
+
+
+def _open_folder(found: Found, path: Path) -> Checkpoint:
+    config = _read_json(path / "config.json") if (path / "config.json").is_file() else None
+    files = shards_from_index(path, INDEX) if (path / INDEX).is_file() else _folder_files(path)
+    return _open_pickles(path, files, config)
+
+
+def _open_pickles(path: Path, files: list[Path], config: dict | None) -> Checkpoint:
+    """The state dicts of ``files`` (each loaded whole, :func:`load_pickle`) as one checkpoint."""
+    tensors: dict = {}
+    notes = []
+    for f in files:
+        sd, where = find_state_dict(load_pickle(f), f)
+        if where:
+            notes.append(f"{f.name}: state dict under {'/'.join(map(repr, where))}")
+        tensors.update(sd)
+    metas = {}
+    for n, t in tensors.items():
+        try:
+            metas[n] = TensorMeta(n, code_of(t.dtype), tuple(t.shape))
+        except KeyError:
+            raise GraftkitError(f"{path}: tensor {n} has unsupported dtype {t.dtype}") from None
+    prov_path = (path if path.is_dir() else path.parent) / PROVENANCE
+    prov = _read_json(prov_path) if path.is_dir() and prov_path.is_file() else None
+    return Checkpoint(path=path, kind="pickle", metas=metas, reader=tensors.__getitem__, config=config, provenance=prov,
+                      weight_files=tuple(files), notes=tuple(notes), stored="a pickled state dict")
+
+
+def _recognise_trainer_file(path: Path) -> Found | None:
+    return Found(path, f"a trainer's {path.stem} file") if path.is_file() and NOT_WEIGHTS.match(path.name) else None
+
+
+def _refuse_trainer_file(found: Found, path: Path) -> Checkpoint:
+    raise GraftkitError(f"{path}: {found.name}, which holds no model weights",
+                        "pass the folder or file that holds the model's weights")
+
+
+#: One ``.ckpt``/``.pt``/``.pth``/``.bin`` training checkpoint (Lightning, nanoGPT, DDP, ``torch.save(state_dict)``).
+FILE = Reader("pickle", _recognise_file, _open_file, pickled=True, convert=TO_SAFETENSORS)
+#: A folder of pickled weights: ``pytorch_model.bin`` (or the shards its index lists), or other ``.bin``/``.pt``/``.pth``.
+FOLDER = Reader("pickle", _recognise_folder, _open_folder, pickled=True, convert=TO_SAFETENSORS)
+#: A trainer's own file that holds no weights (``optimizer.pt``, ``rng_state.pth``, ``training_args.bin``): refused.
+TRAINER_FILE = Reader("trainer-state", _recognise_trainer_file, _refuse_trainer_file, refuses=True)
+
+__all__ = ["CONTAINERS", "FILE", "FOLDER", "NOT_WEIGHTS", "PREFIXES", "Renaming", "SUFFIXES", "TRAINER_FILE",
+           "find_state_dict", "load_pickle", "rename"]

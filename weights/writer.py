@@ -30,7 +30,8 @@ from typing import Callable, Iterable, Iterator, Sequence
 from ..core.errors import GraftkitError
 from ..core.files import (check_folder_dest, check_space, check_writable, fsync_dir, sweep_stale, temp_path, translated,
                           write_all, write_atomic)
-from .checkpoint import INDEX, PROVENANCE, tensor_bits
+from .hf_folder import INDEX
+from .reader import PROVENANCE, tensor_bits
 from .safetensors_file import OutTensor, TensorEntry, code_of, header_bytes
 
 # Files that describe a model rather than hold its weights; copied into every output.

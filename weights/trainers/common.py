@@ -1,5 +1,5 @@
-"""What the layout readers share: loading a trainer's pickle with only its format's classes, and memory-mapped files
-mapped anew as they are read."""
+"""What the layout readers share: loading a trainer's pickle with only its format's classes, memory-mapped files mapped
+anew as they are read, the config.json found near a layout, and the refusal of a layout that holds no model tensors."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable, Generic, TypeVar
 
 from ...core.errors import GraftkitError
+from ..reader import Checkpoint, Found, _read_json
 
 #: torch's ``safe_globals`` is process-wide, not per thread: one load at a time, so that another thread's context
 #: (another reader's, or another layout's) never ends in the middle of this one.
@@ -75,3 +76,22 @@ class Remapped(Generic[S]):
         if renew:
             self.state = self._open()
         return t
+
+
+def config_near(folder: Path, levels: int = 3) -> tuple[dict | None, Path | None]:
+    """The config.json of ``folder`` or of its nearest parent (a Trainer's ``checkpoint-N/`` above a DCP model folder,
+    a run's folder above ``step-N/``), at most ``levels`` up."""
+    folder = Path(folder).resolve()
+    for f in [folder, *folder.parents][: levels + 1]:
+        if (f / "config.json").is_file():
+            cfg = _read_json(f / "config.json")
+            if "model_type" in cfg or "architectures" in cfg:
+                return cfg, f
+    return None, None
+
+
+def with_tensors(ck: Checkpoint, found: Found, convert: str) -> Checkpoint:
+    """``ck``, unless it holds no model tensors (a folder of a trainer's optimizer states alone): then one error."""
+    if not ck.metas:
+        raise GraftkitError(f"{ck.path}: {found.name} holds no model tensors", f"convert it: {convert}")
+    return ck

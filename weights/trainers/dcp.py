@@ -12,6 +12,9 @@ each chunk is one ``torch.save`` blob at an offset (``filesystem._write_item``).
 - only the model's keys: what a trainer saves beside them (``optimizer.*``, ``train_state``, ``lr_scheduler``,
   ``dataloader``, byte items) is skipped unread. Names are the trainer's (accelerate's ``model.`` container,
   torchtitan's flattened keys): :func:`..checkpoint.match_names` maps them onto the other side's.
+
+A DCP folder is the path itself, or the model folder a Trainer's ``checkpoint-N/`` holds (:data:`FSDP_MODEL_DIRS`);
+Megatron-Core's ``torch_dist`` folders look alike and are :mod:`.megatron`'s.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...core.errors import GraftkitError
+from ..reader import Checkpoint, Found, Reader, TensorMeta
+from ..safetensors_file import code_of
+from .common import config_near, dtype_words, with_tensors
+from .megatron import is_megatron
 
 METADATA = ".metadata"
 #: Top-level keys a trainer saves beside the model in one DCP folder (torchtitan's CheckpointManager, accelerate's
@@ -31,6 +38,9 @@ NOT_MODEL = ("optimizer", "optim", "optimizers", "train_state", "lr_scheduler", 
              "dataloader", "rng", "rng_state", "extra_state")
 #: The command that converts a DCP folder into one torch.save file (for the error when a folder cannot be read).
 CONVERT = "python -m torch.distributed.checkpoint.format_utils dcp_to_torch DCP_FOLDER OUT.pt"
+
+#: Folders a Trainer writes a DCP model into, inside ``checkpoint-N/`` (accelerate ``save_fsdp_model``).
+FSDP_MODEL_DIRS = ("pytorch_model_fsdp_0", "model")
 
 _METADATA_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
                      "torch.distributed.checkpoint._hf_storage", "torch.distributed.checkpoint.planner")
@@ -211,4 +221,39 @@ def read_entry(folder: Path, fqn: str, e: _Entry):
     return out
 
 
-__all__ = ["CONVERT", "METADATA", "NOT_MODEL", "is_dcp", "model_entries", "read_entry", "read_metadata"]
+def recognise(path: Path) -> Found | None:
+    """The DCP folder ``path`` is or holds (a Trainer's ``checkpoint-N/pytorch_model_fsdp_0/``), else None."""
+    for sub in ("", *FSDP_MODEL_DIRS):
+        folder = path / sub if sub else path
+        if is_dcp(folder) and not is_megatron(folder):
+            where = f"{path.name}/{sub}/" if sub else f"{path.name}/"
+            return Found(folder, f"a torch.distributed.checkpoint folder ({where})")
+    return None
+
+
+def open_dcp(found: Found, path: Path) -> Checkpoint:
+    """The :class:`~..reader.Checkpoint` of the DCP folder ``found.where``: the model's tensors, as saved."""
+    folder = found.where
+    entries, skipped = model_entries(folder)
+    metas = {}
+    for n, e in entries.items():
+        try:
+            metas[n] = TensorMeta(n, code_of(e.dtype), e.size)
+        except KeyError:
+            raise GraftkitError(f"{folder}: tensor {n} has dtype {e.dtype}, which graftkit does not read",
+                                f"convert it: {CONVERT}") from None
+    config, config_from = config_near(folder)
+    source = f"{dtype_words(m.code for m in metas.values())} tensors of the DCP folder, as saved (chunks joined)"
+    files = tuple(sorted(folder.glob("*.distcp")))
+    note = f"{Path(path).name}: {found.name}, {len(metas)} model tensors" + (
+        f" (not read: {', '.join(skipped)})" if skipped else "")
+    return with_tensors(Checkpoint(path=Path(path), kind="dcp", metas=metas,
+                                   reader=lambda n: read_entry(folder, n, entries[n]), config=config,
+                                   config_from=config_from, weight_files=(folder / METADATA, *files), notes=(note,),
+                                   foreign_names=True, source=source), found, CONVERT)
+
+
+READER = Reader("dcp", recognise, open_dcp, pickled=True, layout=True, convert=CONVERT)
+
+__all__ = ["CONVERT", "FSDP_MODEL_DIRS", "METADATA", "NOT_MODEL", "READER", "is_dcp", "model_entries", "open_dcp",
+           "read_entry", "read_metadata", "recognise"]

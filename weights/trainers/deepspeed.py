@@ -33,7 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...core.errors import GraftkitError
-from .common import Remapped, load_mapped
+from ..reader import Checkpoint, Found, Reader, TensorMeta
+from ..safetensors_file import code_of
+from .common import Remapped, config_near, load_mapped, with_tensors
 
 CONVERT = "python CHECKPOINT_DIR/zero_to_fp32.py CHECKPOINT_DIR OUT_DIR --safe_serialization (DeepSpeed saves it there)"
 MODEL_STATES = "*_model_states.pt"
@@ -71,9 +73,10 @@ def _natural(p: Path):
     return [int(c) if c.isdigit() else c for c in re.split(r"(\d+)", p.name)]
 
 
-def recognise(path: Path) -> Path | None:
+def _tag(path: Path) -> Path | None:
     """The ``global_stepN`` folder ``path`` is or points at (its ``latest`` file), else None."""
-    path = Path(path)
+    if not path.is_dir():
+        return None
     if any(path.glob(MODEL_STATES)):
         return path
     latest = path / "latest"
@@ -87,8 +90,13 @@ def recognise(path: Path) -> Path | None:
     return None
 
 
-def describe(path: Path, folder: Path) -> str:
-    return f"{folder.name}/" if folder == Path(path) else f"{Path(path).name}/, tag {folder.name} in its latest file"
+def recognise(path: Path) -> Found | None:
+    """The DeepSpeed tag ``path`` is or points at, else None."""
+    folder = _tag(path)
+    if folder is None:
+        return None
+    where = f"{folder.name}/" if folder == path else f"{path.name}/, tag {folder.name} in its latest file"
+    return Found(folder, f"a DeepSpeed checkpoint ({where})")
 
 
 def load(file: Path):
@@ -287,25 +295,24 @@ def layout(folder: Path) -> _Layout:
     return lay
 
 
-def open_deepspeed(found, path: Path):
-    """The :class:`~..checkpoint.Checkpoint` of the DeepSpeed tag ``found.folder``."""
-    from ..checkpoint import Checkpoint, TensorMeta
-    from ..safetensors_file import code_of
-    from . import config_near
-
-    lay = layout(found.folder)
+def open_deepspeed(found: Found, path: Path) -> Checkpoint:
+    """The :class:`~..reader.Checkpoint` of the DeepSpeed tag ``found.where``."""
+    lay = layout(found.where)
     metas = {n: TensorMeta(n, code_of(dt), shape) for n, (dt, shape) in lay.shapes.items()}
-    mapped = Remapped(lambda: layout(found.folder), lay)
-    config, config_from = config_near(found.folder)
+    mapped = Remapped(lambda: layout(found.where), lay)
+    config, config_from = config_near(found.where)
     below = None
     if lay.stage is None and lay.dtype != "fp32":
         below = (f"{lay.dtype} module states: DeepSpeed trained fp32 master weights, and this checkpoint holds none "
                  "(no optimizer files)")
-    files = tuple(sorted(found.folder.glob("*_states.pt"), key=_natural))
-    return Checkpoint(path=Path(path), kind="deepspeed", metas=metas,
-                      reader=lambda n: mapped.read(lambda lay: lay.read[n]()), config=config, config_from=config_from, weight_files=files,
-                      notes=(f"{Path(path).name}: {found.name}: {lay.notes[0]}",), foreign_names=True,
-                      source=lay.notes[0], below_trained=below)
+    files = tuple(sorted(found.where.glob("*_states.pt"), key=_natural))
+    return with_tensors(Checkpoint(path=Path(path), kind="deepspeed", metas=metas,
+                                   reader=lambda n: mapped.read(lambda lay: lay.read[n]()), config=config,
+                                   config_from=config_from, weight_files=files,
+                                   notes=(f"{Path(path).name}: {found.name}: {lay.notes[0]}",), foreign_names=True,
+                                   source=lay.notes[0], below_trained=below), found, CONVERT)
 
 
-__all__ = ["CONVERT", "STAND_INS", "layout", "load", "open_deepspeed", "recognise"]
+READER = Reader("deepspeed", recognise, open_deepspeed, pickled=True, layout=True, convert=CONVERT)
+
+__all__ = ["CONVERT", "READER", "STAND_INS", "layout", "load", "open_deepspeed", "recognise"]

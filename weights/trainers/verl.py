@@ -20,7 +20,9 @@ import re
 from pathlib import Path
 
 from ...core.errors import GraftkitError
-from .common import Remapped, dtype_words, load_mapped
+from ..reader import Checkpoint, Found, Reader, TensorMeta, _read_json
+from ..safetensors_file import code_of
+from .common import Remapped, dtype_words, load_mapped, with_tensors
 
 CONVERT = ("python -m verl.model_merger merge --backend fsdp --local_dir STEP/actor --target_dir HF_DIR "
            "(it writes bf16: the fp32 shards are read here directly)")
@@ -37,10 +39,11 @@ def _rank_files(folder: Path) -> dict[int, Path]:
     return out
 
 
-def recognise(path: Path) -> Path | None:
+def _actor(path: Path) -> Path | None:
     """The ``actor/`` folder ``path`` is, holds (a ``global_step_N/``), or points at (a run folder's latest), else
     None."""
-    path = Path(path)
+    if not path.is_dir():
+        return None
     if _rank_files(path):
         return path
     if _rank_files(path / "actor"):
@@ -51,15 +54,18 @@ def recognise(path: Path) -> Path | None:
             step = int(latest.read_text().strip())
         except (OSError, ValueError):
             return None
-        return recognise(path / f"global_step_{step}") if (path / f"global_step_{step}").is_dir() else None
+        return _actor(path / f"global_step_{step}")
     return None
 
 
-def describe(path: Path, actor: Path) -> str:
+def recognise(path: Path) -> Found | None:
+    """The verl actor checkpoint ``path`` is, holds or points at, else None."""
+    actor = _actor(path)
+    if actor is None:
+        return None
     step = actor.parent.name if actor.name == "actor" else actor.name
-    if actor.parent.parent == Path(path):
-        return f"{step}/actor/, the latest step of run {Path(path).name}/"
-    return f"{step}/actor/"
+    where = f"{step}/actor/, the latest step of run {path.name}/" if actor.parent.parent == path else f"{step}/actor/"
+    return Found(actor, f"a verl FSDP actor checkpoint ({where})")
 
 
 def _safe_globals():
@@ -156,12 +162,9 @@ def _fsdp_version(actor: Path) -> str:
     return "FSDP"
 
 
-def open_verl(found, path: Path):
-    """The :class:`~..checkpoint.Checkpoint` of the verl actor folder ``found.folder``."""
-    from ..checkpoint import Checkpoint, TensorMeta, _read_json
-    from ..safetensors_file import code_of
-
-    actor = found.folder
+def open_verl(found: Found, path: Path) -> Checkpoint:
+    """The :class:`~..reader.Checkpoint` of the verl actor folder ``found.where``."""
+    actor = found.where
     mapped = Remapped(lambda: _ranks(actor))
     world, states = mapped.state
     metas = {}
@@ -177,9 +180,13 @@ def open_verl(found, path: Path):
     source = (f"{dtype_words(m.code for m in metas.values())} shards of verl's {_fsdp_version(actor)} actor "
               f"({world} ranks), joined as saved")
     files = tuple(p for _, p in sorted(_rank_files(actor).items()))
-    return Checkpoint(path=Path(path), kind="verl", metas=metas,
-                      reader=lambda n: mapped.read(lambda st: join(n, [s[n] for s in st[1]], actor)), config=config, config_from=hf if config is not None else None, weight_files=files,
-                      notes=(f"{Path(path).name}: {found.name}: {source}",), foreign_names=True, source=source)
+    return with_tensors(Checkpoint(path=Path(path), kind="verl", metas=metas,
+                                   reader=lambda n: mapped.read(lambda st: join(n, [s[n] for s in st[1]], actor)),
+                                   config=config, config_from=hf if config is not None else None, weight_files=files,
+                                   notes=(f"{Path(path).name}: {found.name}: {source}",), foreign_names=True,
+                                   source=source), found, CONVERT)
 
 
-__all__ = ["CONVERT", "LATEST", "join", "open_verl", "recognise"]
+READER = Reader("verl", recognise, open_verl, pickled=True, layout=True, convert=CONVERT)
+
+__all__ = ["CONVERT", "LATEST", "READER", "join", "open_verl", "recognise"]
