@@ -66,7 +66,8 @@ from .rank.coupling import CouplingResult
 from .rank.results import RankResult
 from .results.layout import current_run
 from .results.store import Result, list_results, open_result, open_run, read_result, write_result
-from .study.pipeline import StudyConfig, run_study
+from .demo import run_study
+from .study.pipeline import StudyConfig
 from .train.configs import GRPOConfig, SFTConfig, SweepConfig
 from .train.commands import TrainingCurves, run_sweep_grid, run_train_grpo, run_train_sft
 from .weights import (

@@ -35,7 +35,8 @@ from .core.files import require
 from .graft.anatomy import LABELS as DELTA_LABELS, DeltaConfig, DeltaResult, precision_sentence, run_delta
 from .train.commands import run_sweep_grid, run_train_grpo, run_train_sft, sweep_plan
 from .train.configs import GRPOConfig, SFTConfig, SweepConfig
-from .study.pipeline import StudyConfig, run_study
+from .demo import run_study
+from .study.pipeline import StudyConfig
 from .figures.commands import ReportConfig, ResultsConfig, run_report, run_results
 from .graft.commands import GraftConfig, GraftExperiments, run_graft, sweep_tables, trajectory_tables
 from .core.tables import points as _pts

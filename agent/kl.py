@@ -40,7 +40,8 @@ import torch
 from ..core.errors import GraftkitError
 from .evaluate import MAX_EPISODES_PER_SEED, plan_episodes
 from .policy import Policy, next_token_logits
-from .rollout import Decode, Episode, batch_invariant_attention, rollout
+from .decode import Decode, batch_invariant_attention
+from .rollout import Episode, rollout
 
 #: Whose rollouts: the RL policy's or the SFT policy's.
 SIDES = ("rl", "sft")

@@ -97,8 +97,7 @@ def bench_grpo(sft: Path, work: Path, steps: int) -> dict:
     from graftkit.train.configs import GRPOConfig
     from graftkit.train.grpo import run_grpo
 
-    runs = {"hf": dict(rollout_engine="hf"), "vllm": dict(rollout_engine="vllm"),
-            "vllm-mu": dict(rollout_engine="vllm", stages=2)}
+    runs = {"hf": dict(engine="hf"), "vllm": dict(engine="vllm"), "vllm-mu": dict(engine="vllm", stages=2)}
     out = {}
     for name, kw in runs.items():
         cfg = GRPOConfig(init=str(sft), out=str(work / f"grpo-{name}"), tasks=("click-button", "enter-text"),

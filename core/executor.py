@@ -1,9 +1,10 @@
 """Executors of sweeps: many independent units, run one after another here or on Ray workers.
 
 Graft sweeps, evaluations of many checkpoints and GRPO grids are lists of frozen, serialisable specs. An
-:class:`Executor` is picked once from the command's flags and gives a pool with one interface for both kinds:
+:class:`Executor` is picked once from the command's flags and gives a pool with one interface for every kind:
 ``--executor serial`` (the default) runs the units in this process (:class:`SerialPool`) and never imports
-Ray; ``--executor ray`` hands them to a :class:`WorkerPool`: one long-lived Ray actor per worker. Either
+Ray; ``--executor ray`` hands them to a :class:`WorkerPool`: one long-lived Ray actor per worker; ``processes``
+(the study's runs on this machine's cores) to a :class:`ProcessPool` of spawned worker processes. Either
 way each worker's state is built once by a ``setup`` callable, in the worker's own process (e.g. a graft
 sweep's opened checkpoints and loaded base policy), then fed one unit at a time as it frees up. The
 driver receives ``(index, result)`` as each unit finishes, so it writes partial results the same way
@@ -39,6 +40,9 @@ from .errors import GraftkitError
 FORWARDED_ENV = ("HF_", "TRANSFORMERS_", "TOKENIZERS_PARALLELISM", "GRAFTKIT_", "SE_OFFLINE", "MINIWOB_")
 #: Threads each worker's torch uses: the workers share the machine's cores.
 WORKER_THREADS = 1
+#: The executors: the command line's (:data:`.config.EXECUTORS`: serial, ray), and ``processes``, worker processes on
+#: this machine, for units that pickle as plain data (the study's runs: their frozen configs).
+KINDS = (*EXECUTORS, "processes")
 
 
 def ray_module():
@@ -249,6 +253,91 @@ class WorkerPool:
             yield i, result
 
 
+_STATE: Any = None  # a local worker process's state, built once by its pool's setup
+
+
+def _start_local_worker(setup: Callable[[], Any] | None) -> None:
+    """A local worker process's first act: one torch thread, then its state."""
+    global _STATE
+    os.environ.update(OMP_NUM_THREADS=str(WORKER_THREADS), MKL_NUM_THREADS=str(WORKER_THREADS))
+    import torch
+
+    torch.set_num_threads(WORKER_THREADS)
+    _STATE = setup() if setup is not None else None
+
+
+def _local_call(fn: Callable[[Any], Any]) -> Any:
+    return fn(_STATE)
+
+
+def _local_run(work: Callable[[Any, Any], Any], item: Any) -> Any:
+    return work(_STATE, item)
+
+
+class ProcessPool:
+    """Worker processes on this machine (``processes`` executor), each a fresh interpreter (spawned, never forked
+    from this one, whose torch threads a fork would inherit mid-state), running torch on one thread, its state
+    built once by ``setup``; fed one unit at a time as each frees up. What crosses to a worker is pickled:
+    ``setup``, ``work`` and the items must be module-level functions, partials of them, or data (frozen configs,
+    paths). A unit's result does not depend on which worker ran it, nor on how many there are."""
+
+    def __init__(self, setup: Callable[[], Any] | None, workers: int):
+        import concurrent.futures
+        import multiprocessing
+
+        self.workers = max(1, workers)
+        self.executor = concurrent.futures.ProcessPoolExecutor(
+            self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_local_worker,
+            initargs=(setup,))
+
+    def size(self, units: int) -> int:
+        """How many workers ``units`` units get: the pool's, at most one per unit."""
+        return max(1, min(self.workers, units))
+
+    def first(self, fn: Callable[[Any], Any]) -> Any:
+        """``fn(state)`` on one worker."""
+        return self.submit(fn).result()
+
+    def submit(self, fn: Callable[[Any], Any]):
+        """``fn(state)`` on the next worker free: a ``concurrent.futures.Future`` of its result."""
+        return self.executor.submit(_local_call, fn)
+
+    def map(self, work: Callable[[Any, Any], Any], items: Sequence, on_start: Callable[[int], None] = lambda i: None,
+            workers: int | None = None) -> Iterator[tuple[int, Any]]:
+        """``(index, work(state, items[index]))`` for every item, as each finishes, at most ``workers`` (default
+        :meth:`size`) at a time; ``on_start(index)`` as each is handed to a worker (in item order)."""
+        import concurrent.futures
+
+        todo, running = list(range(len(items)))[::-1], {}
+
+        def give() -> None:
+            i = todo.pop()
+            on_start(i)
+            running[self.executor.submit(_local_run, work, items[i])] = i
+
+        for _ in range(min(workers or self.size(len(items)), len(items))):
+            give()
+        while running:
+            done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in done:
+                i = running.pop(future)
+                result = future.result()
+                if todo:
+                    give()
+                yield i, result
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True, cancel_futures=True)
+
+
+def cpu_workers() -> int:
+    """One worker per CPU core this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 @contextlib.contextmanager
 def worker_pool(cluster: Cluster, setup: Callable[[], Any] | None, gpu: bool = False, workers: int | None = None
                 ) -> Iterator[WorkerPool]:
@@ -281,7 +370,7 @@ class Executor:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        if self.kind not in EXECUTORS:
+        if self.kind not in KINDS:
             raise GraftkitError(f"unknown --executor {self.kind!r}", f"use one of {', '.join(EXECUTORS)}")
 
     @classmethod
@@ -291,18 +380,26 @@ class Executor:
 
     @property
     def local(self) -> bool:
-        """Units run in this process: callbacks handed to them reach the caller (a Ray worker's stay there)."""
+        """Units run in this process: callbacks handed to them reach the caller (a worker's stay there)."""
         return self.kind == "serial"
 
     @property
     def unit_device(self) -> str:
-        """The device a unit runs ``device`` on: itself here, :func:`worker_device` on a Ray worker."""
-        return self.device if self.local else worker_device(self.device)
+        """The device a unit runs ``device`` on: itself in a process of this machine, :func:`worker_device` on a
+        Ray worker."""
+        return worker_device(self.device) if self.kind == "ray" else self.device
 
     @contextlib.contextmanager
-    def pool(self, setup: Callable[[], Any] | None = None) -> Iterator[SerialPool | WorkerPool]:
+    def pool(self, setup: Callable[[], Any] | None = None) -> Iterator[SerialPool | ProcessPool | WorkerPool]:
         """This executor's pool for the ``with`` block, each worker's state built by ``setup()``. A serial
-        state with a ``close()`` method is closed when the block ends (a Ray worker's goes with its actor)."""
+        state with a ``close()`` method is closed when the block ends (a worker's goes with its process)."""
+        if self.kind == "processes":
+            pool = ProcessPool(setup, self.workers or cpu_workers())
+            try:
+                yield pool
+            finally:
+                pool.close()
+            return
         if self.local:
             pool = SerialPool(setup)
             try:

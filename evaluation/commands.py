@@ -26,6 +26,7 @@ from ..stats import compare, fold_episodes, headroom, pass_at_k, wilson_interval
 from ..results.layout import EVAL, HEADROOM, RESULTS, eval_path, glob_pattern, headroom_path, result_labels, run_layout
 from ..results.store import Result, write_result
 from ..verifiable.format import FORMAT_FIX, MOSTLY_UNPARSED, PromptOption
+from ..webenv.backends import check_backend
 from ..webenv.items import SPLIT_RULE
 
 DIMS = ("task", "seed", "episode", "sample")
@@ -35,8 +36,7 @@ EPISODE_ARRAYS = ("success", "reward", "turns", "invalid")
 def check_obs(obs: str, backend: str) -> None:
     """Validate --backend and --obs before any model loads. ``som`` needs a vision-language policy
     folder (``agent.load_policy`` refuses a text-only one, naming it); ``text`` works with either kind."""
-    if backend not in ("py", "miniwob"):
-        raise GraftkitError(f"unknown --backend {backend!r}", "use py (the mirror) or miniwob (Chromium)")
+    check_backend(backend)
     if obs not in ("text", "som"):
         raise GraftkitError(f"unknown --obs {obs!r}", "use text (element list) or som (Set-of-Marks screenshot)")
 
@@ -214,7 +214,7 @@ class EvalResult:
     @classmethod
     def from_outcome(cls, outcome, model_desc: dict, config: CommandConfig | None = None, **more_attrs):
         """The view of an ``agent.EvalOutcome`` of the checkpoint ``model_desc`` (``weights.describe``)."""
-        from ..verifiable.user import file_size
+        from ..verifiable.registry import file_size
         from ..agent.tasks import prompt_formats, task_sources
 
         sizes = {t: n for t in outcome.tasks if (n := file_size(t)) is not None}

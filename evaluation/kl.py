@@ -303,7 +303,7 @@ def kl_result(fixed: Mapping, scores: Mapping, token_text: Mapping, action_text:
     """The labelled ``kl`` result from each side's fixed episodes (:class:`~graftkit.agent.kl.FixedEpisodes`), its
     :class:`~graftkit.agent.kl.PairScores` (P = the side that played), and the text of every played token and
     turn action per side (for the top lists)."""
-    from ..verifiable.user import file_size
+    from ..verifiable.registry import file_size
     from ..agent.kl import CONVENTIONS
     from ..agent.tasks import prompt_formats, task_sources
 
@@ -546,7 +546,7 @@ def _kl_step(cfg: KLConfig, engine: str, shared: dict, on_progress: OnProgress, 
     attrs."""
     from ..agent import load_policy
     from ..agent.kl import play_fixed, score_pair
-    from ..agent.policy import with_engine
+    from ..agent.load import with_engine
     from ..weights import describe, open_model
 
     paths = {"rl": Path(cfg.model), "sft": Path(cfg.base)}

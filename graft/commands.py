@@ -255,7 +255,7 @@ class GraftConfig(ReadOptions, RunOption, DeviceOption, EngineOption, ExecutorOp
     def whole_tasks(self) -> tuple[str, ...]:
         """Under ``--items auto``, the user's files among the tasks: played on every item (nothing in a sweep trains
         on them)."""
-        from ..verifiable.user import file_size
+        from ..verifiable.registry import file_size
 
         if self.items != "auto" or self.mode == "export":
             return ()
@@ -798,7 +798,7 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
     (:func:`graftkit.graft.experiments.execute_sweep`)."""
     from ..agent import Decode, resolve_tasks, seed_list
     from ..agent.tasks import prompt_formats
-    from ..verifiable.user import file_size
+    from ..verifiable.registry import file_size
     from ..core.executor import Executor
 
     t0 = time.perf_counter()

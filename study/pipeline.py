@@ -20,6 +20,7 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Callable, Mapping, Optional
 
@@ -178,6 +179,11 @@ class StudyConfig(DeviceOption):
     """Layer band of the rank–success coupling."""
     threads: int = opt(1, cli=False)
     """torch threads (one is steadier than two for the tiny policy on shared cores)."""
+    workers: int = opt(0, flags=("--workers",))
+    """Worker processes for the study's independent runs — SFT continuations, GRPO runs, evaluations, KL, graft
+    sweeps and ranks of different policies — each on --threads torch threads (0: as many as the CPU cores hold at
+    that many threads each, on the CPU with the hf engine; one elsewhere; 1: one after another in this process).
+    Every result is the same whatever the number."""
 
     @classmethod
     def preset(cls, out: str, quick: bool = False, policy: str = "embedded", domain: str = "web",
@@ -282,6 +288,9 @@ class Study:
     timings: dict = field(default_factory=dict)
     #: stage → why it has no output (a measurement the run's outcomes leave undefined).
     notes: dict = field(default_factory=dict)
+    #: worker processes that run independent units (:meth:`run_units`); 1: every unit here, in order
+    workers: int = 1
+    _pool: object = field(default=None, repr=False)
 
     @property
     def root(self) -> Path:
@@ -338,8 +347,58 @@ class Study:
         self.on_stage(name, "start", detail)
         t0 = time.perf_counter()
         fn()
+        self._done(name, t0)
+
+    def _done(self, name: str, t0: float) -> None:
         self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t0
         self.on_stage(name, "done", f"{time.perf_counter() - t0:.0f} s")
+
+    def run_units(self, units: list["Unit"]) -> None:
+        """Every unit whose outputs are not all there: here, in order, with one worker; else on the worker
+        processes, handed out in order as workers free up, each once the units it waits for (``after``) are done.
+        A unit's outputs do not depend on where it ran."""
+        todo = []
+        for u in units:
+            if u.outputs and all(p.exists() for p in u.outputs):
+                self.on_stage(u.name, "skip", u.detail)
+            else:
+                todo.append(u)
+        if self.workers <= 1 or len(todo) <= 1:
+            for u in todo:
+                self.stage(u.name, [], partial(u.call, partial(self.on_work, u.name)), u.detail)
+            return
+        import concurrent.futures
+        import concurrent.futures.process
+
+        if self._pool is None:
+            from ..core.executor import ProcessPool
+
+            self._pool = ProcessPool(partial(_worker_setup, self.cfg), self.workers)
+        names, done, running = {u.name for u in todo}, set(), {}
+        while todo or running:
+            ready = [u for u in todo if all(a in done or a not in names for a in u.after)]
+            for u in ready[: self.workers - len(running)]:
+                todo.remove(u)
+                self.on_stage(u.name, "start", u.detail)
+                running[self._pool.submit(partial(_in_worker, u.call))] = (u, time.perf_counter())
+            finished, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in finished:
+                u, t0 = running.pop(future)
+                try:
+                    future.result()
+                except concurrent.futures.process.BrokenProcessPool:
+                    raise GraftkitError(f"a worker process of the study stopped before {u.name} finished (it ran out "
+                                        "of memory, was killed, or could not start)",
+                                        "a script that runs the study must run it under `if __name__ == '__main__':` "
+                                        "(each worker imports that script); or pass --workers 1") from None
+                done.add(u.name)
+                self._done(u.name, t0)
+
+    def close(self) -> None:
+        """Stop the worker processes, if any were started."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
 
 def _write(path: Path, result) -> Path:
@@ -356,14 +415,90 @@ def _policy(path: Path):
 
 def _episodes(st: Study, stage: str):
     """``st.on_work`` as the ``OnProgress`` of a run function: every 16 episodes of each bar, and its last."""
+    return _every_16(partial(st.on_work, stage))
+
+
+def _every_16(on_work: Callable[[int, int], None]) -> OnProgress:
+    """``on_work(completed, total)`` as the ``OnProgress`` of a run function: every 16 episodes of each bar, and its
+    last."""
     done: dict[str, int] = {}
 
     def on_progress(what: str, advance: int, total: int, unit: str) -> None:
         done[what] = done.get(what, 0) + advance
         if done[what] % 16 == 0 or done[what] == total:
-            st.on_work(stage, done[what], total)
+            on_work(done[what], total)
 
     return on_progress
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One run of the study that no other of its stage waits for: its stage name, the outputs that say it is done,
+    what runs it — ``call(on_work)``, with ``on_work(completed, total)`` its progress, a partial of a module-level
+    function over frozen configs and paths, so that a worker process can be handed it — and the units it waits
+    for (``after``, by name)."""
+
+    name: str
+    outputs: tuple[Path, ...]
+    call: Callable[[Callable[[int, int], None]], object]
+    detail: str = ""
+    after: tuple[str, ...] = ()
+
+
+def _worker_setup(cfg: StudyConfig) -> None:
+    """A worker process's state: the study's own tasks registered (a user's file or entry point, named by the
+    suites), as they are in the process that planned the units."""
+    from ..agent import resolve_tasks
+
+    for spec in (cfg.mastered_tasks, cfg.headroom_tasks):
+        if spec:
+            resolve_tasks(spec)
+
+
+def _no_work(completed: int, total: int) -> None:
+    """A worker's progress goes nowhere: the stage lines say when each unit starts and ends."""
+
+
+def _in_worker(call: Callable, state: object) -> object:
+    return call(_no_work)
+
+
+def _train_sft_unit(scfg, results: Path, on_work: Callable[[int, int], None]) -> None:
+    from ..train.commands import run_train_sft
+
+    run_train_sft(scfg, force=True, results=results, on_step=lambda m: on_work(m["step"], scfg.steps))
+
+
+def _train_grpo_unit(gcfg, results: Path, on_work: Callable[[int, int], None]) -> None:
+    from ..train.commands import run_train_grpo
+    from ..train.grpo import latest_checkpoint
+
+    run_train_grpo(gcfg, resume=latest_checkpoint(gcfg) is not None, force=True, results=results,
+                   on_step=lambda m: on_work(m["step"], gcfg.steps))
+
+
+def _eval_unit(ecfg: EvalConfig, on_work: Callable[[int, int], None]) -> None:
+    run_eval(ecfg, _every_16(on_work))
+
+
+def _kl_unit(kcfg, on_work: Callable[[int, int], None]) -> None:
+    from ..evaluation.kl import run_kl
+
+    run_kl(kcfg, _every_16(on_work))
+
+
+def _graft_unit(gcfg, on_work: Callable[[int, int], None]) -> None:
+    from ..graft.commands import run_graft_experiments
+
+    run_graft_experiments(gcfg, _every_16(on_work))
+
+
+def _rank_unit(rcfgs: tuple, on_work: Callable[[int, int], None]) -> None:
+    from ..rank.commands import run_rank
+
+    for rcfg in rcfgs:
+        if not Path(rcfg.save).exists():
+            run_rank(rcfg)
 
 
 def pretrained_source(policy: str) -> Path:
@@ -508,28 +643,21 @@ def _train_study_sft(st: Study) -> None:
                   on_step=lambda m: st.on_work("sft stage 2", m["step"], two["steps"]))
 
 
-def stage_sft_control(st: Study) -> None:
+def sft_control_units(st: Study) -> list[Unit]:
     """The positive control's SFT policy: the study's SFT trained further on demonstrations of the control suite
     whose demonstrator slips to the first element of the target's kind (a planted position bias)."""
+    from ..train.configs import SFTConfig
+
     cfg = st.cfg
     if not any(g.init == SFT_CONTROL for g in grid(cfg)):
-        return
-    spec = cfg.control
-
-    def run():
-        from ..train.commands import run_train_sft
-        from ..train.configs import SFTConfig
-
-        tasks = cfg.suites["control"]
-        run_train_sft(SFTConfig(out=st.layout.sft_control, init=st.sft, tasks=",".join(tasks),
-                                decoys=tuple(f"{t}={spec['decoy']}" for t in tasks), steps=int(spec["steps"]),
-                                lr=spec["lr"], seed=0, threads=cfg.threads, **cfg.placement),
-                      force=True, results=st.results,
-                      on_step=lambda m: st.on_work(SFT_CONTROL, m["step"], int(spec["steps"])))
-
-    st.stage(SFT_CONTROL, [st.layout.sft_control / PROVENANCE], run,
-             f"positive control: {int(spec['steps'])} more SFT steps, {100 * spec['decoy']:.0f}% of clicks on "
-             f"{', '.join(cfg.suites['control'])} sent to the first tab")
+        return []
+    spec, tasks = cfg.control, cfg.suites["control"]
+    scfg = SFTConfig(out=st.layout.sft_control, init=st.sft, tasks=",".join(tasks),
+                     decoys=tuple(f"{t}={spec['decoy']}" for t in tasks), steps=int(spec["steps"]), lr=spec["lr"],
+                     seed=0, threads=cfg.threads, **cfg.placement)
+    return [Unit(SFT_CONTROL, (st.layout.sft_control / PROVENANCE,), partial(_train_sft_unit, scfg, st.results),
+                 f"positive control: {int(spec['steps'])} more SFT steps, {100 * spec['decoy']:.0f}% of clicks on "
+                 f"{', '.join(tasks)} sent to the first tab")]
 
 
 def stage_headroom(st: Study) -> Path:
@@ -543,12 +671,12 @@ def stage_headroom(st: Study) -> Path:
     return dest
 
 
-def stage_grpo(st: Study) -> None:
-    """Every GRPO run of the grid; a run killed mid-way resumes from its newest checkpoint."""
-    from ..train.grpo import GRPOConfig, latest_checkpoint
-    from ..train.commands import run_train_grpo
+def grpo_units(st: Study) -> list[Unit]:
+    """Every GRPO run of the grid, each after the policy it starts from; a run killed mid-way resumes from its newest
+    checkpoint."""
+    from ..train.grpo import GRPOConfig
 
-    cfg = st.cfg
+    cfg, units = st.cfg, []
     for g in grid(cfg):
         run = g.rl
         temperature = cfg.grpo_temperature if run.suite == "mastered" else cfg.headroom_temperature
@@ -556,37 +684,30 @@ def stage_grpo(st: Study) -> None:
                           tasks=cfg.suites[run.suite], steps=cfg.grpo_steps, lr=run.lr, seed=run.seed, threads=cfg.threads,
                           prompts_per_step=cfg.grpo_prompts, group_size=cfg.grpo_group, temperature=temperature,
                           checkpoint_every=max(1, cfg.grpo_steps // 4) if cfg.grpo_checkpoints else 0,
-                          max_new_tokens=cfg.grpo_max_tokens, rollout_engine=cfg.engine_name,
+                          max_new_tokens=cfg.grpo_max_tokens, engine=cfg.engine_name,
                           **cfg.placement, **dict(g.overrides))
-
-        def go(gcfg=gcfg, run=run):
-            run_train_grpo(gcfg, resume=latest_checkpoint(gcfg) is not None, force=True, results=st.results,
-                           on_step=lambda m: st.on_work(f"grpo {run.name}", m["step"], gcfg.steps))
-
         knobs = "".join(f", {k} {v:g}" for k, v in g.overrides.items()) + (f", init {g.init}" if g.init != SFT else "")
         curves = training_path_of(st.results, "grpo", st.rl(run))
-        st.stage(f"grpo {run.name}", [curves, st.rl(run) / PROVENANCE], go,
-                 f"{run.suite} suite, lr {run.lr:g}, seed {run.seed}{knobs}")
+        units.append(Unit(f"grpo {run.name}", (curves, st.rl(run) / PROVENANCE),
+                          partial(_train_grpo_unit, gcfg, st.results),
+                          f"{run.suite} suite, lr {run.lr:g}, seed {run.seed}{knobs}",
+                          after=() if g.init == SFT else (g.init,)))
+    return units
 
 
-def stage_sft_b(st: Study) -> None:
+def sft_b_units(st: Study) -> list[Unit]:
     """The second initialisation: the SFT policy trained ``sft_b_steps`` further on fresh demonstrations with
     another seed (a different SFT checkpoint of the same recipe, as a second SFT run would give)."""
+    from ..train.configs import SFTConfig
+
     cfg = st.cfg
     if not any(g.init == SFT_B for g in grid(cfg)):
-        return
-
-    def run():
-        from ..train.commands import run_train_sft
-        from ..train.configs import SFTConfig
-
-        tasks = cfg.sft_tasks or (",".join(all_tasks(cfg)) if cfg.policy == "embedded" and not cfg.sft else None)
-        run_train_sft(SFTConfig(out=st.sft_b, init=st.sft, tasks=tasks, steps=cfg.sft_b_steps,
-                                batch_size=cfg.sft_batch_size, lr=cfg.sft_b_lr or cfg.sft_lr / 3, seed=1,
-                                threads=cfg.threads, **cfg.placement), force=True, results=st.results,
-                      on_step=lambda m: st.on_work(SFT_B, m["step"], cfg.sft_b_steps))
-
-    st.stage(SFT_B, [st.sft_b / PROVENANCE], run, f"second initialisation: {cfg.sft_b_steps} more SFT steps, seed 1")
+        return []
+    tasks = cfg.sft_tasks or (",".join(all_tasks(cfg)) if cfg.policy == "embedded" and not cfg.sft else None)
+    scfg = SFTConfig(out=st.sft_b, init=st.sft, tasks=tasks, steps=cfg.sft_b_steps, batch_size=cfg.sft_batch_size,
+                     lr=cfg.sft_b_lr or cfg.sft_lr / 3, seed=1, threads=cfg.threads, **cfg.placement)
+    return [Unit(SFT_B, (st.sft_b / PROVENANCE,), partial(_train_sft_unit, scfg, st.results),
+                 f"second initialisation: {cfg.sft_b_steps} more SFT steps, seed 1")]
 
 
 def models(st: Study) -> dict[str, Path]:
@@ -602,17 +723,17 @@ def measured_runs(st: Study) -> list[RLRun]:
     return [g.rl for g in grid(st.cfg) if g.init != SFT_CONTROL]
 
 
-def stage_eval(st: Study) -> None:
+def eval_units(st: Study) -> list[Unit]:
     """Greedy evaluation of every policy on every task, on identical episodes."""
-    cfg = st.cfg
+    cfg, units = st.cfg, []
     for label, path in models(st).items():
         # items="heldout": the study trains on its tasks, a user's file among them, so it plays held-out items only.
         ecfg = EvalConfig(model=path, tasks=",".join(all_tasks(cfg)), seeds=cfg.eval_seeds, episodes=cfg.eval_episodes,
                           save=eval_path(st.results, label), items="heldout", engine=cfg.engine_name,
                           **cfg.placement)
-        st.stage(f"eval {label}", [ecfg.save],
-                 lambda ecfg=ecfg, label=label: run_eval(ecfg, _episodes(st, f"eval {label}")),
-                 f"{cfg.eval_seeds} seeds × {cfg.eval_episodes} episodes, greedy")
+        units.append(Unit(f"eval {label}", (ecfg.save,), partial(_eval_unit, ecfg),
+                          f"{cfg.eval_seeds} seeds × {cfg.eval_episodes} episodes, greedy"))
+    return units
 
 
 def stage_delta(st: Study) -> Path:
@@ -637,13 +758,11 @@ def swept_runs(cfg: StudyConfig, regime: str) -> list[RLRun]:
             and g.rl.suite == "mastered"][: cfg.swept_seeds]
 
 
-def stage_grafts(st: Study) -> list[Path]:
+def graft_units(st: Study) -> list[Unit]:
     """Full-factorial graft sweeps of the degraded and the collapsed run into the SFT policy (mastered
     suite, identical episodes, one model load each), then their double dissociation: ``graftkit graft
     --sweep factorial`` for each, then with ``--vs`` (which resumes both sweeps from their results)."""
-    from functools import partial
-
-    from ..graft.commands import GraftConfig, run_graft_experiments
+    from ..graft.commands import GraftConfig
     from ..graft.experiments import expand_sweep, present_groups
     from ..weights import open_checkpoint
 
@@ -655,40 +774,33 @@ def stage_grafts(st: Study) -> list[Path]:
                     tasks=",".join(cfg.suites["mastered"]), seeds=cfg.graft_seeds, episodes=1, results=st.results,
                     metric=cfg.graft_metric)
     degrade, collapse = swept_runs(cfg, "degrade"), swept_runs(cfg, "collapse")
-    files = [st.sweep(run) for run in (*degrade, *collapse)]
-    for run, dest in zip((*degrade, *collapse), files):
-        st.stage(f"graft {run.name}", [dest],
-                 lambda run=run: run_graft_experiments(sweep(rl=st.rl(run)), _episodes(st, f"graft {run.name}")),
-                 f"factorial over {'+'.join(groups)} = {n_configs} configurations, scored by {cfg.graft_metric}")
+    units = [Unit(f"graft {run.name}", (st.sweep(run),), partial(_graft_unit, sweep(rl=st.rl(run))),
+                  f"factorial over {'+'.join(groups)} = {n_configs} configurations, scored by {cfg.graft_metric}")
+             for run in (*degrade, *collapse)]
     if degrade and collapse:
         a, b = degrade[0], collapse[0]
-        dest = dissociation_path_of(st.results, st.rl(a), st.rl(b))
-        st.stage("dissociation", [dest], lambda: run_graft_experiments(sweep(rl=st.rl(a), vs=st.rl(b))),
-                 f"{a.name} vs {b.name}")
-        files.append(dest)
-    return files
+        units.append(Unit("dissociation", (dissociation_path_of(st.results, st.rl(a), st.rl(b)),),
+                          partial(_graft_unit, sweep(rl=st.rl(a), vs=st.rl(b))), f"{a.name} vs {b.name}",
+                          after=(f"graft {a.name}", f"graft {b.name}")))
+    return units
 
 
-def stage_ranks(st: Study) -> None:
+def rank_units(st: Study) -> list[Unit]:
     """Weight and activation ranks of every policy, delta ranks of every RL run against SFT."""
-    from ..rank.commands import RankConfig, run_rank
+    from ..rank.commands import RankConfig
 
-    cfg = st.cfg
+    cfg, units = st.cfg, []
     for label, path in models(st).items():
         w, a, d = (rank_path(st.results, k, label) for k in ("weights", "activations", "delta"))
         rl = label not in (SFT, SFT_CONTROL)  # an RL run: its delta from the SFT policy it started from
-
-        def go(label=label, path=path, w=w, a=a, d=d, rl=rl):
-            if not w.exists():
-                run_rank(RankConfig(model=(path,), what="weights", layers=cfg.rank_weight_layers, save=w))
-            if not a.exists():
-                run_rank(RankConfig(model=(path,), what="activations", probes=cfg.probes, tasks=cfg.probe_tasks, save=a,
-                                    **cfg.placement))
-            if rl and not d.exists():
-                run_rank(RankConfig(model=(path,), what="delta", base=st.parent(label), layers=cfg.rank_weight_layers,
-                                    save=d, force_pair=True))
-
-        st.stage(f"rank {label}", [w, a] + ([d] if rl else []), go, "weights, activations" + (", delta" if rl else ""))
+        ranks = (RankConfig(model=(path,), what="weights", layers=cfg.rank_weight_layers, save=w),
+                 RankConfig(model=(path,), what="activations", probes=cfg.probes, tasks=cfg.probe_tasks, save=a,
+                            **cfg.placement),
+                 *([RankConfig(model=(path,), what="delta", base=st.parent(label), layers=cfg.rank_weight_layers,
+                               save=d, force_pair=True)] if rl else []))
+        units.append(Unit(f"rank {label}", tuple(r.save for r in ranks), partial(_rank_unit, ranks),
+                          "weights, activations" + (", delta" if rl else "")))
+    return units
 
 
 # ---------------------------------------------------------------------------------------------- run
@@ -741,18 +853,19 @@ def kl_result_path(st: Study, run: RLRun) -> Path:
     return kl_path_of(st.results, st.rl(run), st.parent(run.name))
 
 
-def stage_kl(st: Study) -> None:
+def kl_units(st: Study) -> list[Unit]:
     """Each run's behavioural distance from the SFT policy it started from: per-token KL(π_RL‖π_SFT) on the run's
     own rollouts and KL(π_SFT‖π_RL) on the SFT policy's (``graftkit kl``), on held-out items of every task."""
-    from ..evaluation.kl import KLConfig, run_kl
+    from ..evaluation.kl import KLConfig
 
-    cfg = st.cfg
+    cfg, units = st.cfg, []
     for run in rl_runs(cfg):
         kcfg = KLConfig(model=st.rl(run), base=st.parent(run.name), tasks=",".join(all_tasks(cfg)),
                         seeds=cfg.kl_seeds, episodes=1, items="heldout", save=kl_result_path(st, run),
                         engine=cfg.engine_name, **cfg.placement)
-        st.stage(f"kl {run.name}", [kcfg.save], lambda kcfg=kcfg, run=run: run_kl(kcfg, _episodes(st, f"kl {run.name}")),
-                 f"KL from {st.parent(run.name).name} on {cfg.kl_seeds} seeds × {len(all_tasks(cfg))} tasks")
+        units.append(Unit(f"kl {run.name}", (kcfg.save,), partial(_kl_unit, kcfg),
+                          f"KL from {st.parent(run.name).name} on {cfg.kl_seeds} seeds × {len(all_tasks(cfg))} tasks"))
+    return units
 
 
 def kl_from_sft(st: Study) -> dict[str, tuple[float, float, float]]:
@@ -798,20 +911,24 @@ def stage_findings(st: Study) -> list:
     return found
 
 
-def stage_report(st: Study) -> Path:
-    from ..figures import write_report
+def study_workers(cfg: StudyConfig) -> int:
+    """How many worker processes run the study's independent units: ``--workers``, else on the CPU with the hf
+    engine as many as the cores hold at ``threads`` torch threads each, else one."""
+    if cfg.workers:
+        return cfg.workers
+    from ..core.devices import resolve_device
+    from ..core.executor import cpu_workers
 
-    dest = st.layout.report
-    st.on_stage("report", "start", "")
-    write_report(st.root, dest)
-    st.on_stage("report", "done", str(dest))
-    return dest
+    if resolve_device(cfg.device).type != "cpu" or cfg.engine_name != "hf":
+        return 1
+    return max(1, cpu_workers() // cfg.threads)
 
 
-def run_study(cfg: StudyConfig, on_progress: OnProgress = no_progress,
-              on_stage: Callable[[str, str, str], None] = lambda name, status, detail: None) -> dict:
-    """Every stage in order (finished ones are skipped); returns the findings and the output paths.
-    ``on_stage(name, status, detail)``: a stage starts, is done, or is skipped (done before)."""
+def run_stages(cfg: StudyConfig, on_progress: OnProgress = no_progress,
+               on_stage: Callable[[str, str, str], None] = lambda name, status, detail: None) -> dict:
+    """Every stage of the study in order, up to its findings (finished ones are skipped); returns the findings and
+    the output paths. ``on_stage(name, status, detail)``: a stage starts, is done, or is skipped (done before).
+    The report is drawn one layer up (:func:`graftkit.demo.run_study`): the study computes, the figures draw."""
     import torch
 
     torch.set_num_threads(cfg.threads)
@@ -821,26 +938,24 @@ def run_study(cfg: StudyConfig, on_progress: OnProgress = no_progress,
         on_progress(stage, n - done.get(stage, 0), total, "")
         done[stage] = n
 
-    st = Study(cfg, on_stage, on_work)
+    st = Study(cfg, on_stage, on_work, workers=study_workers(cfg))
     st.results.mkdir(parents=True, exist_ok=True)
     st.layout.study.write_text(json.dumps(cfg.as_dict(), indent=2) + "\n")
     t0 = time.perf_counter()
-    stage_import(st)
-    stage_sft(st)
-    stage_headroom(st)
-    stage_sft_b(st)
-    stage_sft_control(st)
-    stage_grpo(st)
-    stage_eval(st)
-    stage_kl(st)
-    stage_delta(st)
-    stage_grafts(st)
-    stage_ranks(st)
-    stage_coupling(st)
-    found = stage_findings(st)
-    report = stage_report(st)
-    return {"out": str(st.root), "report": str(report), "findings": [asdict(f) for f in found], "items": (audit := item_audit(st)),
-            "items_line": items_line(audit),
+    try:
+        stage_import(st)
+        stage_sft(st)
+        stage_headroom(st)
+        st.run_units([*sft_b_units(st), *sft_control_units(st), *grpo_units(st)])
+        st.run_units([*eval_units(st), *kl_units(st)])
+        stage_delta(st)
+        st.run_units([*graft_units(st), *rank_units(st)])
+        stage_coupling(st)
+        found = stage_findings(st)
+    finally:
+        st.close()
+    return {"out": str(st.root), "report": str(st.layout.report), "findings": [asdict(f) for f in found],
+            "items": (audit := item_audit(st)), "items_line": items_line(audit),
             "models": {k: str(v) for k, v in models(st).items()}, "seconds": time.perf_counter() - t0,
             "stage_seconds": st.timings}
 

@@ -13,7 +13,8 @@ import os
 import numpy as np
 import pytest
 
-from graftkit.study.pipeline import PRETRAINED, StudyConfig, run_study
+from graftkit.demo import run_study
+from graftkit.study.pipeline import PRETRAINED, StudyConfig
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +29,7 @@ def test_demo_on_smollm2_runs_end_to_end(tmp_path):
     from graftkit.results.store import read_result
 
     cfg = StudyConfig.preset(str(tmp_path / "run"), True, "smollm2", sft_steps=2, sft_warmup=1, grpo_steps=1,
-                             regimes={"collapse": 2e-4}, headroom_seeds=(), eval_seeds=2, headroom_k=2, graft_seeds=1,
+                             regimes={"collapse": 2e-4}, headroom_seeds=(), eval_seeds=2, headroom_k=2, kl_seeds=1, graft_seeds=1,
                              graft_groups=("embed", "attn"), probes=4, rank_weight_layers="late")
     stages = []
     info = run_study(cfg, on_stage=lambda name, status, detail: stages.append((name, status)))

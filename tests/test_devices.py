@@ -357,9 +357,9 @@ def test_study_passes_its_placement_to_every_stage_that_runs_a_model(policies, t
     st = study.Study(cfg)
     study.stage_sft(st)
     shutil.copytree(policies["sft"], st.sft)  # the later stages read the SFT policy's taxonomy
-    for stage in (study.stage_headroom, study.stage_sft_b, study.stage_grpo, study.stage_eval, study.stage_grafts,
-                  study.stage_ranks):
-        stage(st)
+    study.stage_headroom(st)
+    for units in (study.sft_b_units, study.grpo_units, study.eval_units, study.graft_units, study.rank_units):
+        st.run_units(units(st))  # one worker: in this process, where the recorders are
     kinds = {type(c).__name__ for c in seen}
     assert {"SFTConfig", "HeadroomConfig", "GRPOConfig", "EvalConfig", "GraftConfig", "RankConfig"} <= kinds
     placed = [c for c in seen if not (type(c).__name__ == "RankConfig" and c.what != "activations")]
@@ -428,7 +428,7 @@ def test_sampled_rollouts_do_not_depend_on_batching(dtype, attention):
 def test_sampled_rollouts_do_not_depend_on_batching_bfloat16_sdpa():
     """torch's fused CPU attention kernel in bfloat16 gives a row a result that depends on its left padding
     (bf16-ulp logit differences flip a sampled token); rollouts use SDPA's math backend there
-    (agent.rollout.batch_invariant_attention), which is batch-invariant."""
+    (agent.decode.batch_invariant_attention), which is batch-invariant."""
     from graftkit.agent import task_words, tiny_policy
 
     policy = tiny_policy(task_words(), "nano", seed=0)

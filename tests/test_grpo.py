@@ -182,6 +182,8 @@ def test_sweep_expands_product_then_runs_with_names(sft, tmp_path):
     ("base: {init: sft}\n", "no runs"),
     ("base: {init: sft}\nruns:\n  - {name: a, lr: -1}\n", "--lr"),
     ("bogus: 1\n", "unknown key"),
+    ("base: {init: sft}\nruns:\n  - {name: a, trainer: trl}\n", "a sweep trains with graftkit's own trainer"),
+    ("base: {init: sft}\nruns:\n  - {name: a, engine: trl}\n", "the training backend is --trainer"),
 ])
 def test_bad_grid_is_one_clear_error(sft, tmp_path, body, message):
     from graftkit.train.sweep import expand
@@ -270,3 +272,88 @@ def test_train_grpo_cli_writes_policy_json_and_training_curves(sft, tmp_path, mo
     bad = CliRunner().invoke(app, ["train", "grpo", "--init", str(sft), "--out", str(tmp_path / "rl2"),
                                    "--group-size", "1"])
     assert bad.exit_code == 2 and "--group-size 1 must be ≥ 2" in bad.stderr
+
+
+@pytest.mark.parametrize("backend", ["trl", "graftkit"])
+def test_train_grpo_engine_naming_a_trainer_is_one_line_naming_trainer(tmp_path, backend):
+    """``--engine`` is what generates the rollouts (hf, vllm, auto) in train grpo as everywhere; the training
+    backend, once ``--engine graftkit|trl``, is ``--trainer``."""
+    from typer.testing import CliRunner
+
+    from graftkit.cli import app
+
+    res = CliRunner().invoke(app, ["train", "grpo", "--init", str(tmp_path / "sft"), "--out", str(tmp_path / "rl"),
+                                   "--engine", backend])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --engine") and "--trainer graftkit|trl" in lines[0], lines
+    assert not (tmp_path / "rl").exists()
+
+
+def test_trainer_and_engine_defaults_and_choices():
+    cfg = GRPOConfig(init="sft", out="rl")
+    assert (cfg.trainer, cfg.engine, cfg.engine_name, cfg.vllm_mode, cfg.trl_vllm_mode) == (
+        "graftkit", "hf", "hf", None, None)
+    assert {"trainer", "engine", "vllm_mode", "vllm_server"} <= set(cfg.as_dict())
+    assert not {"rollout_engine", "vllm"} & set(cfg.as_dict())
+    with pytest.raises(GraftkitError, match="--trainer 'vllm' is not an option"):
+        GRPOConfig(init="sft", out="rl", trainer="vllm")
+    with pytest.raises(GraftkitError, match="--vllm-mode and --vllm-server need --trainer trl --engine vllm"):
+        GRPOConfig(init="sft", out="rl", vllm_mode="colocate")  # --vllm-mode without --engine vllm
+    with pytest.raises(GraftkitError, match="--vllm-mode and --vllm-server need --trainer trl --engine vllm"):
+        GRPOConfig(init="sft", out="rl", trainer="trl", vllm_mode="server")  # --trainer trl, --engine hf
+    with pytest.raises(GraftkitError, match="--trainer graftkit for Mu-GRPO"):
+        GRPOConfig(init="sft", out="rl", trainer="trl", stages=2)
+
+
+def _old_record(config: dict, **old) -> dict:
+    """``config`` (a GRPOConfig's as_dict) as a run recorded it before --trainer: engine graftkit|trl,
+    rollout_engine, vllm."""
+    rec = {k: v for k, v in config.items() if k not in ("trainer", "engine", "vllm_mode")}
+    return {**rec, **{"engine": "graftkit", "rollout_engine": "hf", "vllm": None, **old}}
+
+
+def test_an_older_recorded_config_reads_in_todays_names():
+    from graftkit.train.configs import recorded_grpo
+
+    now = GRPOConfig(init="sft", out="rl").as_dict()
+    assert recorded_grpo(_old_record(now)) == now
+    assert recorded_grpo(now) == now  # today's record is left as it is
+    trl = GRPOConfig(init="sft", out="rl", trainer="trl").as_dict()
+    assert recorded_grpo(_old_record(trl, engine="trl")) == trl
+    old_vllm = recorded_grpo(_old_record(now, rollout_engine="vllm"))
+    assert (old_vllm["trainer"], old_vllm["engine"], old_vllm["vllm_mode"]) == ("graftkit", "vllm", None)
+    old_trl = recorded_grpo(_old_record(now, engine="trl", vllm="server", vllm_server="h:1"))
+    assert (old_trl["trainer"], old_trl["engine"], old_trl["vllm_mode"], old_trl["vllm_server"]) == (
+        "trl", "vllm", "server", "h:1")
+    # a record from before rollout_engine existed: the trainer alone
+    assert recorded_grpo({"engine": "graftkit", "lr": 1e-4}) == {"lr": 1e-4, "trainer": "graftkit", "engine": "hf",
+                                                                 "vllm_mode": None}
+
+
+def test_resume_and_curves_read_a_checkpoint_recorded_before_trainer(sft, tmp_path):
+    """A checkpoint whose graftkit.json records engine: graftkit and rollout_engine: hf resumes under today's
+    config (the same settings), and its training curves carry the record in today's names."""
+    from graftkit.train.commands import training_curves
+    from graftkit.train.grpo import restore, setup
+
+    cfg = _cfg(sft, tmp_path / "rl", steps=2, checkpoint_every=1)
+    out = run_grpo(cfg)
+    ckpt = rl_checkpoints(cfg.out) / "step-000001"
+    for folder in (ckpt, out):
+        prov_path = folder / "graftkit.json"
+        prov = json.loads(prov_path.read_text())
+        assert prov["config"] == cfg.as_dict()
+        prov["config"] = _old_record(prov["config"])
+        prov_path.write_text(json.dumps(prov))
+    assert latest_checkpoint(cfg) == ckpt  # the final step writes the policy, not a checkpoint
+    tr = setup(cfg)
+    step, log = restore(tr, resume=True, force=True)
+    assert step == 1 and [m["step"] for m in log] == [1]
+    with pytest.raises(GraftkitError, match="differs in engine"):  # the old record's rollout engine is read too
+        prov = json.loads((ckpt / "graftkit.json").read_text())
+        (ckpt / "graftkit.json").write_text(json.dumps({**prov, "config": _old_record(cfg.as_dict(),
+                                                                                       rollout_engine="vllm")}))
+        restore(setup(cfg), resume=True, force=True)
+    curves = training_curves(out, "grpo")
+    assert curves.attrs["config"] == cfg.as_dict()

@@ -31,15 +31,17 @@ ALLOWED = {
     "study.design": {"webenv", "verifiable", "results"},
     # the study's findings rules, read from typed result views
     "study.findings": {"results", "stats", "evaluation", "graft", "rank", "webenv", "study.design"},
-    # the pipeline composes every command's run function, and writes the report last
+    # the pipeline composes every command's run function, up to the findings
     "study": {"results", "stats", "evaluation", "graft", "rank", "webenv", "verifiable", "agent", "train", "weights",
-              "figures", "study.findings", "study.design"},
+              "study.findings", "study.design"},
+    # graftkit demo: the study's stages, then its report
+    "demo": {"study", "figures"},
 }
 EVERYTHING = {"cli", "api", "__init__", "__main__"}  # the edges that know about everything
 
 
-#: Modules that are units of their own inside a package: the study's design and findings rules sit below figures
-#: (the report shows the findings), the pipeline that writes the report above it.
+#: Modules that are units of their own inside a package: the study's design and findings rules, which figures read
+#: (the report shows the findings), while the pipeline composes the commands and never draws.
 SUBUNITS = {("study", "findings"), ("study", "design")}
 
 

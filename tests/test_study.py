@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 
 from graftkit.agent.rollout import Decode
@@ -78,6 +81,52 @@ def test_stage_skips_finished_outputs(tmp_path):
     st.stage("x", [out], work)
     st.stage("x", [out], work)
     assert calls == [1] and seen == [("x", "start"), ("x", "done"), ("x", "skip")]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_units_run_once_each_after_the_units_they_wait_for(tmp_path, workers):
+    """The study's scheduler: a unit starts only once those it waits for are done, a finished unit is skipped, and
+    two workers are two processes (one: this process)."""
+    from functools import partial
+
+    from _units import write_after
+    from graftkit.study.pipeline import Unit
+
+    a, b, c = (tmp_path / n for n in "abc")
+    units = [Unit("a", (a,), partial(write_after, a, (), 1.0)),
+             Unit("b", (b,), partial(write_after, b, (a,), 0.0), after=("a",)),
+             Unit("c", (c,), partial(write_after, c, (), 0.0))]
+    seen = []
+    st = Study(StudyConfig(out=str(tmp_path)), lambda name, status, detail: seen.append((name, status)),
+               workers=workers)
+    try:
+        st.run_units(units)
+        assert all(p.is_file() for p in (a, b, c))
+        done = [n for n, status in seen if status == "done"]
+        assert sorted(done) == ["a", "b", "c"] and done.index("a") < done.index("b")
+        pids = {p.read_text() for p in (a, b, c)}
+        assert (pids == {str(os.getpid())}) if workers == 1 else (str(os.getpid()) not in pids and len(pids) == 2)
+        seen.clear()
+        st.run_units(units)
+        assert seen == [("a", "skip"), ("b", "skip"), ("c", "skip")]
+    finally:
+        st.close()
+
+
+def test_an_error_in_a_worker_is_the_same_one_line(tmp_path):
+    from functools import partial
+
+    from _units import fail, write_after
+    from graftkit.study.pipeline import Unit
+
+    st = Study(StudyConfig(out=str(tmp_path)), workers=2)
+    try:
+        with pytest.raises(GraftkitError) as e:
+            st.run_units([Unit("ok", (tmp_path / "ok",), partial(write_after, tmp_path / "ok", (), 0.0)),
+                          Unit("bad", (tmp_path / "bad",), fail)])
+    finally:
+        st.close()
+    assert (e.value.what, e.value.fix) == ("planted failure in a worker", "the fix it names")
 
 
 def _study_evals(tmp_path, mastered_change: dict[str, float], headroom_gain: float):
@@ -195,7 +244,7 @@ def test_arithmetic_domain_presets_study_verifiable_tasks():
 def test_arithmetic_demo_runs_end_to_end(tmp_path):
     """The study on verifiable tasks, shrunk to a minute: every stage runs and writes its result, the findings
     are stated, and no evaluated problem was trained on."""
-    from graftkit.study.pipeline import run_study
+    from graftkit.demo import run_study
 
     cfg = StudyConfig.preset(str(tmp_path / "run"), True, domain="arithmetic", sft_steps=60, grpo_steps=2,
                              seeds=(0,), degrade_seeds=(0,), variants=(), regimes={"degrade": 2e-3, "collapse": 1e-2},
@@ -214,3 +263,36 @@ def test_arithmetic_demo_runs_end_to_end(tmp_path):
     assert head["success"].shape[-1] == 2
     assert len(info["findings"]) == 4 and all(f["verdict"] and f["statement"] for f in info["findings"])
     assert (root / "report.html").stat().st_size > 100_000
+
+
+@pytest.mark.slow
+def test_the_study_gives_the_same_results_on_one_worker_and_on_two(tmp_path):
+    """Every array of every result file bit for bit, and the findings' statements, whether the study's runs go one
+    after another in this process or to two worker processes (its timings aside)."""
+    from graftkit.demo import run_study
+    from graftkit.results.store import read_result
+
+    def study(name: str, workers: int) -> tuple[Path, dict]:
+        cfg = StudyConfig.preset(str(tmp_path / name), True, domain="arithmetic", sft_steps=60, grpo_steps=2,
+                                 seeds=(0,), degrade_seeds=(0,), variants=(), regimes={"degrade": 2e-3, "collapse": 1e-2},
+                                 eval_seeds=3, headroom_k=2, graft_seeds=2, graft_groups=("attn", "mlp"), probes=4,
+                                 workers=workers)
+        return tmp_path / name / "results", run_study(cfg)
+
+    (one, a), (two, b) = study("one", 1), study("two", 2)
+    files = sorted(p.name for p in one.glob("*.h5"))
+    assert files == sorted(p.name for p in two.glob("*.h5")) and len(files) > 20
+    compared = 0
+    for name in files:
+        x, y = read_result(one / name), read_result(two / name)
+        assert sorted(x.data) == sorted(y.data), name
+        for k in x.data:
+            if k.endswith("seconds"):  # wall-clock timings
+                continue
+            u, v = np.asarray(x[k]), np.asarray(y[k])
+            same = ([str(e) for e in u.ravel()] == [str(e) for e in v.ravel()] if u.dtype == object
+                    else u.shape == v.shape and u.tobytes() == v.tobytes())
+            assert same, f"{name}: {k}"
+            compared += 1
+    assert compared > 100
+    assert [f["statement"] for f in a["findings"]] == [f["statement"] for f in b["findings"]]

@@ -369,11 +369,16 @@ GOLDEN_REPR = {'arithmetic-full': 'e4077d6c9baa5d3c719edc959bb603815b9529600148e
  'smollm2-quick': '66d20f40003069995c3a84bd293baed02ac4521397089c4d857c29c4b30d5f7d'}
 
 
+#: Fields that say where the study's runs go, not what they compute (every result is the same whatever they are).
+NOT_DESIGN = ("workers",)
+
+
 @pytest.mark.parametrize("name", PRESETS)
 def test_preset_gives_the_same_config_as_before(name):
     cfg = StudyConfig.preset("runs/demo", **PRESETS[name])
-    assert json.loads(json.dumps(asdict(cfg), sort_keys=True)) == GOLDEN[name]
-    assert hashlib.sha256(repr((asdict(cfg), grid(cfg))).encode()).hexdigest() == GOLDEN_REPR[name]
+    design = {k: v for k, v in asdict(cfg).items() if k not in NOT_DESIGN}
+    assert json.loads(json.dumps(design, sort_keys=True)) == GOLDEN[name]
+    assert hashlib.sha256(repr((design, grid(cfg))).encode()).hexdigest() == GOLDEN_REPR[name]
 
 
 def test_suites_are_one_table_of_known_disjoint_web_tasks():

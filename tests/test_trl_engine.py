@@ -1,4 +1,4 @@
-"""``train grpo --engine trl``: TRL's GRPOTrainer with graftkit's episodes as its rollout function."""
+"""``train grpo --trainer trl``: TRL's GRPOTrainer with graftkit's episodes as its rollout function."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def sft():
 
 def _cfg(sft: Path, out: Path, **kw) -> GRPOConfig:
     base = dict(init=str(sft), out=str(out), tasks=TASKS, steps=2, prompts_per_step=2, group_size=4,
-                max_new_tokens=12, lr=3e-3, threads=1, engine="trl", device="cpu")
+                max_new_tokens=12, lr=3e-3, threads=1, trainer="trl", device="cpu")
     return GRPOConfig(**{**base, **kw})
 
 
@@ -47,7 +47,7 @@ def test_two_trl_steps_write_a_policy_graftkit_loads(sft, tmp_path):
     policy = load_policy(out)
     assert isinstance(policy, Policy) and stored_dtype(out) == torch.bfloat16
     prov = json.loads((out / "graftkit.json").read_text())
-    assert prov["producer"].startswith("graftkit train grpo --engine trl (trl 1.")
+    assert prov["producer"].startswith("graftkit train grpo --trainer trl (trl 1.")
     assert prov["config"] == cfg.as_dict() and prov["step"] == 2 and prov["processes"] == 1
     assert prov["parents"][0]["role"] == "sft" and prov["base_model"]["path"] == str(sft.resolve())
     assert prov["precision"]["saved_dtype"] == "bfloat16" and prov["precision"]["compute_dtype"] == "float32"
@@ -124,14 +124,62 @@ def test_knob_mapping_is_exact(sft, tmp_path):
     plain = trl_args(_cfg(sft, tmp_path / "rl", loss="dr_grpo", epsilon=0.2), "/s")
     assert (plain["loss_type"], plain["importance_sampling_level"], plain["epsilon_high"]) == ("dr_grpo", "token", 0.2)
     assert trl_args(_cfg(sft, tmp_path / "rl", dtype="bfloat16"), "/s")["bf16"] is True
-    server = trl_args(_cfg(sft, tmp_path / "rl", vllm="server", vllm_server="10.0.0.5:8123"), "/s")
-    assert {k: server[k] for k in ("use_vllm", "vllm_mode", "vllm_server_host", "vllm_server_port")} == {
-        "use_vllm": True, "vllm_mode": "server", "vllm_server_host": "10.0.0.5", "vllm_server_port": 8123}
-    assert trl_args(_cfg(sft, tmp_path / "rl", vllm="colocate"), "/s")["vllm_mode"] == "colocate"
     with pytest.raises(GraftkitError, match="do not split over 5 processes"):
         trl_args(cfg, "/s", world_size=5)
     with pytest.raises(GraftkitError, match="--loss gspo_token: TRL's GRPOTrainer has no such loss"):
         trl_args(_cfg(sft, tmp_path / "rl", loss="gspo_token"), "/s")
+
+
+@pytest.fixture
+def vllm_present(monkeypatch):
+    """``--engine vllm`` resolves as where vLLM is installed (only TRL's arguments are built here)."""
+    import graftkit.agent.engine as E
+
+    monkeypatch.setattr(E, "vllm_installed", lambda: True)
+
+
+def test_engine_vllm_asks_trl_for_its_vllm_generation_in_the_mode_given(sft, tmp_path, vllm_present, monkeypatch):
+    from typer.testing import CliRunner
+
+    import graftkit.cli as cli
+
+    server = trl_args(_cfg(sft, tmp_path / "rl", engine="vllm", vllm_mode="server", vllm_server="10.0.0.5:8123"), "/s")
+    assert {k: server[k] for k in ("use_vllm", "vllm_mode", "vllm_server_host", "vllm_server_port")} == {
+        "use_vllm": True, "vllm_mode": "server", "vllm_server_host": "10.0.0.5", "vllm_server_port": 8123}
+    assert trl_args(_cfg(sft, tmp_path / "rl", engine="vllm", vllm_mode="colocate"), "/s")["vllm_mode"] == "colocate"
+    assert trl_args(_cfg(sft, tmp_path / "rl", engine="vllm"), "/s")["vllm_mode"] == "colocate"  # the default mode
+    for plain in (_cfg(sft, tmp_path / "rl"), _cfg(sft, tmp_path / "rl", engine="auto")):  # hf: TRL without vLLM
+        assert plain.engine_name == "hf" and not {"use_vllm", "vllm_mode"} & set(trl_args(plain, "/s"))
+    # the command line builds that config (the run itself is not started here)
+    seen = {}
+
+    def capture(cfg, **kw):
+        seen["cfg"] = cfg
+        raise SystemExit(0)
+
+    monkeypatch.setattr(cli, "run_train_grpo", capture)
+    res = CliRunner().invoke(cli.app, ["train", "grpo", "--init", str(sft), "--out", str(tmp_path / "rl"),
+                                       "--trainer", "trl", "--engine", "vllm", "--vllm-mode", "server",
+                                       "--vllm-server", "10.0.0.5:8123", "--tasks", ",".join(TASKS), "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    cfg = seen["cfg"]
+    assert (cfg.trainer, cfg.engine, cfg.vllm_mode, cfg.trl_vllm_mode) == ("trl", "vllm", "server", "server")
+    args = trl_args(cfg, "/s")
+    assert (args["use_vllm"], args["vllm_mode"], args["vllm_server_host"], args["vllm_server_port"]) == (
+        True, "server", "10.0.0.5", 8123)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(vllm_mode="server"), "--vllm-mode and --vllm-server need --trainer trl --engine vllm"),
+    (dict(engine="auto", vllm_mode="colocate"), "--vllm-mode and --vllm-server need --trainer trl --engine vllm"),
+    (dict(vllm_server="10.0.0.5:8000"), "--vllm-mode and --vllm-server need --trainer trl --engine vllm"),
+    (dict(trainer="graftkit", engine="vllm", vllm_mode="server"), "need --trainer trl --engine vllm"),
+    (dict(engine="vllm", vllm_server="10.0.0.5:8000"), "--vllm-server names the server of --vllm-mode server"),
+    (dict(engine="vllm", vllm_mode="remote"), "--vllm-mode 'remote' is not an option"),
+])
+def test_vllm_mode_and_server_need_trl_with_engine_vllm(sft, tmp_path, vllm_present, kw, message):
+    with pytest.raises(GraftkitError, match=message):
+        _cfg(sft, tmp_path / "rl", **kw)
 
 
 def test_dataset_rows_and_log_rows_use_graftkit_names(sft, tmp_path):
@@ -160,12 +208,13 @@ def test_variants_trl_lacks_are_one_clear_error(sft, tmp_path, kw, message):
 
 
 def test_resume_checkpoints_vllm_and_existing_output_are_clear_errors(sft, tmp_path):
-    with pytest.raises(GraftkitError, match="--resume with --engine trl: TRL's resumable checkpoints hold optimizer"):
+    with pytest.raises(GraftkitError, match="--resume with --trainer trl: TRL's resumable checkpoints hold optimizer"):
         run_grpo_trl(_cfg(sft, tmp_path / "rl"), resume=True)
-    with pytest.raises(GraftkitError, match="--checkpoint-every with --engine trl"):
+    with pytest.raises(GraftkitError, match="--checkpoint-every with --trainer trl"):
         run_grpo_trl(_cfg(sft, tmp_path / "rl", checkpoint_every=1))
-    with pytest.raises(GraftkitError, match="--vllm colocate: graftkit's multi-turn rollout"):
-        run_grpo_trl(_cfg(sft, tmp_path / "rl", vllm="colocate"))
+    with pytest.raises(GraftkitError, match=r"--engine vllm \(--vllm-mode colocate\) with --trainer trl: graftkit's "
+                                            "multi-turn rollout"):
+        run_grpo_trl(_cfg(sft, tmp_path / "rl", engine="vllm"))
     (tmp_path / "there").mkdir()
     with pytest.raises(GraftkitError, match="already exists"):
         run_grpo_trl(_cfg(sft, tmp_path / "there"))
@@ -179,7 +228,7 @@ def test_accelerate_launch_two_cpu_processes_writes_a_loadable_policy(sft, tmp_p
            "GRAFTKIT_RUNS": str(tmp_path / "runs"), "TRL_EXPERIMENTAL_SILENCE": "1"}
     out = tmp_path / "rl"
     argv = [str(Path(sys.executable).parent / "accelerate"), "launch", "--num_processes", "2", "--config_file",
-            str(ROOT / "configs" / "accelerate" / "ddp.yaml"), "-m", "graftkit", "train", "grpo", "--engine", "trl",
+            str(ROOT / "configs" / "accelerate" / "ddp.yaml"), "-m", "graftkit", "train", "grpo", "--trainer", "trl",
             "--init", str(sft), "--out", str(out), "--tasks", "click-button", "--steps", "2",
             "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "8", "--device", "cpu", "--json"]
     res = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)

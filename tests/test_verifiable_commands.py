@@ -271,7 +271,8 @@ def test_the_study_takes_a_users_tasks_as_its_suites(tmp_path, monkeypatch, clea
 
 @pytest.mark.slow
 def test_the_study_runs_end_to_end_on_a_jsonl_and_an_entry_point(tmp_path, monkeypatch, clean_registry):
-    from graftkit.study.pipeline import StudyConfig, run_study
+    from graftkit.demo import run_study
+    from graftkit.study.pipeline import StudyConfig
 
     jsonl, entry = _user_tasks(tmp_path, monkeypatch)
     cfg = StudyConfig.preset(str(tmp_path / "run"), True, domain="arithmetic", mastered_tasks=jsonl,

@@ -3,7 +3,7 @@
 What is tested against the ``hf`` engine on identical episodes: greedy actions and outcomes (a trained web policy,
 a chat-templated model on a verifiable task); sampled episodes reproducible from their seeds and independent of
 their batch; in-place grafts in a live engine equal to an engine built on the exported graft (log-probs bit for
-bit) and restored bit for bit; the commands (eval, headroom, graft --sweep, train grpo --rollout-engine vllm).
+bit) and restored bit for bit; the commands (eval, headroom, graft --sweep, train grpo --engine vllm).
 
 All engine tests share one xdist worker (``xdist_group``) and build eager, in-process engines
 (``GRAFTKIT_VLLM_EAGER=1``, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: ≈ 10 s to start instead of 30–60 s) with a 1 GiB
@@ -356,15 +356,16 @@ def test_graft_sweep_on_vllm_equals_the_hf_engine(rl_child, tmp_path):
 # ------------------------------------------------------------------------------------------------ GRPO
 
 
-def test_rollout_engine_is_checked_before_training():
+def test_grpo_engine_is_checked_before_training():
     from graftkit.train.configs import GRPOConfig
 
-    with pytest.raises(GraftkitError, match="--rollout-engine applies to --engine graftkit"):
-        GRPOConfig(init=str(SFT), out="x", rollout_engine="vllm", engine="trl")
-    with pytest.raises(GraftkitError, match="unknown --rollout-engine|is not one of|--rollout-engine"):
-        GRPOConfig(init=str(SFT), out="x", rollout_engine="vlm")
+    with pytest.raises(GraftkitError, match="--engine 'trl' is not an option of train grpo") as e:
+        GRPOConfig(init=str(SFT), out="x", engine="trl")
+    assert e.value.fix == "the training backend is --trainer graftkit|trl"
+    with pytest.raises(GraftkitError, match="--engine 'vlm' is not an option"):
+        GRPOConfig(init=str(SFT), out="x", engine="vlm")
     with pytest.raises(GraftkitError, match="LoRA run's adapters are not synced"):
-        GRPOConfig(init=str(SFT), out="x", rollout_engine="vllm", lora_r=4)
+        GRPOConfig(init=str(SFT), out="x", engine="vllm", lora_r=4)
 
 
 @needs_vllm
@@ -377,7 +378,7 @@ def test_grpo_rollouts_through_vllm_follow_the_trained_weights(tmp_path):
 
     cfg = GRPOConfig(init=str(SFT), out=str(tmp_path / "rl"), tasks=("click-button", "enter-text"), steps=2,
                      prompts_per_step=2, group_size=4, max_new_tokens=16, lr=3e-3, threads=1, device="cpu",
-                     rollout_engine="vllm")
+                     engine="vllm")
     tr = setup(cfg)
     try:
         eng = tr.policy.engine
@@ -418,13 +419,13 @@ def test_train_grpo_with_vllm_rollouts_writes_a_policy_and_logs_the_sync(tmp_pat
 
     cfg = GRPOConfig(init=str(SFT), out=str(tmp_path / "rl"), tasks=("click-button",), steps=4, stages=2,
                      prompts_per_step=1, group_size=4, max_new_tokens=12, lr=1e-3, threads=1, device="cpu",
-                     rollout_engine="vllm")
+                     engine="vllm")
     out = run_grpo(cfg)
     log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
     assert [m["staleness"] for m in log] == [0, 1, 0, 1]
     # Mu-GRPO's stages: one sync, at the second stage's generation (the first used the init weights)
     assert [m["sync_seconds"] > 0 for m in log] == [False, False, True, False]
-    assert json.loads((out / "graftkit.json").read_text())["config"]["rollout_engine"] == "vllm"
+    assert json.loads((out / "graftkit.json").read_text())["config"]["engine"] == "vllm"
 
 
 # ------------------------------------------------------------------------------------------------ commands

@@ -22,7 +22,7 @@ from ..core.errors import GraftkitError
 from ..core.tables import Table
 from ..results.layout import TRAIN_KINDS, TRAIN_TRAINER, TRAINING, result_labels, run_layout, training_path_of
 from ..results.store import Result, View, write_result
-from .configs import GRPOConfig, SFTConfig, SweepConfig
+from .configs import GRPOConfig, SFTConfig, SweepConfig, recorded_grpo
 
 if TYPE_CHECKING:
     from .sft import Stopping
@@ -77,6 +77,8 @@ def training_curves(folder: Path, kind: str) -> TrainingCurves:
     keys = [k for k in keys if all(isinstance(m.get(k, math.nan), (int, float)) for m in log)]
     data = {k: (("step",), np.array([float(m.get(k, math.nan)) for m in log])) for k in keys}
     prov = json.loads((folder / "graftkit.json").read_text())
+    if kind == "grpo" and isinstance(prov.get("config"), dict):  # a run from before --trainer: today's field names
+        prov["config"] = recorded_grpo(prov["config"])
     stopping = prov.get("stopping")
     var_attrs = {}
     if stopping:  # the checked quantity's convention beside its values
@@ -203,7 +205,7 @@ def run_train_grpo(cfg: GRPOConfig, on_progress: OnProgress = no_progress, *, re
 
     require(cfg.init, "--init", "the SFT policy folder")
     steps = _steps("grpo", cfg.steps, on_progress, on_step)
-    if cfg.engine == "trl":
+    if cfg.trainer == "trl":
         from accelerate import PartialState
 
         from .trl_engine import run_grpo_trl

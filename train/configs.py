@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Mapping
 
-from ..core.config import DeviceOption, ExecutorOption, LoraOption, RunOption, check_choice, opt
+from ..core.config import (GENERATION_ENGINES, DeviceOption, ExecutorOption, LoraOption, RunOption, check_choice,
+                           opt)
 from ..core.errors import GraftkitError
 
 # ------------------------------------------------------------------------------------------------ SFT
@@ -212,10 +213,26 @@ class SFTConfig(RunOption, DeviceOption, LoraOption):
 
 # ----------------------------------------------------------------------------------------------- GRPO
 
-#: The GRPO trainers ``train grpo --engine`` runs.
-ENGINES = ("graftkit", "trl")
+#: The GRPO trainers ``train grpo --trainer`` runs (``--engine`` is what generates the rollouts, as in every command).
+TRAINERS = ("graftkit", "trl")
+#: How TRL's vLLM integration generates (``--vllm-mode``, TRL's ``vllm_mode``) with ``--trainer trl --engine vllm``.
+VLLM_MODES = ("colocate", "server")
 #: Fields that say where a run trains or where its results go, not how it trains: a resumed run may differ in them.
 NOT_TRAINING = ("run", "device")
+
+
+def recorded_grpo(config: Mapping) -> dict:
+    """A GRPO run's recorded config (graftkit.json's ``config``) in today's field names. A record written before
+    ``--trainer`` existed names the trainer ``engine`` (graftkit or trl), what generated graftkit's rollouts
+    ``rollout_engine`` (hf or vllm), and TRL's vLLM generation ``vllm`` (colocate, server or null); those become
+    ``trainer``, ``engine`` and ``vllm_mode``. Any other record is returned as it is (a copy)."""
+    out = dict(config)
+    if "trainer" in out or not (out.get("engine") in TRAINERS or "rollout_engine" in out or "vllm" in out):
+        return out
+    trainer = out.pop("engine") if out.get("engine") in TRAINERS else "graftkit"
+    rollout, mode = out.pop("rollout_engine", "hf"), out.pop("vllm", None)
+    engine = ("vllm" if mode is not None else "hf") if trainer == "trl" else rollout
+    return {**out, "trainer": trainer, "engine": engine, "vllm_mode": mode}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -286,17 +303,18 @@ class GRPOConfig(DeviceOption, LoraOption):
     """End episodes after N turns (1: single-turn GRPO)."""
     save_dtype: str = "auto"
     """dtype of the written checkpoints: auto (the init checkpoint's), float32, bfloat16 or float16."""
-    engine: str = "graftkit"
-    """graftkit (this trainer, every variant) or trl (TRL's GRPOTrainer with graftkit's environment as its
-    rollout function; multi-GPU under accelerate launch; needs the trl extra)."""
-    rollout_engine: str = "hf"
-    """--engine graftkit: what generates the rollouts: hf (graftkit's batched decoder over the trained model) or
-    vllm (a vLLM engine, its weights synced from the trainer before each generation: every step on-policy, once per
-    stage with --stages; needs the vllm extra)."""
-    vllm: str | None = None
-    """--engine trl: generate with TRL's vLLM integration, colocate or server (default: no vLLM)."""
+    trainer: str = "graftkit"
+    """The training backend: graftkit (this trainer, every variant) or trl (TRL's GRPOTrainer with graftkit's
+    environment as its rollout function; multi-GPU under accelerate launch; needs the trl extra)."""
+    engine: str = "hf"
+    """What generates the rollouts, as in every command: hf (graftkit's batched decoder over the trained model),
+    vllm (the vllm extra) or auto (vllm where it is installed; hf with --trainer trl). --trainer graftkit: a vLLM
+    engine whose weights are synced from the trainer before each generation (every step on-policy, once per stage
+    with --stages); --trainer trl: TRL's vLLM integration (--vllm-mode)."""
+    vllm_mode: str | None = None
+    """--trainer trl --engine vllm: how TRL's vLLM integration runs, colocate or server (default colocate)."""
     vllm_server: str | None = None
-    """--vllm server: the trl vllm-serve address, HOST:PORT (default: TRL's, localhost:8000)."""
+    """--vllm-mode server: the trl vllm-serve address, HOST:PORT (default: TRL's, localhost:8000)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -344,36 +362,54 @@ class GRPOConfig(DeviceOption, LoraOption):
         from ..core.devices import SAVE_DTYPES, check_dtype
 
         check_dtype(self.save_dtype, "--save-dtype", SAVE_DTYPES)
-        check_choice(self.engine, ENGINES, "--engine")
-        if self.vllm is not None:
-            check_choice(self.vllm, ("colocate", "server"), "--vllm")
-        if self.engine != "trl" and (self.vllm is not None or self.vllm_server is not None):
-            raise GraftkitError("--vllm and --vllm-server need --engine trl", "add --engine trl")
-        if self.vllm_server is not None and self.vllm != "server":
-            raise GraftkitError("--vllm-server names the server of --vllm server", "add --vllm server")
-        if self.rollout_engine != "hf":
-            from ..agent.engine import resolve_engine
-
-            check_choice(self.rollout_engine, ("hf", "vllm"), "--rollout-engine")
-            if self.engine == "trl":
-                raise GraftkitError("--rollout-engine applies to --engine graftkit", "with --engine trl pass --vllm "
-                                    "colocate or --vllm server")
-            if self.lora_r:
-                raise GraftkitError("--rollout-engine vllm syncs full weights into the engine; a LoRA run's adapters "
-                                    "are not synced", "drop --lora-r, or use --rollout-engine hf")
-            resolve_engine(self.rollout_engine, flag="--rollout-engine")
-        if self.engine == "trl":
+        check_choice(self.trainer, TRAINERS, "--trainer")
+        if self.engine in TRAINERS:  # the training backend under the generation engine's flag
+            raise GraftkitError(f"--engine {self.engine!r} is not an option of train grpo: --engine picks what "
+                                "generates the rollouts (hf, vllm or auto)",
+                                "the training backend is --trainer graftkit|trl")
+        check_choice(self.engine, GENERATION_ENGINES, "--engine")
+        if self.vllm_mode is not None:
+            check_choice(self.vllm_mode, VLLM_MODES, "--vllm-mode")
+        trl_vllm = (self.trainer, self.engine) == ("trl", "vllm")
+        if (self.vllm_mode is not None or self.vllm_server is not None) and not trl_vllm:
+            raise GraftkitError("--vllm-mode and --vllm-server need --trainer trl --engine vllm",
+                                "add --trainer trl --engine vllm, or drop them")
+        if self.vllm_server is not None and self.vllm_mode != "server":
+            raise GraftkitError("--vllm-server names the server of --vllm-mode server", "add --vllm-mode server")
+        if self.trainer == "graftkit" and self.lora_r and (self.engine == "vllm" or self.engine_name == "vllm"):
+            auto = " (--engine auto picks vllm where it is installed)" if self.engine == "auto" else ""
+            raise GraftkitError(f"--engine vllm syncs full weights into the engine; a LoRA run's adapters are not "
+                                f"synced{auto}", "drop --lora-r, or use --engine hf")
+        if self.trainer == "trl":
             own = [f for f, on in (("--stages", self.stages), ("--veto-epsilon", self.veto_epsilon is not None),
                                    ("--focal-gamma", self.focal_gamma > 0), ("--verigate", self.verigate)) if on]
             if own:
                 raise GraftkitError(f"{', '.join(own)}: TRL's GRPOTrainer has no such variant",
-                                    "use --engine graftkit for Mu-GRPO, focal scaling and VeriGate")
+                                    "use --trainer graftkit for Mu-GRPO, focal scaling and VeriGate")
+        self.engine_name  # vllm where it is not installed: one error before any model loads
         if self.max_turns is not None and self.max_turns < 1:
             raise GraftkitError(f"--max-turns {self.max_turns} must be ≥ 1")
 
     @property
     def eps_high(self) -> float:
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    @property
+    def engine_name(self) -> str:
+        """``engine`` resolved (:func:`graftkit.agent.engine.resolve_engine`): hf or vllm. With ``--trainer trl``,
+        auto is hf: graftkit's rollout under TRL decodes with the trained model, not through TRL's vLLM."""
+        if self.engine == "hf" or (self.engine == "auto" and self.trainer == "trl"):
+            return "hf"  # no import of the agent's engine module for these
+        from ..agent.engine import resolve_engine
+
+        return resolve_engine(self.engine)
+
+    @property
+    def trl_vllm_mode(self) -> str | None:
+        """How TRL's vLLM integration generates (``--trainer trl --engine vllm``): colocate or server; else None."""
+        if self.trainer != "trl" or self.engine_name != "vllm":
+            return None
+        return self.vllm_mode or "colocate"
 
 
 @dataclass(frozen=True, kw_only=True)

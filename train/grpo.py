@@ -62,7 +62,7 @@ from ..weights.hf import save_adapter, save_dtype
 from ..weights.writer import check_output_room
 from .lora import adapter_state, add_lora, check_lora_base, load_adapter_state, lora_spec
 from .advantages import focal_weight, group_advantages, verigate_advantages, veto_mask
-from .configs import NOT_TRAINING, GRPOConfig
+from .configs import NOT_TRAINING, GRPOConfig, recorded_grpo
 from .losses import LOSSES
 
 GRPO_SEED_BASE = 2 * 10 ** 7  # environment seeds of GRPO prompts: disjoint from SFT demos and evaluation
@@ -413,7 +413,7 @@ def setup(cfg: GRPOConfig) -> TrainState:
     adapter = add_lora(model, spec) if spec else None  # the adapters live inside ``model``'s modules
     trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     opt = torch.optim.AdamW([p for _, p in trained], lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    if cfg.rollout_engine == "vllm":  # over the init weights, in the compute dtype
+    if cfg.engine_name == "vllm":  # over the init weights, in the compute dtype
         from ..agent.engine import vllm_engine
 
         policy.engine = vllm_engine(policy, seed=cfg.seed, dtype=compute)
@@ -444,9 +444,10 @@ def restore(tr: TrainState, *, resume: bool, force: bool) -> tuple[int, list[dic
             raise GraftkitError(f"output folder {cfg.out} already exists", "pass --force to replace it, or --resume")
         return 0, []
     saved = json.loads((ckpt / "graftkit.json").read_text())
+    recorded = recorded_grpo(saved["config"])  # a checkpoint from before --trainer: its fields as named today
     mine = {k: v for k, v in cfg.as_dict().items() if k not in NOT_TRAINING}  # where, not how it trains
-    if {k: v for k, v in saved["config"].items() if k not in NOT_TRAINING} != mine:
-        diff = sorted(k for k in mine if saved["config"].get(k) != mine[k])
+    if {k: v for k, v in recorded.items() if k not in NOT_TRAINING} != mine:
+        diff = sorted(k for k in mine if recorded.get(k) != mine[k])
         raise GraftkitError(f"--resume: {ckpt} was written with a different config (differs in {', '.join(diff)})",
                             "resume with the same settings, or start a new run without --resume")
     if tr.adapter is not None:

@@ -97,7 +97,12 @@ def expand(grid_path: Path) -> list[RunSpec]:
         if name in seen:
             raise GraftkitError(f"{grid_path}: two runs are named {name}", "give them distinct names")
         seen.add(name)
-        specs.append(RunSpec(name, GRPOConfig(out=str(out / name), **fields)))
+        cfg = GRPOConfig(out=str(out / name), **fields)
+        if cfg.trainer != "graftkit":  # a sweep's runs train with graftkit's own trainer (train.grpo.run_grpo)
+            raise GraftkitError(f"{grid_path}: run {name}: trainer {cfg.trainer}: a sweep trains with graftkit's own "
+                                "trainer", "drop trainer from the grid, or train the run alone with graftkit train "
+                                "grpo --trainer trl")
+        specs.append(RunSpec(name, cfg))
     return specs
 
 

@@ -1,9 +1,9 @@
-"""``graftkit train grpo --engine trl``: TRL's GRPOTrainer, with graftkit's web episodes as its rollout function.
+"""``graftkit train grpo --trainer trl``: TRL's GRPOTrainer, with graftkit's web episodes as its rollout function.
 
 TRL (1.16, the ``trl`` extra) owns the optimisation: advantages, the loss (``loss_type``, clipping, β·KL),
 AdamW, the scheduler, gradient clipping and, under ``accelerate launch`` (configs/accelerate/), DDP, ZeRO-3
 or FSDP. graftkit owns the data: its prompts (``train.grpo._prompts``, the same task instances per step as
-``--engine graftkit``), its episodes (``agent.rollout`` with the trainer's current model, graftkit's
+``--trainer graftkit``), its episodes (``agent.rollout`` with the trainer's current model, graftkit's
 per-episode sampling seeds) and its reward (``episode_rewards``: success 1/0, or the raw reward).
 
 TRL 1.16's ``rollout_func(prompts, trainer)`` gets the rows of this process's generation batch (each prompt
@@ -22,18 +22,19 @@ alone, while TRL, which scores a completion as one continuation of its prompt, t
 and gradient given the whole transcript P₁ a₁ … Pₖ. The first turn is scored in exactly the context it was
 sampled in; with ``--max-turns 1`` (single-turn GRPO) every token is. The alternative — sampling every
 turn after the transcript — would train a prompt format that evaluation never shows the policy.
-(``--engine graftkit`` scores every turn in its own prompt.)
+(``--trainer graftkit`` scores every turn in its own prompt.)
 
-Differences from ``--engine graftkit`` besides that: TRL's constant-with-warmup schedule starts at lr 0
+Differences from ``--trainer graftkit`` besides that: TRL's constant-with-warmup schedule starts at lr 0
 (graftkit's at lr/warmup); dr_grpo's normaliser is ``max_completion_length`` = ``--max-new-tokens`` even
 where a multi-turn completion is longer; ``--loss gspo_token`` has no TRL counterpart (an error).
 One graftkit step is one generation batch with ``num_iterations`` TRL optimiser steps (``max_steps`` =
 steps × num_iterations); its log row is that batch's last update. Not offered: Mu-GRPO stages and veto,
 focal scaling, VeriGate (configs.py refuses them), resumable checkpoints and ``--resume`` (TRL's
-checkpoints hold optimizer pickles, which graftkit never loads), and ``--vllm`` generation (graftkit's
-rollout decodes with the trained model itself).
+checkpoints hold optimizer pickles, which graftkit never loads), and ``--engine vllm`` generation through TRL's
+vLLM integration (graftkit's rollout decodes with the trained model itself: ``--engine hf``, which ``auto`` means
+here).
 
-The final policy is written as ``--engine graftkit`` writes it (an HF folder in ``save_dtype`` with
+The final policy is written as ``--trainer graftkit`` writes it (an HF folder in ``save_dtype`` with
 graftkit.json, train_log.jsonl, train_items.tsv), by the main process only; TRL's output_dir is a
 scratch folder ``<out>.trl`` beside it, removed after the run.
 """
@@ -91,7 +92,7 @@ def trl_args(cfg: GRPOConfig, output_dir: str, world_size: int = 1) -> dict:
     """The keyword arguments of TRL's ``GRPOConfig`` that run ``cfg`` on ``world_size`` processes."""
     if cfg.loss not in TRL_LOSSES:
         raise GraftkitError(f"--loss {cfg.loss}: TRL's GRPOTrainer has no such loss",
-                            f"use --engine graftkit, or one of {', '.join(TRL_LOSSES)}")
+                            f"use --trainer graftkit, or one of {', '.join(TRL_LOSSES)}")
     batch = cfg.prompts_per_step * cfg.group_size
     if batch % world_size:
         raise GraftkitError(f"--prompts-per-step × --group-size = {batch} episodes per step do not split over "
@@ -100,8 +101,8 @@ def trl_args(cfg: GRPOConfig, output_dir: str, world_size: int = 1) -> dict:
     compute = training_dtype(cfg.dtype, dev)
     loss_type, level = TRL_LOSSES[cfg.loss]
     vllm = {}
-    if cfg.vllm is not None:
-        vllm = {"use_vllm": True, "vllm_mode": cfg.vllm}
+    if cfg.trl_vllm_mode is not None:  # --engine vllm: TRL's vLLM integration, in --vllm-mode
+        vllm = {"use_vllm": True, "vllm_mode": cfg.trl_vllm_mode}
         if cfg.vllm_server is not None:
             host, _, port = cfg.vllm_server.rpartition(":")
             if not host or not port.isdigit():
@@ -192,7 +193,7 @@ def make_rollout(cfg: GRPOConfig, tokenizer, init: Path, gen_seconds: list[float
     """TRL's ``rollout_func``: plays this process's rows as graftkit episodes with the trainer's model.
 
     Row i of process p is sample (p·n + i) mod G of its group — graftkit's sample index, so episodes draw
-    the per-episode seeds ``--engine graftkit`` draws for the same step."""
+    the per-episode seeds ``--trainer graftkit`` draws for the same step."""
     from trl.models import unwrap_model_for_generation
 
     def rollout_func(prompts: Sequence[str], trainer) -> dict:
@@ -236,21 +237,23 @@ def run_grpo_trl(cfg: GRPOConfig, *, resume: bool = False, force: bool = False,
                  on_step: Callable[[dict], None] = lambda m: None) -> Path:
     """Train per ``cfg`` with TRL's GRPOTrainer; returns the final policy folder (as ``train.grpo.run_grpo``)."""
     if resume:
-        raise GraftkitError("--resume with --engine trl: TRL's resumable checkpoints hold optimizer pickles, which "
-                            "graftkit never loads", "run again without --resume, or use --engine graftkit")
+        raise GraftkitError("--resume with --trainer trl: TRL's resumable checkpoints hold optimizer pickles, which "
+                            "graftkit never loads", "run again without --resume, or use --trainer graftkit")
     if cfg.checkpoint_every:
-        raise GraftkitError("--checkpoint-every with --engine trl: TRL's resumable checkpoints hold optimizer "
-                            "pickles, which graftkit never loads", "drop --checkpoint-every, or use --engine graftkit")
-    if cfg.vllm is not None:
-        raise GraftkitError(f"--vllm {cfg.vllm}: graftkit's multi-turn rollout decodes with the trained model "
-                            "itself; it does not generate through TRL's vLLM integration",
-                            "drop --vllm (TRL scales the training over accelerate launch without it)")
+        raise GraftkitError("--checkpoint-every with --trainer trl: TRL's resumable checkpoints hold optimizer "
+                            "pickles, which graftkit never loads", "drop --checkpoint-every, or use --trainer graftkit")
+    if cfg.trl_vllm_mode is not None:
+        raise GraftkitError(f"--engine vllm (--vllm-mode {cfg.trl_vllm_mode}) with --trainer trl: graftkit's "
+                            "multi-turn rollout decodes with the trained model itself; it does not generate through "
+                            "TRL's vLLM integration",
+                            "use --engine hf (TRL scales the training over accelerate launch without vLLM), or "
+                            "--trainer graftkit --engine vllm")
     try:
         import trl
         from datasets import Dataset
         from transformers import PrinterCallback, TrainerCallback
     except ImportError as e:
-        raise GraftkitError(f"--engine trl needs TRL: {e}", "pip install 'graftkit[trl]'") from None
+        raise GraftkitError(f"--trainer trl needs TRL: {e}", "pip install 'graftkit[trl]'") from None
     from accelerate import PartialState
 
     # First, so that a CPU run started by accelerate launch (torchrun) joins its process group over gloo.
@@ -315,7 +318,7 @@ def _save(cfg: GRPOConfig, model, tok, log: list[dict], trl_version: str, proces
     parent = describe(open_checkpoint(cfg.init))
     dtype = save_dtype(cfg.save_dtype, Path(cfg.init))
     provenance = {
-        "producer": f"graftkit train grpo --engine trl (trl {trl_version})",
+        "producer": f"graftkit train grpo --trainer trl (trl {trl_version})",
         "graftkit_version": __version__,
         "trl_version": trl_version,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

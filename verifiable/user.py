@@ -177,16 +177,6 @@ def file_seed(seed: int, episode: int, episodes: int) -> int:
     return seed * episodes + episode
 
 
-def file_size(task: str) -> int | None:
-    """The number of items of a user's file (``FILE.jsonl``); None for a generated task."""
-    from .registry import is_verifiable, lookup
-
-    if not is_verifiable(task):
-        return None
-    found = lookup(task)
-    return len(found) if isinstance(found, JsonlTask) else None
-
-
 def coverage(items, n_items: int) -> dict:
     """How the episodes whose item ids are ``items`` cover a file of ``n_items`` items: ``distinct`` items played,
     ``total`` items of the file, ``episodes``, and the least and most times an item was played (least 0 when some

@@ -15,7 +15,8 @@ on either (``tests/test_webenv_browser.py`` checks it). ``progress`` gives parti
 """
 
 from .actions import MAX_TEXT, Action, ParseError, parse_action
-from .env import MirrorEnv, WebEnv, demonstrate, make_env
+from .backends import BACKENDS, check_backend, make_env
+from .env import MirrorEnv, WebEnv, demonstrate
 from .observation import Element, Observation
 from .render import Mark, draw_layout, render_som, render_text, som_marks
 from .tasks import TASKS, Task
@@ -34,7 +35,8 @@ def progress(first: Observation, obs: Observation, reward: float, done: bool) ->
 
 
 __all__ = [
-    "MAX_TEXT", "Action", "ParseError", "parse_action", "MirrorEnv", "WebEnv", "demonstrate", "make_env", "Element",
+    "MAX_TEXT", "Action", "ParseError", "parse_action", "MirrorEnv", "WebEnv", "demonstrate", "make_env", "BACKENDS",
+    "check_backend", "Element",
     "Observation", "Mark", "draw_layout", "render_som", "render_text", "som_marks", "TASKS", "Task",
     "oracle", "progress",
 ]

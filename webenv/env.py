@@ -1,5 +1,5 @@
 """The web environment both backends implement (the episode interface :class:`graftkit.core.env.Env`), and the
-pure-Python mirror backend.
+pure-Python mirror backend (:func:`.backends.make_env` picks a backend).
 
     env = make_env("click-button")            # backend="py" (the mirror) or "miniwob" (real browser)
     obs = env.reset(seed=3)                   # Observation: utterance + element list
@@ -144,13 +144,3 @@ def demonstrate(env: WebEnv, obs: Observation, *, oracle: bool = False) -> Itera
             if step.done:
                 return
 
-
-def make_env(task: str, backend: str = "py", **kwargs) -> WebEnv:
-    """A web task environment: ``backend="py"`` (the mirror, default) or ``"miniwob"`` (Chromium)."""
-    if backend == "py":
-        return MirrorEnv(task, **kwargs)
-    if backend == "miniwob":
-        from .real import MiniWobEnv
-
-        return MiniWobEnv(task, **kwargs)
-    raise GraftkitError(f"unknown web backend {backend!r}", "use --backend py or --backend miniwob")
