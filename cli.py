@@ -476,7 +476,7 @@ def demo(cfg: StudyConfig, as_json: bool):
         require(cfg.sft, "--sft", "the SFT policy folder")
     cfg = StudyConfig.preset(cfg.out, cfg.quick, cfg.policy, cfg.domain, sft=cfg.sft, train_sft=cfg.train_sft or None,
                              mastered_tasks=cfg.mastered_tasks, headroom_tasks=cfg.headroom_tasks, engine=cfg.engine,
-                             **cfg.placement)
+                             workers=cfg.workers, **cfg.placement)
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     mark_current_run(cfg.out)
     t0 = time.perf_counter()

@@ -500,8 +500,10 @@ def test_demo_findings_table(cli, monkeypatch):
              Finding(4, "late rank tracks success", "the coupling is noise", 0.1, -0.5, 0.6, "not reproduced")]
     info = {"out": str(cli.cwd / "d"), "report": str(cli.cwd / "d" / "report.html"),
             "findings": [asdict(f) for f in found], "items_line": "items: 12 distinct", "models": {}, "seconds": 60.0}
-    monkeypatch.setattr(C, "run_study", lambda cfg, bars, on_stage: info)
-    j, text = cli("run_study", "demo", "--quick", "--out", cli.cwd / "d")
+    given = []
+    monkeypatch.setattr(C, "run_study", lambda cfg, bars, on_stage: given.append(cfg) or info)
+    j, text = cli("run_study", "demo", "--quick", "--workers", "1", "--out", cli.cwd / "d")
+    assert given[0].workers == 1 and given[0].quick  # the command's options reach the study's preset
     (t,) = parse_tables(text)
     assert t.headers == ["#", "claim", "this run", "verdict"] and len(t.rows) == len(j["findings"]) == 4
     for row, f in zip(t.rows, j["findings"]):
