@@ -24,6 +24,11 @@ from graftkit.core.errors import GraftkitError
 TASKS = "click-button,focus-text"
 
 
+#: Tests that start worker processes (Ray here, the study's pool in test_study.py) share one xdist worker,
+#: so two of them never compete for the machine's cores and time out.
+pytestmark = pytest.mark.xdist_group("processes")
+
+
 @pytest.fixture(scope="module")
 def ray_session():
     ray = pytest.importorskip("ray")
@@ -120,8 +125,10 @@ def test_pool_builds_each_worker_once_and_yields_every_unit(ray_session):
         Executor("ray", workers=1).run([1, 2], _tagged, setup=_no_model)
     with pytest.raises(GraftkitError, match=r"--workers 3 with one CPU each: .* has 2 CPU\(s\)"):
         Executor("ray", workers=3).run([1, 2, 4], _tagged)  # more workers than CPUs would wait for ever
-    # the pool's actors were released: the session's 2 CPUs take new work at once
-    assert ray_session.get(ray_session.remote(num_cpus=2)(_pid).remote(), timeout=60) > 0
+    # the pool's actors were released: a task that needs both of the session's CPUs is scheduled (it would wait
+    # for ever behind a leaked actor). Its worker process starts fresh (imports, setup hook): minutes on 2 loaded
+    # cores, hence the long limit.
+    assert ray_session.get(ray_session.remote(num_cpus=2)(_pid).remote(), timeout=300) > 0
 
 
 class _Closing:

@@ -83,6 +83,7 @@ def test_stage_skips_finished_outputs(tmp_path):
     assert calls == [1] and seen == [("x", "start"), ("x", "done"), ("x", "skip")]
 
 
+@pytest.mark.xdist_group("processes")  # with the Ray tests: worker processes, one set at a time
 @pytest.mark.parametrize("workers", [1, 2])
 def test_units_run_once_each_after_the_units_they_wait_for(tmp_path, workers):
     """The study's scheduler: a unit starts only once those it waits for are done, a finished unit is skipped, and
@@ -113,6 +114,7 @@ def test_units_run_once_each_after_the_units_they_wait_for(tmp_path, workers):
         st.close()
 
 
+@pytest.mark.xdist_group("processes")
 def test_an_error_in_a_worker_is_the_same_one_line(tmp_path):
     from functools import partial
 
@@ -266,6 +268,7 @@ def test_arithmetic_demo_runs_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("processes")
 def test_the_study_gives_the_same_results_on_one_worker_and_on_two(tmp_path):
     """Every array of every result file bit for bit, and the findings' statements, whether the study's runs go one
     after another in this process or to two worker processes (its timings aside)."""
