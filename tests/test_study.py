@@ -131,6 +131,35 @@ def test_an_error_in_a_worker_is_the_same_one_line(tmp_path):
     assert (e.value.what, e.value.fix) == ("planted failure in a worker", "the fix it names")
 
 
+@pytest.mark.xdist_group("processes")
+def test_a_script_without_a_main_guard_gets_one_line_naming_it(tmp_path):
+    """Spawned workers import the script that started them: one that runs the study at import time (no ``if
+    __name__ == '__main__':``) cannot start them, and is told so in one line, not with a broken pool."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from functools import partial\n"
+        "from pathlib import Path\n"
+        "from _units import write_after\n"
+        "from graftkit.core.errors import GraftkitError\n"
+        "from graftkit.study.pipeline import Study, StudyConfig, Unit\n"
+        f"out = Path({str(tmp_path)!r})\n"
+        "st = Study(StudyConfig(out=str(out)), workers=2)\n"
+        "try:\n"
+        "    st.run_units([Unit(n, (out / n,), partial(write_after, out / n, (), 0.0)) for n in 'ab'])\n"
+        "except GraftkitError as e:\n"
+        "    print('ERROR', e.what, '|', e.fix)\n"
+        "finally:\n"
+        "    st.close()\n")
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    line = [x for x in p.stdout.splitlines() if x.startswith("ERROR")]
+    assert line and "stopped before" in line[0] and "__main__" in line[0] and "--workers 1" in line[0], p.stdout
+
+
 def _study_evals(tmp_path, mastered_change: dict[str, float], headroom_gain: float):
     base = {t: 0.95 for t in SUITES["mastered"]} | {t: 0.3 for t in SUITES["headroom"]}
     evals = {"sft": _roundtrip(tmp_path, "sft", _eval(base, 0))}
