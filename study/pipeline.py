@@ -16,6 +16,7 @@ a GRPO run killed mid-way resumes from its last checkpoint. The stages are plain
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -291,6 +292,7 @@ class Study:
     #: worker processes that run independent units (:meth:`run_units`); 1: every unit here, in order
     workers: int = 1
     _pool: object = field(default=None, repr=False)
+    _open: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)  # the pool, while it runs
 
     @property
     def root(self) -> Path:
@@ -371,9 +373,10 @@ class Study:
         import concurrent.futures.process
 
         if self._pool is None:
-            from ..core.executor import ProcessPool
+            from ..core.executor import Executor
 
-            self._pool = ProcessPool(partial(_worker_setup, self.cfg), self.workers)
+            self._pool = self._open.enter_context(
+                Executor("processes", workers=self.workers).pool(partial(_worker_setup, self.cfg)))
         names, done, running = {u.name for u in todo}, set(), {}
         while todo or running:
             ready = [u for u in todo if all(a in done or a not in names for a in u.after)]
@@ -396,9 +399,8 @@ class Study:
 
     def close(self) -> None:
         """Stop the worker processes, if any were started."""
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        self._open.close()
+        self._pool = None
 
 
 def _write(path: Path, result) -> Path:

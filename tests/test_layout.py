@@ -350,11 +350,17 @@ def _result_names(path: Path) -> list[str]:
     return [ast.get_source_segment(text, n) for n in found]
 
 
+def _only_allowed(found: list, allowed, name: str, fix: str, key=lambda f: f) -> None:
+    """Every place a scan found is allowed (else ``fix``), and every allowance still matches a place (else it is
+    stale: remove it from ``name``)."""
+    assert [f for f in found if key(f) not in allowed] == [], fix
+    assert set(allowed) <= {key(f) for f in found}, f"an allowance no longer needed: remove it from {name}"
+
+
 def test_no_module_but_the_layout_builds_a_result_name():
     rel = lambda p: p.relative_to(ROOT).as_posix()  # noqa: E731
     found = [(rel(p), s) for p in _package_modules() for s in _result_names(p)]
-    assert [f for f in found if f not in ALLOWED] == [], "build these names with graftkit.results.layout"
-    assert set(ALLOWED) <= set(found), "an allowance no longer needed: remove it from ALLOWED"
+    _only_allowed(found, ALLOWED, "ALLOWED", "build these names with graftkit.results.layout")
 
 
 def test_the_scan_sees_names_built_elsewhere(tmp_path):
@@ -480,8 +486,8 @@ def test_no_module_but_the_layout_spells_a_result_kind():
     rel = lambda p: p.relative_to(ROOT).as_posix()  # noqa: E731
     params = _kind_parameters(_all_modules())
     found = [(rel(p), ctx, kind) for p in _package_modules() for ctx, kind in _spelled_kinds(p, params)]
-    assert [f for f in found if f[:2] not in KIND_ALLOWED] == [], "write these kinds from graftkit.results.layout"
-    assert set(KIND_ALLOWED) <= {f[:2] for f in found}, "an allowance no longer needed: remove it from KIND_ALLOWED"
+    _only_allowed(found, KIND_ALLOWED, "KIND_ALLOWED", "write these kinds from graftkit.results.layout",
+                  key=lambda f: f[:2])
 
 
 def test_the_kinds_are_the_views_and_the_names():
@@ -550,8 +556,7 @@ def test_the_study_spells_no_folder_name():
     through the layout, which the stages, the labels of their results and the findings' ``evals[SFT]`` share."""
     found = [(p.relative_to(ROOT).as_posix(), s) for p in sorted((ROOT / "study").glob("*.py"))
              for s in _spelled_folders(p)]
-    assert [f for f in found if f not in FOLDER_ALLOWED] == [], "spell these folders from graftkit.results.layout"
-    assert set(FOLDER_ALLOWED) <= set(found), "an allowance no longer needed: remove it from FOLDER_ALLOWED"
+    _only_allowed(found, FOLDER_ALLOWED, "FOLDER_ALLOWED", "spell these folders from graftkit.results.layout")
 
 
 def test_the_folder_scan_sees_folder_names(tmp_path):
