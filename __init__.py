@@ -39,7 +39,6 @@ progress). Importing graftkit loads neither torch nor plotly; running a model or
 """
 
 from ._version import __version__
-from .study import design as _design  # noqa: F401 - first: it registers the suites every --tasks reads (core.suites)
 from . import api as _api
 from .api import couple, delta, eval, grafted, headroom, kl, load_policy, report, train_grpo, train_sft  # noqa: A004
 from .core.config import CommandConfig, OnProgress

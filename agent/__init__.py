@@ -13,12 +13,12 @@ from .policy import (
     tiny_tokenizer,
 )
 from .rollout import Decode, Episode, Turn, generate, rollout
-from .tasks import is_problem, make_task_env, resolve_tasks, task_spec, tiny_words
+from .tasks import make_task_env, resolve_tasks, task_spec, tiny_words
 from .vlm import VisionPolicy, som_text, tiny_vlm_policy
 
 __all__ = [
     "EvalOutcome", "episode_seed", "evaluate", "resolve_tasks", "seed_list", "Policy", "canonical_action",
     "format_prompt", "next_token_logits", "task_words", "tiny_policy", "tiny_tokenizer", "Decode", "Episode", "Turn",
-    "generate", "rollout", "load_policy", "VisionPolicy", "som_text", "tiny_vlm_policy", "is_problem", "make_task_env",
+    "generate", "rollout", "load_policy", "VisionPolicy", "som_text", "tiny_vlm_policy", "make_task_env",
     "task_spec", "tiny_words",
 ]

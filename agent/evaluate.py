@@ -21,7 +21,6 @@ from typing import Callable, Collection, Sequence
 import numpy as np
 
 from ..core.errors import GraftkitError
-from ..verifiable.registry import file_size
 from ..verifiable.user import file_seed
 from .policy import Policy
 from .tasks import make_task_env, resolve_tasks
@@ -57,7 +56,7 @@ def plan_episodes(tasks: Sequence[str], seeds: Sequence[int], episodes: int, ite
     for t in tasks:
         env = make_task_env(t)
         es, it = np.zeros((len(seeds), episodes), np.int64), np.empty((len(seeds), episodes), object)
-        in_file = file_size(t) is not None  # a user's file: consecutive items cover it
+        in_file = env.spec.items is not None  # a user's file: consecutive items cover it
         try:
             for b, s in enumerate(seeds):
                 for e in range(episodes):
@@ -92,20 +91,15 @@ def seed_list(n: int) -> list[int]:
 def first_prompts(tasks: str | Sequence[str], n: int, seed: int = 0) -> list[str]:
     """``n`` first-turn prompts from the tasks, as the policy reads them in its plain format: prompt k is
     episode ``seed + k // T`` of task ``k mod T`` (T tasks: a suite name or a task list)."""
-    from ..verifiable import ProblemObservation, lookup
-    from .policy import format_prompt, plain_problem
-    from .tasks import observation_text
-
     names = resolve_tasks(tasks)
     envs = {t: make_task_env(t) for t in names}
     out = []
     for k in range(n):
         task = names[k % len(names)]
         obs = envs[task].reset(seed + k // len(names))
-        out.append(plain_problem(lookup(task).conversation(obs.problem)) if isinstance(obs, ProblemObservation)
-                   else format_prompt(observation_text(obs), []))
+        out.append(envs[task].spec.prompt(obs, []).plain)
     for env in envs.values():
-        getattr(env, "close", lambda: None)()
+        env.close()
     return out
 
 

@@ -1,6 +1,9 @@
 """The policy: an HF causal LM and its tokenizer, the prompt it reads and the action it writes.
 
-Prompt (plain format, for tokenizers without a chat template)::
+A turn's prompt is written by its task (``env.spec.prompt(obs, history)``, a :class:`~graftkit.core.env.Prompt`:
+a web page's in :mod:`graftkit.webenv.render`, a problem's in :mod:`graftkit.verifiable.format`) and rendered here
+into token ids (:meth:`Policy.turn_ids`): through the tokenizer's chat template, or in the plain format for a
+tokenizer without one. A web turn's plain prompt::
 
     <observation text>
     previous: click(3) ; type(5, "Agustina")      (or "previous: none")
@@ -28,38 +31,14 @@ from typing import Mapping, Sequence
 
 import torch
 
+from ..core.env import Prompt
 from ..core.errors import GraftkitError
+from ..verifiable.format import format_problem, plain_problem, problem_prompt  # noqa: F401  (re-exported)
+from ..webenv.render import SYSTEM, format_prompt, web_prompt  # noqa: F401  (re-exported: the web prompt)
 
 #: End-of-turn tokens of common chat formats (ChatML, Llama 3, Gemma): decoding stops at any of them.
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")
-SYSTEM = "You operate a web page. Answer with one action: click(REF) or type(REF, \"TEXT\")."
 _QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
-
-
-def format_prompt(observation_text: str, history: Sequence[str]) -> str:
-    """The plain prompt for one turn (see the module docstring)."""
-    previous = " ; ".join(history) if history else "none"
-    return f"{observation_text}\nprevious: {previous}\naction:"
-
-
-def format_problem(prompt: str, system: str | None) -> str:
-    """The plain prompt of a verifiable problem: the task's instruction (none when empty), the problem, then
-    ``answer:``."""
-    return f"{system}\n{prompt}\nanswer:" if system else f"{prompt}\nanswer:"
-
-
-def plain_problem(messages: Sequence[Mapping[str, str]]) -> str:
-    """A problem's conversation in the plain format (:func:`format_problem`): its system message, the other
-    messages' contents, then ``answer:``."""
-    system = messages[0]["content"] if messages and messages[0]["role"] == "system" else None
-    return format_problem("\n".join(m["content"] for m in messages if m["role"] != "system"), system)
-
-
-def _conversation(prompt: str | Sequence[Mapping[str, str]], system: str | None) -> list[dict]:
-    """A problem's messages: a conversation as given, or ``system`` (none when empty) and the prompt."""
-    if not isinstance(prompt, str):
-        return [dict(m) for m in prompt]
-    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
 
 
 def canonical_action(text: str) -> str:
@@ -149,28 +128,30 @@ class Policy:
         return pid if pid is not None else next(iter(self.eos_ids))
 
     def prompt_ids(self, observation_text: str, history: Sequence[str]) -> list[int]:
-        return self._prompt(format_prompt(observation_text, history), SYSTEM)
+        """A web turn's prompt from its rendered page (:func:`~graftkit.webenv.render.format_prompt`)."""
+        return self.turn_ids(web_prompt(observation_text, history))
 
     def problem_ids(self, prompt: str | Sequence[Mapping[str, str]], system: str | None = None,
                     template: str = "auto") -> list[int]:
-        """The prompt of a verifiable problem, written in ``template`` (:data:`graftkit.verifiable.format.TEMPLATES`):
-        ``prompt`` (a conversation of messages, or the problem's text after ``system``, none when empty) through the
-        chat template (``chat``; ``auto`` when the tokenizer has one), as :func:`format_problem` writes it
-        (``plain``; ``auto`` without a chat template), or its text exactly as written (``raw``: the messages'
-        contents joined by newlines, no BOS token — TRL's standard format)."""
-        msgs = _conversation(prompt, system)
-        if template == "chat" and not self.chat:
+        """The prompt of a verifiable problem (:func:`~graftkit.verifiable.format.problem_prompt`): a conversation of
+        messages, or the problem's text after ``system`` (none when empty), written in ``template``."""
+        return self.turn_ids(problem_prompt(prompt, system, template))
+
+    def turn_ids(self, prompt: Prompt) -> list[int]:
+        """The token ids of a turn's prompt, as its task wrote it (``env.spec.prompt(obs, history)``), in its
+        template (:data:`graftkit.verifiable.format.TEMPLATES`): through the chat template (``chat``; ``auto`` when
+        the tokenizer has one), in the plain format (``plain``; ``auto`` without a chat template), or its text
+        exactly as written (``raw``: the messages' contents joined by newlines, no BOS token — TRL's standard
+        format)."""
+        if prompt.template == "chat" and not self.chat:
             raise GraftkitError(f"--template chat: the tokenizer of {self.path or 'the policy'} has no chat template",
                                 "use --template plain or raw (or auto, which picks plain for it)")
-        if template == "raw":
-            text = "\n".join(m["content"] for m in msgs)
+        if prompt.template == "raw":
+            text = "\n".join(m["content"] for m in prompt.messages)
             return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        if self.chat and template in ("auto", "chat"):
-            return self._chat_ids(msgs)
-        return self._plain_ids(plain_problem(msgs))
-
-    def _prompt(self, text: str, system: str) -> list[int]:
-        return self._chat_ids(self._messages(text, system)) if self.chat else self._plain_ids(text)
+        if self.chat and prompt.template in ("auto", "chat"):
+            return self._chat_ids([dict(m) for m in prompt.messages])
+        return self._plain_ids(prompt.plain)
 
     def _chat_ids(self, msgs: list[dict]) -> list[int]:
         if not self.system_role and msgs and msgs[0]["role"] == "system":  # a template without a system role
@@ -184,22 +165,10 @@ class Policy:
         bos = self.tokenizer.bos_token_id
         return ([bos] if bos is not None else []) + list(ids)
 
-    def turn_ids(self, obs, history: Sequence[str]) -> list[int]:
-        """The prompt of one turn from an observation of either kind (a web page, or a problem)."""
-        from ..verifiable import ProblemObservation, lookup
-
-        if isinstance(obs, ProblemObservation):
-            task = lookup(obs.task)
-            return self.problem_ids(task.conversation(obs.problem), template=task.template)
-        from ..webenv.render import render_text
-
-        return self.prompt_ids(render_text(obs), history)
-
-    def read_output(self, obs, ids: Sequence[int]) -> str:
-        """The text of an output: a web action (:meth:`decode_action`), or a problem's whole completion."""
-        from ..verifiable import ProblemObservation
-
-        return self.decode_completion(ids) if isinstance(obs, ProblemObservation) else self.decode_action(ids)
+    def output_text(self, ids: Sequence[int], reads: str) -> str:
+        """The text of an output, read as its task reads it (``env.spec.reads``, :data:`graftkit.core.env.READS`):
+        a web action (:meth:`decode_action`), or a problem's whole completion (:meth:`decode_completion`)."""
+        return self.decode_completion(ids) if reads == "completion" else self.decode_action(ids)
 
     def decode_completion(self, ids: Sequence[int]) -> str:
         """A verifiable problem's completion, every line of it, without its end token."""

@@ -34,7 +34,7 @@ from ..webenv import ParseError
 from .decode import Decode, generate
 from .engine import turn_seed
 from .policy import Policy
-from .tasks import check_known, is_problem, make_task_env
+from .tasks import check_known, make_task_env, task_spec
 from .vlm import require_vision
 
 
@@ -125,8 +125,10 @@ def rollout(
     ``max_turns``: end episodes after this many turns if the task allows more (single-turn GRPO)."""
     require_vision(policy, obs)
     check_known(sorted({task for task, _, _ in jobs}))
-    if obs == "som" and any(is_problem(t) for t, _, _ in jobs):
-        raise GraftkitError("--obs som shows web pages; a verifiable problem has no screenshot", "use --obs text")
+    shown = [t for t in sorted({task for task, _, _ in jobs}) if obs == "som" and not task_spec(t).screenshots]
+    if shown:
+        raise GraftkitError(f"--obs som shows screenshots; {', '.join(shown)} has none (a verifiable problem is text)",
+                            "use --obs text")
     episodes = [Episode(t, s, k) for t, s, k in jobs]
     env_kw = {"screenshots": True} if obs == "som" else {}
     if backend == "miniwob":
@@ -160,7 +162,7 @@ def _turn(policy: Policy, episodes: list[Episode], live: dict[int, _Live], decod
     if obs_kind == "som":
         prompts, vision = map(list, zip(*(policy.som_prompt(live[i].obs, live[i].history) for i in rows)))
     else:
-        prompts, vision = [policy.turn_ids(live[i].obs, live[i].history) for i in rows], None
+        prompts, vision = [policy.turn_ids(live[i].env.spec.prompt(live[i].obs, live[i].history)) for i in rows], None
     toks: list = [None] * len(rows)
     lps: list = [None] * len(rows)
     if policy.engine is not None:  # vLLM batches and schedules the turn's prompts itself
@@ -174,7 +176,7 @@ def _turn(policy: Policy, episodes: list[Episode], live: dict[int, _Live], decod
     ended = []
     for j, i in enumerate(rows):
         ep, st = episodes[i], live[i]
-        action = policy.read_output(st.obs, toks[j])
+        action = policy.output_text(toks[j], st.env.spec.reads)
         try:
             step = st.env.step(action)
             valid = st.env.parseable(action)  # a problem's answer format (a web action's raised ParseError above)

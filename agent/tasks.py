@@ -16,7 +16,7 @@ from typing import Sequence
 from ..core.env import Env, EpisodeSpec
 from ..core.errors import GraftkitError
 from ..core.suites import suites
-from ..verifiable import ProblemEnv, ProblemObservation, is_verifiable, lookup, resolve_source
+from ..verifiable import ProblemEnv, is_verifiable, lookup, resolve_source
 from ..verifiable.format import PromptFormat
 from ..webenv import make_env
 from ..webenv import tasks as webtasks
@@ -33,15 +33,6 @@ def known(name: str) -> bool:
 def is_problem(name: str) -> bool:
     """Whether ``name`` is a single-turn verifiable task (not a web task)."""
     return name not in webtasks.TASKS and is_verifiable(name)
-
-
-def is_user_file(name: str) -> bool:
-    """Whether ``name`` is a user's file of items (``FILE.jsonl``): a fixed set that an evaluation plays whole
-    unless the same run trains on it, where a generated task (web, built-in, entry point) always holds one
-    item in four out of training (:mod:`graftkit.webenv.items`)."""
-    from ..verifiable.user import JsonlTask
-
-    return is_problem(name) and isinstance(lookup(name), JsonlTask)
 
 
 def task_spec(name: str) -> EpisodeSpec:
@@ -93,15 +84,6 @@ def resolve_tasks(spec: str | Sequence[str], fmt: PromptFormat | None = None) ->
     if not out:
         raise GraftkitError("no tasks selected", "pass --tasks mastered, headroom, task names or verifiable tasks")
     return list(dict.fromkeys(out))
-
-
-def observation_text(obs) -> str:
-    """What a policy reads of an observation: a web page's rendered element list, or a problem's prompt."""
-    if isinstance(obs, ProblemObservation):
-        return obs.utterance
-    from ..webenv.render import render_text
-
-    return render_text(obs)
 
 
 def task_sources(names: Sequence[str]) -> dict[str, str]:

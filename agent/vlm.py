@@ -93,12 +93,10 @@ class VisionPolicy(Policy):
         owner = self.processor if getattr(self.processor, "chat_template", None) else self.tokenizer
         return owner.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
-    def _prompt(self, text: str, system: str) -> list[int]:
-        """A text-only prompt (``--obs text``, or a verifiable problem): no image."""
-        if not self.chat:
-            return super()._prompt(text, system)
-        s = self._template([{"role": "system", "content": [{"type": "text", "text": system}]},
-                            {"role": "user", "content": [{"type": "text", "text": text}]}])
+    def _chat_ids(self, msgs: list[dict]) -> list[int]:
+        """A text-only prompt through the chat template (``--obs text``, or a verifiable problem): no image; each
+        message's content as one text part, as the processor's template reads it."""
+        s = self._template([{"role": m["role"], "content": [{"type": "text", "text": m["content"]}]} for m in msgs])
         return list(self.tokenizer(s, add_special_tokens=False)["input_ids"])
 
     def som_prompt(self, obs, history: Sequence[str]) -> tuple[list[int], dict[str, torch.Tensor]]:

@@ -121,9 +121,9 @@ class EpisodeOptions(RunOption, DeviceOption, EngineOption, PromptOption):
     def whole_tasks(self) -> tuple[str, ...]:
         """Tasks played on every item: under ``auto``, a user's files. A file is split only where the same run
         trains on it (the study, ``train sft``/``grpo``); an evaluation of its own trains on nothing."""
-        from ..agent.tasks import is_user_file
+        from ..agent.tasks import task_spec
 
-        return tuple(t for t in self.task_list if is_user_file(t)) if self.items == "auto" else ()
+        return tuple(t for t in self.task_list if task_spec(t).items is not None) if self.items == "auto" else ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,10 +214,10 @@ class EvalResult:
     @classmethod
     def from_outcome(cls, outcome, model_desc: dict, config: CommandConfig | None = None, **more_attrs):
         """The view of an ``agent.EvalOutcome`` of the checkpoint ``model_desc`` (``weights.describe``)."""
-        from ..verifiable.registry import file_size
+        from ..agent.tasks import task_spec
         from ..agent.tasks import prompt_formats, task_sources
 
-        sizes = {t: n for t in outcome.tasks if (n := file_size(t)) is not None}
+        sizes = {t: n for t in outcome.tasks if (n := task_spec(t).items) is not None}
         attrs = {"model": model_desc, "label": Path(model_desc.get("path", "model")).name,
                  "decode": asdict(outcome.decode), "backend": outcome.backend, "obs": outcome.obs,
                  "episode_seed": ("env seed = 1000 * seed + episode (a user's file played on every item: seed * "

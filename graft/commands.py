@@ -255,13 +255,13 @@ class GraftConfig(ReadOptions, RunOption, DeviceOption, EngineOption, ExecutorOp
     def whole_tasks(self) -> tuple[str, ...]:
         """Under ``--items auto``, the user's files among the tasks: played on every item (nothing in a sweep trains
         on them)."""
-        from ..verifiable.registry import file_size
+        from ..agent.tasks import task_spec
 
         if self.items != "auto" or self.mode == "export":
             return ()
         from ..agent.tasks import resolve_tasks
 
-        return tuple(t for t in resolve_tasks(self.tasks, self.prompt_format) if file_size(t) is not None)
+        return tuple(t for t in resolve_tasks(self.tasks, self.prompt_format) if task_spec(t).items is not None)
 
     def spec(self) -> GraftSpec:
         return GraftSpec.parse(self.groups, self.layers, self.alpha, self.reverse)
@@ -798,7 +798,7 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
     (:func:`graftkit.graft.experiments.execute_sweep`)."""
     from ..agent import Decode, resolve_tasks, seed_list
     from ..agent.tasks import prompt_formats
-    from ..verifiable.registry import file_size
+    from ..agent.tasks import task_spec
     from ..core.executor import Executor
 
     t0 = time.perf_counter()
@@ -832,7 +832,7 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
                  "decode": asdict(decode), "unknown": cfg.unknown, "items": grid.items, "whole": list(grid.whole),
                  "prompt_formats": prompt_formats(grid.tasks),
                  **({"file_items": sizes} if (sizes := {t: n for t in grid.tasks
-                                                        if (n := file_size(t)) is not None}) else {}),
+                                                        if (n := task_spec(t).items) is not None}) else {}),
                  # outcomes of one sweep come from one precision on one kind of device (a resume checks it)
                  "placement": {"device": survey.placement["device"].split(":")[0], "dtype": survey.placement["dtype"],
                                # sampled outcomes are the engine's own: a resume never mixes engines

@@ -2,10 +2,9 @@
 
 Every number here was set before the runs it configures, by measurement on training items or on a policy the
 study does not evaluate; each table says how. :class:`~graftkit.study.pipeline.StudyConfig` reads its defaults
-and presets from here, the findings rules (:mod:`graftkit.study.findings`) the suites, and the commands' task
-names (``--tasks mastered``) the suites too, through :mod:`graftkit.core.suites`, where this module registers
-:data:`SUITES` when ``graftkit/__init__.py`` imports it, before any other (those commands sit below the study and
-do not import it).
+and presets from here, the findings rules (:mod:`graftkit.study.findings`) the suites. The suites' table itself sits
+in :mod:`graftkit.core.suites`, below every package that resolves task names (``--tasks mastered``), which reads it
+there; this module names it.
 
 A preset is a table of :class:`~graftkit.study.pipeline.StudyConfig` fields over its defaults: the embedded policy's
 (:data:`EMBEDDED_PRESETS`), a pretrained chat model's (:data:`PRETRAINED_PRESETS`), another domain's
@@ -14,29 +13,11 @@ A preset is a table of :class:`~graftkit.study.pipeline.StudyConfig` fields over
 
 from __future__ import annotations
 
-from ..core.suites import register_suites
+from ..core.suites import SUITES  # noqa: F401  (the study's named suites; the table and how each was chosen live there)
 from ..results.layout import SFT_B
 
 # --- the web study on the embedded policy --------------------------------------------------------------------------
 
-#: The three named suites of web tasks, set by measurement on held-out items of the study's SFT policy
-#: (:data:`STUDY_SFT`; ``graftkit headroom --seeds 25 --episodes 4 --k 8``, 100 held-out items per task).
-#: ``mastered``: a task the SFT policy solves greedily below the ceiling — click-tab 92% (sampled 75%); the SFT
-#: trains until its greedy success on training items reaches 93%, so the held-out baseline sits in 90–97% and an
-#: improvement could show (the full study plays 100 items per task, where +8 points is detectable). ``headroom``: a
-#: task it has learnt in part, whose reward sampling reaches and whose sampled policy beats its greedy one
-#: (click-button: greedy 27%, sampled 36.5%, pass@8 91%: credible headroom); click-link (greedy 28%, sampled 29%,
-#: pass@8 81%) has none, so it is in no suite. Whether the sampled policy beats the greedy one is measured again by
-#: every study, not assumed. ``control``: the positive control's task (:data:`CONTROL`): the mastered task under a
-#: planted position bias, where greedy fails and sampling succeeds, so a GRPO recipe that learns must raise it.
-#: Tasks with one or a few distinct items (focus-text, focus-text-2) cannot be held out and are in no suite.
-SUITES: dict[str, tuple[str, ...]] = {
-    "mastered": ("click-tab",),
-    "headroom": ("click-button",),
-    "control": ("click-tab",),
-}
-# The commands' task names (``--tasks mastered``) read these suites; graftkit/__init__.py imports this module first.
-register_suites(SUITES)
 
 #: The study's SFT policy, in two stages (``graftkit demo --train-sft`` trains it; the study starts from the copy
 #: shipped in assets/study-sft, trained by this recipe): first the headroom suite from scratch for a fixed number of

@@ -229,15 +229,16 @@ def _own_suites(cfg: StudyConfig, mastered: str | None, headroom: str | None) ->
     demonstrated by its SFT and probed by its activation ranks."""
     if not mastered and not headroom:
         return cfg
-    from ..agent.tasks import is_problem, resolve_tasks
+    from ..agent.tasks import resolve_tasks, task_spec
 
     suites = dict(cfg.suites)
     for name, spec, flag in (("mastered", mastered, "--mastered"), ("headroom", headroom, "--headroom")):
         if spec:
             tasks = tuple(resolve_tasks(spec))
-            web = [t for t in tasks if not is_problem(t)]
-            if web:
-                raise GraftkitError(f"{flag} {spec}: {', '.join(web)} is a web task, not a verifiable one",
+            other = [t for t in tasks if task_spec(t).kind != "verifiable"]
+            if other:
+                raise GraftkitError(f"{flag} {spec}: {', '.join(other)} is a {task_spec(other[0]).kind} task, not a "
+                                    "verifiable one",
                                     "name verifiable tasks (built-in, FILE.jsonl or module:function), or run the "
                                     "web study without --domain")
             suites[name] = tasks

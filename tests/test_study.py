@@ -253,13 +253,13 @@ def test_findings_read_the_study_suites(tmp_path):
 
 
 def test_arithmetic_domain_presets_study_verifiable_tasks():
-    from graftkit.agent import is_problem
+    from graftkit.agent.tasks import task_spec
     from graftkit.study.design import ARITHMETIC_SUITES, DOMAIN_PRESETS
 
     quick, full = StudyConfig.preset("q", True, domain="arithmetic"), StudyConfig.preset("f", domain="arithmetic")
     for cfg in (quick, full):
         assert cfg.domain == "arithmetic" and cfg.train_sft and cfg.suites == ARITHMETIC_SUITES
-        assert all(is_problem(t) for t in all_tasks(cfg)) and cfg.probe_tasks == "multiples,arithmetic-2"
+        assert {task_spec(t).kind for t in all_tasks(cfg)} == {"verifiable"} and cfg.probe_tasks == "multiples,arithmetic-2"
         assert set(cfg.sft_tasks.split(",")) == set(all_tasks(cfg))
     assert quick.sft_steps < full.sft_steps and quick.grpo_steps < full.grpo_steps
     assert len([r for r in rl_runs(full) if r.suite == "mastered"]) == 18  # the same grid as the web study

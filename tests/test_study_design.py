@@ -392,8 +392,8 @@ def test_suites_are_one_table_of_known_disjoint_web_tasks():
 
 
 def test_every_tasks_option_reads_the_study_suites(monkeypatch):
-    """``--tasks mastered`` resolves through core.suites, which holds the study's table itself: a suite
-    changed there is the suite every command plays."""
+    """``--tasks mastered`` resolves through core.suites, which holds the study's table itself (the design names
+    it): a suite changed there is the suite every command plays."""
     from graftkit.agent import resolve_tasks
     from graftkit.agent.tasks import HINT
     from graftkit.core.errors import GraftkitError

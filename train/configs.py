@@ -67,10 +67,10 @@ def parse_budgets(items: tuple[str, ...], tasks: str | None) -> dict[str, int]:
     """Demonstration pools: the default recipe's (restricted to ``tasks``), then each ``TASK=N``."""
     budgets = dict(DEFAULT_BUDGETS)
     if tasks:
-        from ..agent import is_problem, resolve_tasks
+        from ..agent.tasks import resolve_tasks, task_spec
 
         keep = set(resolve_tasks(tasks))
-        fresh = {t: 1_000_000 if is_problem(t) else 400 for t in keep - set(budgets)}  # problems: fresh items
+        fresh = {t: task_spec(t).demo_pool for t in sorted(keep - set(budgets))}
         budgets = {t: n for t, n in budgets.items() if t in keep} | fresh
     for item in items:
         task, sep, n = item.partition("=")

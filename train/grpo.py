@@ -53,7 +53,7 @@ import torch
 from .._version import __version__
 from ..agent import Decode, Episode, Policy, next_token_logits, rollout
 from ..core.errors import GraftkitError
-from ..agent.tasks import make_task_env, task_spec
+from ..agent.tasks import make_task_env
 from ..webenv.items import SPLIT_RULE, NoItems, draw
 from ..core.devices import TRAINING_CONVENTION, autocast, dtype_name, resolve_device, training_dtype
 from ..results.layout import rl_checkpoints
@@ -270,8 +270,8 @@ def check_tokenizer_fits(policy: Policy, tasks: Sequence[str], seeds: int = 5) -
         env = make_task_env(task)
         for s in range(seeds):
             obs = env.reset(GRPO_SEED_BASE + s)
-            for action in task_spec(task).oracle(obs):
-                back = policy.read_output(obs, policy.action_ids(action))
+            for action in env.spec.oracle(obs):
+                back = policy.output_text(policy.action_ids(action), env.spec.reads)
                 unk = policy.tokenizer.unk_token_id
                 if back.replace(" ", "") != action.replace(" ", "") or (unk is not None and unk in policy.action_ids(action)):
                     raise GraftkitError(

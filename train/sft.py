@@ -40,11 +40,9 @@ from ..agent import Policy, next_token_logits, tiny_policy
 from ..agent.evaluate import MAX_EPISODES_PER_SEED, EvalOutcome, evaluate, plan_episodes
 from ..agent.rollout import Decode
 from ..core.errors import GraftkitError
-from ..agent.tasks import is_problem, make_task_env, tiny_words
-from ..webenv import demonstrate
+from ..agent.tasks import make_task_env, tiny_words
+from ..core.env import demonstrate
 from ..webenv.items import NoItems, SPLIT_RULE, draw
-from ..webenv.render import render_text
-from ..webenv.tasks import TASKS
 from ..stats.rates import wilson_interval
 from ..core.devices import TRAINING_CONVENTION, autocast, dtype_name, resolve_device, training_dtype
 from ..weights import load_model, save_model
@@ -88,20 +86,17 @@ def episode_examples(policy: Policy, env, task: str, seed: int, decoy_rate: floa
     does not determine the answer). The episode is the first training item from ``seed`` on
     (:func:`~graftkit.webenv.items.draw`): evaluation items are never demonstrated."""
     seed, _, obs = draw(env, seed, heldout=False)
-    if is_problem(task):  # one turn: the problem → a completion that solves it
-        return [Example(task, tuple(policy.turn_ids(obs, [])), tuple(policy.action_ids(env.demonstration(obs)[0])))]
-    spec = TASKS[task]
-    if spec.ambiguous(obs):
+    if env.spec.ambiguous(obs):
         return []
     if decoy_rate and random.Random(seed).random() < decoy_rate:
-        first = spec.oracle(obs)[0]
+        first = env.spec.oracle(obs)[0]
         slip = decoy_action(obs, first)
         if slip is not None:
-            return [Example(task, tuple(policy.prompt_ids(render_text(obs), [])), tuple(policy.action_ids(slip)))]
+            return [Example(task, tuple(policy.turn_ids(env.spec.prompt(obs, []))), tuple(policy.action_ids(slip)))]
     history: list[str] = []
     out = []
     for obs, action, _ in demonstrate(env, obs):
-        out.append(Example(task, tuple(policy.prompt_ids(render_text(obs), history)), tuple(policy.action_ids(action))))
+        out.append(Example(task, tuple(policy.turn_ids(env.spec.prompt(obs, history))), tuple(policy.action_ids(action))))
         history.append(action)
     if not env.success:
         raise GraftkitError(f"the {task} oracle failed on seed {seed}", "this is a bug in the task's oracle; report it")

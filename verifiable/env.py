@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.env import Step
+from ..core.env import Prompt, Step
 from ..core.errors import GraftkitError
 from .base import Problem, VerifiableTask
 
@@ -46,9 +46,29 @@ class ProblemSpec:
     oracle's plan, the completion's process score as progress."""
 
     max_steps = 1
+    kind = "verifiable"
+    reads = "completion"
+    screenshots = False
+    demo_pool = 1_000_000  # a generated problem's items are fresh; a file's repeat
 
     def __init__(self, task: VerifiableTask):
         self.task, self.name = task, task.name
+
+    @property
+    def items(self) -> int | None:
+        """The number of items of a user's file (``FILE.jsonl``); None for a task that generates its problems."""
+        from .user import JsonlTask
+
+        return len(self.task) if isinstance(self.task, JsonlTask) else None
+
+    def prompt(self, obs: ProblemObservation, history=()) -> Prompt:
+        """The problem's prompt in its task's format as registered now (a command's ``--system``/``--template``
+        re-registers the task: :func:`graftkit.verifiable.resolve_source`)."""
+        from .format import problem_prompt
+        from .registry import lookup
+
+        task = lookup(obs.task)
+        return problem_prompt(task.conversation(obs.problem), template=task.template)
 
     def oracle(self, obs: ProblemObservation) -> list[str]:
         return [self.task.solution(obs.problem)]

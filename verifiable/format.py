@@ -27,9 +27,10 @@ import importlib
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 from ..core.config import CommandConfig, check_choice
+from ..core.env import Prompt
 from ..core.errors import GraftkitError
 
 #: How a prompt is rendered (see the module docstring).
@@ -44,6 +45,32 @@ FORMATS_HINT = "tags, last-number, boxed, whole, regex:PATTERN or module:functio
 MOSTLY_UNPARSED = 0.5
 #: What reads a verifiable task's answers in another format: the flags of every command that plays them.
 FORMAT_FIX = (f"pass --answer-format ({FORMATS_HINT}) and, for the trainer's prompt, --template and --system")
+
+
+
+def format_problem(prompt: str, system: str | None) -> str:
+    """The plain prompt of a verifiable problem: the task's instruction (none when empty), the problem, then
+    ``answer:``."""
+    return f"{system}\n{prompt}\nanswer:" if system else f"{prompt}\nanswer:"
+
+
+def plain_problem(messages: Sequence[Mapping[str, str]]) -> str:
+    """A problem's conversation in the plain format (:func:`format_problem`): its system message, the other
+    messages' contents, then ``answer:``."""
+    system = messages[0]["content"] if messages and messages[0]["role"] == "system" else None
+    return format_problem("\n".join(m["content"] for m in messages if m["role"] != "system"), system)
+
+
+def problem_prompt(prompt: str | Sequence[Mapping[str, str]], system: str | None = None,
+                   template: str = "auto") -> Prompt:
+    """A problem's :class:`~graftkit.core.env.Prompt`: ``prompt`` (a conversation of messages, rendered as written,
+    or the problem's text after ``system``, none when empty) in ``template``."""
+    if isinstance(prompt, str):
+        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    else:
+        msgs = [dict(m) for m in prompt]
+    return Prompt(tuple(msgs), plain_problem(msgs), template)
+
 
 _TAGS = re.compile(r"<\s*answer\s*>(.*?)<\s*/\s*answer\s*>", re.S | re.I)
 _NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")

@@ -56,16 +56,6 @@ def is_verifiable(name: str) -> bool:
     return name in _REGISTERED or _builtin(name) is not None
 
 
-def file_size(task: str) -> int | None:
-    """The number of items of the user's file (``FILE.jsonl``) registered as ``task``; None for any other task."""
-    from .user import JsonlTask
-
-    if not is_verifiable(task):
-        return None
-    found = lookup(task)
-    return len(found) if isinstance(found, JsonlTask) else None
-
-
 def registered() -> dict[str, VerifiableTask]:
     """The user's tasks loaded so far in this process."""
     return dict(_REGISTERED)

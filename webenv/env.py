@@ -23,9 +23,8 @@ env is fresh or has played others.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
 
-from ..core.env import Step
+from ..core.env import Step, demonstrate  # noqa: F401  (re-exported: the web package's name for it)
 from ..core.errors import GraftkitError
 from .actions import Action, ParseError, parse_action
 from .observation import Observation, empty_observation
@@ -125,22 +124,3 @@ class MirrorEnv(WebEnv):
         if page.done:
             return Step(empty_observation(self.task), page.raw_reward, True)
         return Step(page.observe(self.task), 0.0, False)
-
-
-def demonstrate(env: WebEnv, obs: Observation, *, oracle: bool = False) -> Iterator[tuple[Observation, str, Step]]:
-    """Play the demonstrator's episode from ``obs`` (the env's current observation), turn by turn:
-    (observation, action, step). Its plan is played, then made again from the next observation while
-    the episode runs (a task that hides its answer plans a step at a time), for at most the task's
-    ``max_steps`` turns. ``oracle``: the oracle, reading only observations, instead of the demonstrator
-    (which on the mirror may read the page: ``Task.demonstrate``)."""
-    turns = 0
-    while turns < env.spec.max_steps and not env.done:
-        plan = env.spec.oracle(obs) if oracle else env.demonstration(obs)
-        for action in plan[: env.spec.max_steps - turns]:
-            step = env.step(action)
-            yield obs, action, step
-            turns += 1
-            obs = step.observation
-            if step.done:
-                return
-

@@ -1,5 +1,12 @@
 """Observation renderers shared by both backends: the text prompt and the Set-of-Marks screenshot.
 
+A turn's prompt (:func:`web_prompt`) is the rendered page, the episode's earlier actions and ``action:``; with a
+chat template the same text is the user message after :data:`SYSTEM`. The plain format::
+
+    <observation text>
+    previous: click(3) ; type(5, "Agustina")      (or "previous: none")
+    action:
+
 ``render_text(obs)`` is a pure function of the observation's instruction and element list, so one
 episode renders to the same text on the mirror and on the browser. One line per element worth acting
 on or reading, in document order:
@@ -28,12 +35,30 @@ boxes (``draw_layout``) for the mirror.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
+from ..core.env import Prompt
 from .observation import Element, Observation
+
+#: The system message of a web turn's prompt (with a chat template).
+SYSTEM = "You operate a web page. Answer with one action: click(REF) or type(REF, \"TEXT\")."
+
+
+def format_prompt(observation_text: str, history: Sequence[str]) -> str:
+    """The plain prompt for one turn (see the module docstring)."""
+    previous = " ; ".join(history) if history else "none"
+    return f"{observation_text}\nprevious: {previous}\naction:"
+
+
+def web_prompt(observation_text: str, history: Sequence[str]) -> Prompt:
+    """The prompt of a web turn: the rendered page (:func:`render_text`) and the earlier actions, after
+    :data:`SYSTEM` in a chat."""
+    text = format_prompt(observation_text, history)
+    return Prompt(({"role": "system", "content": SYSTEM}, {"role": "user", "content": text}), text)
 
 SCREEN_W, SCREEN_H = 160, 210  # miniwob's TASK_WIDTH x TASK_HEIGHT screenshot crop
 MIN_VISIBLE = 2.0

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
+from ..core.env import Prompt
 from .dom import Event, Node, Page, Style
 from .fonts import Font, ceil64
 from .html import (
@@ -34,6 +35,7 @@ from .html import (
     ws,
 )
 from .observation import Element, Observation
+from .render import render_text, web_prompt
 from .seedrandom import SeedRandom
 from .words import ui_utils
 
@@ -128,6 +130,17 @@ class Task:
     in_miniwob: ClassVar[bool] = True
     #: ms of page timers a typed character starts (the real backend waits them out; the mirror settles)
     settle_ms: ClassVar[int] = 0
+    # the episode protocol's kind plumbing (graftkit.core.env.EpisodeSpec)
+    kind: ClassVar[str] = "web"
+    reads: ClassVar[str] = "action"
+    screenshots: ClassVar[bool] = True
+    demo_pool: ClassVar[int] = 400
+    items: ClassVar[int | None] = None
+
+    @staticmethod
+    def prompt(obs: Observation, history: Sequence[str]) -> Prompt:
+        """The turn's prompt (:func:`graftkit.webenv.render.web_prompt`)."""
+        return web_prompt(render_text(obs), history)
 
     def __init__(self) -> None:
         self.page, self.area = self.build()
