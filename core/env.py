@@ -84,6 +84,32 @@ class EpisodeSpec(Protocol):
         ...
 
 
+class EnvBase:
+    """What every environment does alike: the demonstrator follows the spec's oracle unless a kind says otherwise,
+    success is an episode that ended with reward 1, and ``with env:`` closes it (a no-op unless it holds a browser)."""
+
+    spec: EpisodeSpec
+    done: bool
+    raw_reward: float
+
+    def demonstration(self, obs: Any) -> list[str]:
+        """The demonstrator's plan from ``obs``: the oracle's."""
+        return self.spec.oracle(obs)
+
+    @property
+    def success(self) -> bool:
+        return self.done and self.raw_reward == 1.0
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 class Env(Protocol):
     """One task's environment: ``reset(seed)`` starts the seeded episode, ``step(text)`` plays one turn."""
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.env import Prompt, Step
+from ..core.env import EnvBase, Prompt, Step
 from ..core.errors import GraftkitError
 from .base import Problem, VerifiableTask
 
@@ -83,7 +83,7 @@ class ProblemSpec:
         return 1.0 if reward == 1.0 else min(max(obs.process, 0.0), 0.99)
 
 
-class ProblemEnv:
+class ProblemEnv(EnvBase):
     """One verifiable task: ``reset(seed)`` shows problem ``seed``, ``step(completion)`` scores it and ends
     (the episode interface :class:`graftkit.core.env.Env`)."""
 
@@ -115,18 +115,3 @@ class ProblemEnv:
         """Whether ``completion`` states an answer in the current problem's answer format."""
         return self._task.parseable(completion, self._problem)
 
-    def demonstration(self, obs: ProblemObservation) -> list[str]:
-        return self.spec.oracle(obs)
-
-    @property
-    def success(self) -> bool:
-        return self.done and self.raw_reward == 1.0
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> ProblemEnv:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

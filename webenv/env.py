@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from ..core.env import Step, demonstrate  # noqa: F401  (re-exported: the web package's name for it)
+from ..core.env import EnvBase, Step, demonstrate  # noqa: F401  (re-exported: the web package's name for it)
 from ..core.errors import GraftkitError
 from .actions import Action, ParseError, parse_action
 from .observation import Observation, empty_observation
@@ -32,7 +32,7 @@ from .seedrandom import SeedRandom
 from .tasks import TASKS, Task
 
 
-class WebEnv(ABC):
+class WebEnv(EnvBase, ABC):
     """One task, one page; ``reset(seed)`` starts the seeded episode, ``step(action)`` plays one action
     (the episode interface :class:`graftkit.core.env.Env`)."""
 
@@ -69,22 +69,6 @@ class WebEnv(ABC):
             return False
         return True
 
-    def demonstration(self, obs: Observation) -> list[str]:
-        """The demonstrator's plan from ``obs``: the oracle's (the mirror's may also read the page)."""
-        return self.spec.oracle(obs)
-
-    @property
-    def success(self) -> bool:
-        return self.done and self.raw_reward == 1.0
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> WebEnv:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 class MirrorEnv(WebEnv):
