@@ -187,16 +187,17 @@ def contrast_intervals(
         A[:, start : start + rows] = m_cfg[:, pick].mean(axis=2)
         drawn = x[:, pick[..., None], epi]  # [config, rows, S, E]
         B[:, start : start + rows] = drawn.mean(axis=(2, 3))
-    Aw, Bw = W @ A, W @ B  # [contrast, boot]
     out = {}
     for j, name in enumerate(contrasts):
-        d = np.tensordot(W[j], x, axes=1)  # [S, E]
+        # contractions summed by numpy, not BLAS: the same bits in every process (BLAS blocking follows alignment)
+        Aw, Bw = ((W[j][:, None] * M).sum(axis=0) for M in (A, B))  # [boot]
+        d = (W[j][:, None, None] * x).sum(axis=0)  # [S, E]
         m_bar = float(d.mean(axis=1).mean())
         c, k, df = cluster_bootstrap_factors(d)
-        theta = m_bar + c * (Aw[j] - m_bar) + k * (Bw[j] - Aw[j])
+        theta = m_bar + c * (Aw - m_bar) + k * (Bw - Aw)
         tail = expanded_tail(level, df)
         low, high = np.quantile(theta, [tail, 1 - tail])
-        est = float(W[j] @ m_cfg.mean(axis=1))
+        est = float((W[j] * m_cfg.mean(axis=1)).sum())
         out[name] = (est, float(low), float(high))
     return out
 

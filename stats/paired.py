@@ -459,14 +459,16 @@ def _posterior(p: _Paired, level: float, alpha, n_draws: int, seed: int) -> Baye
     post = _cell_prior(alpha, res_a, res_b) + counts / d_draws[:, None]  # [draw, cell]
     gam = rng.standard_gamma(post)  # Dirichlet(post) draws = normalised independent Gamma(post, 1)
     total = gam.sum(axis=1)
-    delta = (gam @ value) / total  # [draw] Δ(p)
-    weight = _matching_weight(delta, (gam @ value**2) / total)  # [draw] σ_d(p), the matching prior's factor
+    # products summed by numpy, not BLAS: the same bits in every process (a BLAS dot's blocking follows the
+    # arrays' memory alignment, which moves its last bits from one process to the next)
+    delta = (gam * value).sum(axis=1) / total  # [draw] Δ(p)
+    weight = _matching_weight(delta, (gam * value**2).sum(axis=1) / total)  # [draw] σ_d(p), the matching prior's factor
     low, high = weighted_percentile(delta, weight, level)
     return BayesInterval(
-        mean=float(weight @ delta / weight.sum()), low=_clip(low), high=_clip(high),
-        p_positive=float(weight @ (delta > 0) / weight.sum()), level=level, prior=alpha, n_draws=n_draws, seed=seed,
-        counts=_four_cells(p), design_effect=deff, design_effect_df=deff_df, samples=p.samples,
-        effective_draws=float(weight.sum() ** 2 / (weight @ weight)),
+        mean=float((weight * delta).sum() / weight.sum()), low=_clip(low), high=_clip(high),
+        p_positive=float((weight * (delta > 0)).sum() / weight.sum()), level=level, prior=alpha, n_draws=n_draws,
+        seed=seed, counts=_four_cells(p), design_effect=deff, design_effect_df=deff_df, samples=p.samples,
+        effective_draws=float(weight.sum() ** 2 / (weight * weight).sum()),
     )
 
 

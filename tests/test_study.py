@@ -272,46 +272,37 @@ def test_arithmetic_domain_presets_study_verifiable_tasks():
 
 
 @pytest.mark.slow
-def test_arithmetic_demo_runs_end_to_end(tmp_path):
-    """The study on verifiable tasks, shrunk to a minute: every stage runs and writes its result, the findings
-    are stated, and no evaluated problem was trained on."""
-    from graftkit.demo import run_study
-
-    cfg = StudyConfig.preset(str(tmp_path / "run"), True, domain="arithmetic", sft_steps=60, grpo_steps=2,
-                             seeds=(0,), degrade_seeds=(0,), variants=(), regimes={"degrade": 2e-3, "collapse": 1e-2},
-                             eval_seeds=3, headroom_k=2, graft_seeds=2, graft_groups=("attn", "mlp"), probes=4)
-    stages = []
-    info = run_study(cfg, on_stage=lambda name, status, detail: stages.append((name, status)))
-    done = [n for n, s in stages if s == "done"]
-    assert done[0] == "sft" and "report" in done and "graft degrade-s0" in done and "dissociation" in done
-    root = tmp_path / "run"
-    ev = read_result(root / "results" / "eval-sft-greedy.h5")
-    assert list(ev.coords["task"]) == ["multiples", "arithmetic-2"]
-    assert ev.attrs["task_sources"] == {"multiples": "builtin", "arithmetic-2": "builtin"}
-    assert info["items"]["sft_overlap"] == 0 and set(info["items"]["grpo_overlap"].values()) == {0}
-    assert set(info["models"]) == {"sft", "degrade-s0", "collapse-s0", "headroom-s0"}
-    head = read_result(root / "results" / "headroom-sft.h5")
-    assert head["success"].shape[-1] == 2
-    assert len(info["findings"]) == 4 and all(f["verdict"] and f["statement"] for f in info["findings"])
-    assert (root / "report.html").stat().st_size > 100_000
-
-
-@pytest.mark.slow
 @pytest.mark.xdist_group("processes")
-def test_the_study_gives_the_same_results_on_one_worker_and_on_two(tmp_path):
-    """Every array of every result file bit for bit, and the findings' statements, whether the study's runs go one
-    after another in this process or to two worker processes (its timings aside)."""
+def test_the_arithmetic_study_runs_end_to_end_and_the_same_on_one_worker_and_on_two(tmp_path):
+    """The study on verifiable tasks, shrunk to a minute: every stage runs and writes its result, the findings are
+    stated, and no evaluated problem was trained on. Every array of every result file is the same bit for bit, and
+    so are the findings' statements, whether the study's runs go to two worker processes or one after another in
+    this process (its timings aside)."""
     from graftkit.demo import run_study
     from graftkit.results.store import read_result
 
-    def study(name: str, workers: int) -> tuple[Path, dict]:
+    def study(name: str, workers: int, stages: list | None = None) -> tuple[Path, dict]:
         cfg = StudyConfig.preset(str(tmp_path / name), True, domain="arithmetic", sft_steps=60, grpo_steps=2,
                                  seeds=(0,), degrade_seeds=(0,), variants=(), regimes={"degrade": 2e-3, "collapse": 1e-2},
                                  eval_seeds=3, headroom_k=2, graft_seeds=2, graft_groups=("attn", "mlp"), probes=4,
                                  workers=workers)
-        return tmp_path / name / "results", run_study(cfg)
+        record = (lambda stage, status, detail: stages.append((stage, status))) if stages is not None else None
+        return tmp_path / name / "results", run_study(cfg, **({"on_stage": record} if record else {}))
 
-    (one, a), (two, b) = study("one", 1), study("two", 2)
+    stages: list = []
+    (two, b) = study("two", 2, stages)
+    done = [n for n, s in stages if s == "done"]
+    assert done[0] == "sft" and "report" in done and "graft degrade-s0" in done and "dissociation" in done
+    ev = read_result(two / "eval-sft-greedy.h5")
+    assert list(ev.coords["task"]) == ["multiples", "arithmetic-2"]
+    assert ev.attrs["task_sources"] == {"multiples": "builtin", "arithmetic-2": "builtin"}
+    assert b["items"]["sft_overlap"] == 0 and set(b["items"]["grpo_overlap"].values()) == {0}
+    assert set(b["models"]) == {"sft", "degrade-s0", "collapse-s0", "headroom-s0"}
+    assert read_result(two / "headroom-sft.h5")["success"].shape[-1] == 2
+    assert len(b["findings"]) == 4 and all(f["verdict"] and f["statement"] for f in b["findings"])
+    assert (two.parent / "report.html").stat().st_size > 100_000
+
+    (one, a) = study("one", 1)
     files = sorted(p.name for p in one.glob("*.h5"))
     assert files == sorted(p.name for p in two.glob("*.h5")) and len(files) > 20
     compared = 0
