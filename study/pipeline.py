@@ -73,7 +73,7 @@ class StudyConfig(DeviceOption):
     out: str = opt("runs/demo", cli_type=Path)
     """Run folder (finished stages are skipped)."""
     quick: bool = False
-    """The CI-sized study: fewer steps, seeds and probes (≈5 minutes)."""
+    """The CI-sized study: fewer steps, seeds and probes (≈2.5 minutes on 2 cores)."""
     train_sft: bool = opt(False, flags=("--train-sft",))
     """Train the SFT policy with the study's recipe (two stages, the second until the mastered suite's target)
     instead of starting from the embedded copy of it."""
@@ -357,18 +357,30 @@ class Study:
         self.on_stage(name, "done", f"{time.perf_counter() - t0:.0f} s")
 
     def run_units(self, units: list["Unit"]) -> None:
-        """Every unit whose outputs are not all there: here, in order, with one worker; else on the worker
-        processes, handed out in order as workers free up, each once the units it waits for (``after``) are done.
-        A unit's outputs do not depend on where it ran."""
+        """Every unit whose outputs are not all there, each once the units it waits for (``after``) are done, the
+        first ready one in the list first: here with one worker, else on the worker processes as they free up. A
+        unit's outputs do not depend on where or when it ran."""
         todo = []
         for u in units:
             if u.outputs and all(p.exists() for p in u.outputs):
                 self.on_stage(u.name, "skip", u.detail)
             else:
                 todo.append(u)
+        names, done, running = {u.name for u in todo}, set(), {}
+
+        def ready() -> list[Unit]:
+            out = [u for u in todo if all(a in done or a not in names for a in u.after)]
+            if not out and not running and todo:
+                raise GraftkitError(f"the study's units {', '.join(u.name for u in todo)} wait for each other",
+                                    "this is a bug in the study's plan; report it")
+            return out
+
         if self.workers <= 1 or len(todo) <= 1:
-            for u in todo:
+            while todo:
+                u = ready()[0]
+                todo.remove(u)
                 self.stage(u.name, [], partial(u.call, partial(self.on_work, u.name)), u.detail)
+                done.add(u.name)
             return
         import concurrent.futures
         import concurrent.futures.process
@@ -378,10 +390,8 @@ class Study:
 
             self._pool = self._open.enter_context(
                 Executor("processes", workers=self.workers).pool(partial(_worker_setup, self.cfg)))
-        names, done, running = {u.name for u in todo}, set(), {}
         while todo or running:
-            ready = [u for u in todo if all(a in done or a not in names for a in u.after)]
-            for u in ready[: self.workers - len(running)]:
+            for u in ready()[: self.workers - len(running)]:
                 todo.remove(u)
                 self.on_stage(u.name, "start", u.detail)
                 running[self._pool.submit(partial(_in_worker, u.call))] = (u, time.perf_counter())
@@ -414,11 +424,6 @@ def _policy(path: Path):
     from ..agent import load_policy
 
     return load_policy(path)
-
-
-def _episodes(st: Study, stage: str):
-    """``st.on_work`` as the ``OnProgress`` of a run function: every 16 episodes of each bar, and its last."""
-    return _every_16(partial(st.on_work, stage))
 
 
 def _every_16(on_work: Callable[[int, int], None]) -> OnProgress:
@@ -482,6 +487,16 @@ def _train_grpo_unit(gcfg, results: Path, on_work: Callable[[int, int], None]) -
 
 def _eval_unit(ecfg: EvalConfig, on_work: Callable[[int, int], None]) -> None:
     run_eval(ecfg, _every_16(on_work))
+
+
+def _headroom_unit(hcfg: HeadroomConfig, on_work: Callable[[int, int], None]) -> None:
+    run_headroom(hcfg, _every_16(on_work))
+
+
+def _delta_unit(dcfg, on_work: Callable[[int, int], None]) -> None:
+    from ..graft import run_delta
+
+    run_delta(dcfg)
 
 
 def _kl_unit(kcfg, on_work: Callable[[int, int], None]) -> None:
@@ -663,15 +678,14 @@ def sft_control_units(st: Study) -> list[Unit]:
                  f"{', '.join(tasks)} sent to the first tab")]
 
 
-def stage_headroom(st: Study) -> Path:
+def headroom_units(st: Study) -> list[Unit]:
     """Greedy vs sampled success of the SFT policy on every task."""
     cfg, dest = st.cfg, headroom_path(st.results, SFT)
     # items="heldout": the study trains on its tasks, a user's file among them, so it plays held-out items only.
     hcfg = HeadroomConfig(model=st.sft, tasks=",".join(all_tasks(cfg)), seeds=cfg.eval_seeds, episodes=cfg.eval_episodes,
                           k=cfg.headroom_k, save=dest, items="heldout", engine=cfg.engine_name, **cfg.placement)
-    st.stage("headroom", [dest], lambda: run_headroom(hcfg, _episodes(st, "headroom")),
-             f"greedy vs sampled (k={cfg.headroom_k}) on {len(all_tasks(cfg))} tasks")
-    return dest
+    return [Unit("headroom", (dest,), partial(_headroom_unit, hcfg),
+                 f"greedy vs sampled (k={cfg.headroom_k}) on {len(all_tasks(cfg))} tasks")]
 
 
 def grpo_units(st: Study) -> list[Unit]:
@@ -680,7 +694,8 @@ def grpo_units(st: Study) -> list[Unit]:
     from ..train.grpo import GRPOConfig
 
     cfg, units = st.cfg, []
-    for g in grid(cfg):
+    # the highest learning rate first: the longest runs (a collapsing policy writes every turn to its token limit)
+    for g in sorted(grid(cfg), key=lambda g: -g.rl.lr):
         run = g.rl
         temperature = cfg.grpo_temperature if run.suite == "mastered" else cfg.headroom_temperature
         gcfg = GRPOConfig(init=str(st.init_of(g)), out=str(st.rl(run)),
@@ -735,20 +750,27 @@ def eval_units(st: Study) -> list[Unit]:
                           save=eval_path(st.results, label), items="heldout", engine=cfg.engine_name,
                           **cfg.placement)
         units.append(Unit(f"eval {label}", (ecfg.save,), partial(_eval_unit, ecfg),
-                          f"{cfg.eval_seeds} seeds × {cfg.eval_episodes} episodes, greedy"))
+                          f"{cfg.eval_seeds} seeds × {cfg.eval_episodes} episodes, greedy",
+                          after=trained_by(st, label)))
     return units
 
 
-def stage_delta(st: Study) -> Path:
-    """Delta anatomy of every RL run against the SFT policy. The study trained every run from that policy, so
-    each pair is a fine-tune by construction: one that moved further than the fine-tune distance rule allows
-    (a collapse can) is analysed with the rule's note (``--force-pair``), here and in the grafts and ranks."""
-    from ..graft import DeltaConfig, run_delta
+def delta_units(st: Study) -> list[Unit]:
+    """Delta anatomy of every RL run against the SFT policy, once every run is trained. The study trained every
+    run from that policy, so each pair is a fine-tune by construction: one that moved further than the fine-tune
+    distance rule allows (a collapse can) is analysed with the rule's note (``--force-pair``), here and in the
+    grafts and ranks."""
+    from ..graft import DeltaConfig
 
     dest, runs = study_delta_path(st.results), measured_runs(st)
     dcfg = DeltaConfig(rl=tuple(st.rl(r) for r in runs), base=st.sft, save=dest, force_pair=True)
-    st.stage("delta anatomy", [dest], lambda: run_delta(dcfg), f"{len(runs)} runs against SFT")
-    return dest
+    return [Unit("delta anatomy", (dest,), partial(_delta_unit, dcfg), f"{len(runs)} runs against SFT",
+                 after=tuple(n for r in runs for n in trained_by(st, r.name)))]
+
+
+def trained_by(st: Study, label: str) -> tuple[str, ...]:
+    """The unit that writes policy ``label``: none for the SFT policy, there before any unit runs."""
+    return () if label == SFT else (SFT_CONTROL,) if label == SFT_CONTROL else (f"grpo {label}",)
 
 
 # -------------------------------------------------------------------------------------- graft, rank
@@ -778,7 +800,8 @@ def graft_units(st: Study) -> list[Unit]:
                     metric=cfg.graft_metric)
     degrade, collapse = swept_runs(cfg, "degrade"), swept_runs(cfg, "collapse")
     units = [Unit(f"graft {run.name}", (st.sweep(run),), partial(_graft_unit, sweep(rl=st.rl(run))),
-                  f"factorial over {'+'.join(groups)} = {n_configs} configurations, scored by {cfg.graft_metric}")
+                  f"factorial over {'+'.join(groups)} = {n_configs} configurations, scored by {cfg.graft_metric}",
+                  after=trained_by(st, run.name))
              for run in (*degrade, *collapse)]
     if degrade and collapse:
         a, b = degrade[0], collapse[0]
@@ -802,7 +825,7 @@ def rank_units(st: Study) -> list[Unit]:
                  *([RankConfig(model=(path,), what="delta", base=st.parent(label), layers=cfg.rank_weight_layers,
                                save=d, force_pair=True)] if rl else []))
         units.append(Unit(f"rank {label}", tuple(r.save for r in ranks), partial(_rank_unit, ranks),
-                          "weights, activations" + (", delta" if rl else "")))
+                          "weights, activations" + (", delta" if rl else ""), after=trained_by(st, label)))
     return units
 
 
@@ -867,7 +890,8 @@ def kl_units(st: Study) -> list[Unit]:
                         seeds=cfg.kl_seeds, episodes=1, items="heldout", save=kl_result_path(st, run),
                         engine=cfg.engine_name, **cfg.placement)
         units.append(Unit(f"kl {run.name}", (kcfg.save,), partial(_kl_unit, kcfg),
-                          f"KL from {st.parent(run.name).name} on {cfg.kl_seeds} seeds × {len(all_tasks(cfg))} tasks"))
+                          f"KL from {st.parent(run.name).name} on {cfg.kl_seeds} seeds × {len(all_tasks(cfg))} tasks",
+                          after=trained_by(st, run.name)))
     return units
 
 
@@ -914,6 +938,15 @@ def stage_findings(st: Study) -> list:
     return found
 
 
+def study_units(st: Study) -> list[Unit]:
+    """Every unit of the study between its SFT policy and its coupling, each after what it reads: the trainings
+    (the SFT continuations first: GRPO runs wait for them), the graft sweeps (the longest measurements), then the
+    headroom, KL, evaluations, ranks and the delta anatomy. A worker that frees up takes the first ready unit of this
+    list, so the longest work starts first and no worker waits for a stage to end."""
+    return [*sft_control_units(st), *sft_b_units(st), *grpo_units(st), *graft_units(st), *headroom_units(st),
+            *kl_units(st), *eval_units(st), *rank_units(st), *delta_units(st)]
+
+
 def study_workers(cfg: StudyConfig) -> int:
     """How many worker processes run the study's independent units: ``--workers``, else on the CPU with the hf
     engine as many as the cores hold at ``threads`` torch threads each, else one."""
@@ -948,11 +981,7 @@ def run_stages(cfg: StudyConfig, on_progress: OnProgress = no_progress,
     try:
         stage_import(st)
         stage_sft(st)
-        stage_headroom(st)
-        st.run_units([*sft_b_units(st), *sft_control_units(st), *grpo_units(st)])
-        st.run_units([*eval_units(st), *kl_units(st)])
-        stage_delta(st)
-        st.run_units([*graft_units(st), *rank_units(st)])
+        st.run_units(study_units(st))
         stage_coupling(st)
         found = stage_findings(st)
     finally:

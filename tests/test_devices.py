@@ -357,8 +357,8 @@ def test_study_passes_its_placement_to_every_stage_that_runs_a_model(policies, t
     st = study.Study(cfg)
     study.stage_sft(st)
     shutil.copytree(policies["sft"], st.sft)  # the later stages read the SFT policy's taxonomy
-    study.stage_headroom(st)
-    for units in (study.sft_b_units, study.grpo_units, study.eval_units, study.graft_units, study.rank_units):
+    for units in (study.headroom_units, study.sft_b_units, study.grpo_units, study.eval_units, study.graft_units,
+                  study.rank_units):
         st.run_units(units(st))  # one worker: in this process, where the recorders are
     kinds = {type(c).__name__ for c in seen}
     assert {"SFTConfig", "HeadroomConfig", "GRPOConfig", "EvalConfig", "GraftConfig", "RankConfig"} <= kinds
@@ -414,6 +414,7 @@ def _sampled_actions(policy, batch_size: int):
     return [[tuple(t.action_ids) for t in e.turns] for e in eps]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype, attention", [(torch.float32, "sdpa"), (torch.bfloat16, "eager")])
 def test_sampled_rollouts_do_not_depend_on_batching(dtype, attention):
     from graftkit.agent import task_words, tiny_policy
@@ -425,6 +426,7 @@ def test_sampled_rollouts_do_not_depend_on_batching(dtype, attention):
     assert one == eight
 
 
+@pytest.mark.slow
 def test_sampled_rollouts_do_not_depend_on_batching_bfloat16_sdpa():
     """torch's fused CPU attention kernel in bfloat16 gives a row a result that depends on its left padding
     (bf16-ulp logit differences flip a sampled token); rollouts use SDPA's math backend there

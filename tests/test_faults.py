@@ -152,6 +152,7 @@ GRPO = ("--tasks", "click-button", "--steps", "2", "--prompts-per-step", "1", "-
 # -------------------------------------------------------------------------------------- a full disk
 
 
+@pytest.mark.slow
 def test_full_disk_delta_never_crashes_three_times(pair, full_disk, tmp_path):
     before = tree_hash(pair.base, pair.rl)
     for _ in range(3):
@@ -411,6 +412,7 @@ def test_graft_export_removes_a_killed_exports_temporary_folder(pair, tmp_path):
     assert sorted(p.name for p in grafts.iterdir()) == ["g"]
 
 
+@pytest.mark.slow
 def test_clean_lists_and_removes_stale_temporaries(tmp_path):
     run = tmp_path / "run"
     pid = dead_pid()

@@ -66,6 +66,7 @@ def _notebook_figures(run: Path) -> dict[str, list]:
     }
 
 
+@pytest.mark.slow
 def test_every_notebook_figure_is_the_reports_figure(run):
     report = _panels(run)
     ours = _notebook_figures(run)

@@ -477,6 +477,7 @@ def _section_figures(page: str, key: str) -> list[dict]:
     return [figs[int(i.split("-")[1]) - 1]["figure"] for i in re.findall(r"id='(fig-\d+)'", _section(page, key))]
 
 
+@pytest.mark.slow
 def test_study_report_opens_with_the_summary_and_draws_one_figure_per_measure(study_run):
     run, page = study_run
     rep = make_report(run)
@@ -575,6 +576,7 @@ def test_regimes_come_from_the_recorded_study_config_else_the_run_names(study_ru
         assert study_in([Result("findings", {"finding": _s("1")}, {}, attrs)]) is None
 
 
+@pytest.mark.slow
 def test_kl_attribution_drawn_beside_success_when_the_sweep_exposes_it(tmp_path, monkeypatch):
     """A run's KL-scored sweep (its own file, --metric kl) beside its success sweep: the summary draws the KL
     attribution per group beside the success attribution, both named and coloured after the swept run; a sweep
@@ -702,6 +704,7 @@ def test_planted_markup_in_a_menu_is_inert(tmp_path):
 # CLI: report and results
 
 
+@pytest.mark.slow
 def test_cli_report_writes_the_page_and_lists_sections(full_run, tmp_path):
     run, _ = full_run
     out = tmp_path / "out" / "r.html"

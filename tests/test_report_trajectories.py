@@ -35,6 +35,9 @@ WRITTEN = (6, 2, 4)
 STILL = 2
 
 
+
+pytestmark = pytest.mark.slow  # three trajectories written and drawn: the full lane's
+
 def _kl_step(step: int) -> Result:
     """checkpoint-``step``'s kl result; checkpoint-2 did not move (KL 0 on every token, both ways)."""
     return kl_run(f"out-checkpoint-{step}", scale=0.0 if step == STILL else step / 2, seed=step,

@@ -12,19 +12,19 @@ import json
 import os
 import subprocess
 import sys
+from importlib.util import find_spec
 from pathlib import Path
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-pytest.importorskip("trl")
-pytest.importorskip("datasets")
+from graftkit.cli import app
+from graftkit.results.store import read_result
 
-from graftkit.cli import app  # noqa: E402
-from graftkit.results.store import read_result  # noqa: E402
-
-pytestmark = pytest.mark.slow
+# found, not imported: collecting this module does not load TRL (each test's subprocess does)
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not all(find_spec(m) for m in ("trl", "datasets")),
+                                                   reason="TRL is not installed (the trl extra)")]
 HERE = Path(__file__).resolve().parent
 SYSTEM = "You add two numbers. End your reply with the number."
 N_ITEMS = 16

@@ -46,6 +46,7 @@ def _log(folder) -> list[dict]:
     return [json.loads(x) for x in (folder / "train_log.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_until_stops_at_the_first_check_that_reaches_the_target(cli, tmp_path):
     out = tmp_path / "sft"
     res = cli("--out", out, *TINY, "--batch-size", "32", "--lr", "6e-3", "--steps", "80", "--until", "click-tab=0.5",
@@ -78,6 +79,7 @@ def test_until_stops_at_the_first_check_that_reaches_the_target(cli, tmp_path):
     assert curves.attrs["stopping"]["stopped_at"] == stop["stopped_at"]
 
 
+@pytest.mark.slow
 def test_an_unreached_target_runs_to_steps_says_so_and_checks_only_training_items(cli, tmp_path, monkeypatch):
     """--steps 10 with checks every 5 (--check-every) on a learning rate still warming up: 1.0 is not reached.
     Each check is a greedy evaluation on training items, in eval mode, without gradients."""

@@ -73,6 +73,7 @@ def coverage():
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 @pytest.mark.parametrize("method", ["bootstrap", "bayes"])
 def test_difference_intervals_cover_at_nominal_rate(coverage, scenario, method):
@@ -765,6 +766,7 @@ def ceiling_pairs(rng, reps, n_seeds, n_eps, p0=0.99, delta=0.005):
     return a, np.maximum(a, fixed).astype(np.int8)
 
 
+@pytest.mark.slow
 def test_a_small_improvement_at_the_ceiling_is_covered(monkeypatch):
     """p = 0.99, true +0.5 points, 25 × 2 and 25 × 20 episodes: covered ≥ 93%; the bootstrap alone
     (MIN_DISCORDANT = 0) collapses onto [0, 0] or past the truth and covers far less."""

@@ -83,6 +83,47 @@ def test_stage_skips_finished_outputs(tmp_path):
     assert calls == [1] and seen == [("x", "start"), ("x", "done"), ("x", "skip")]
 
 
+def test_every_unit_waits_for_the_policy_it_reads_and_the_longest_start_first(tmp_path):
+    """The quick study's plan: one dependency graph from the SFT policy to the coupling. Each measurement of a policy
+    waits for the unit that trains it, the delta anatomy for every run it reads, the dissociation for its two
+    sweeps; nothing waits on a unit that is not in the plan; the trainings come first, the highest learning rate
+    first; and played in order of readiness, the plan finishes."""
+    import shutil
+
+    from graftkit.study.pipeline import EMBEDDED_SFT, study_units
+
+    cfg = StudyConfig.preset(str(tmp_path / "run"), True)
+    st = Study(cfg)
+    shutil.copytree(EMBEDDED_SFT, st.sft)
+    units = study_units(st)
+    names = [u.name for u in units]
+    assert len(set(names)) == len(names) and all(a in names for u in units for a in u.after)
+    by = {u.name: u for u in units}
+    runs = rl_runs(cfg)
+    for r in runs:
+        for kind in ("eval", "kl", "rank"):
+            assert by[f"{kind} {r.name}"].after == (f"grpo {r.name}",)
+    assert by["eval sft"].after == () and by["eval sft-control"].after == ("sft-control",)
+    assert by["grpo control-s0"].after == ("sft-control",) and by["grpo init-b-degrade"].after == ("sft-b",)
+    assert set(by["delta anatomy"].after) == {f"grpo {r.name}" for r in runs if r.name != "control-s0"}
+    assert set(by["dissociation"].after) == {"graft degrade-s0", "graft collapse-s0"}
+    grpo = [n for n in names if n.startswith("grpo ")]
+    assert names[:2] == ["sft-control", "sft-b"] and grpo[:2] == ["grpo collapse-s0", "grpo collapse-s1"]
+    done: set = set()
+    while len(done) < len(units):  # the order a worker would take them in, one at a time
+        u = next(u for u in units if u.name not in done and all(a in done for a in u.after))
+        done.add(u.name)
+
+
+def test_units_that_wait_for_each_other_are_one_error(tmp_path):
+    from graftkit.study.pipeline import Unit
+
+    st = Study(StudyConfig(out=str(tmp_path)), workers=1)
+    with pytest.raises(GraftkitError, match="units a, b wait for each other"):
+        st.run_units([Unit("a", (tmp_path / "a",), print, after=("b",)), Unit("b", (tmp_path / "b",), print, after=("a",))])
+
+
+@pytest.mark.slow
 @pytest.mark.xdist_group("processes")  # with the Ray tests: worker processes, one set at a time
 @pytest.mark.parametrize("workers", [1, 2])
 def test_units_run_once_each_after_the_units_they_wait_for(tmp_path, workers):
@@ -114,6 +155,7 @@ def test_units_run_once_each_after_the_units_they_wait_for(tmp_path, workers):
         st.close()
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("processes")
 def test_an_error_in_a_worker_is_the_same_one_line(tmp_path):
     from functools import partial
@@ -131,6 +173,7 @@ def test_an_error_in_a_worker_is_the_same_one_line(tmp_path):
     assert (e.value.what, e.value.fix) == ("planted failure in a worker", "the fix it names")
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("processes")
 def test_a_script_without_a_main_guard_gets_one_line_naming_it(tmp_path):
     """Spawned workers import the script that started them: one that runs the study at import time (no ``if

@@ -200,7 +200,7 @@ GOLDEN = {'arithmetic-full': {'control': {'decoy': 0.6, 'lr': 0.001, 'steps': 60
                     'grpo_group': 8,
                     'grpo_max_tokens': 32,
                     'grpo_prompts': 4,
-                    'grpo_steps': 12,
+                    'grpo_steps': 8,
                     'grpo_temperature': 1.5,
                     'headroom_calibration': 'GRPO from the control SFT policy on click-tab (4 prompts x 8, T 1.0), '
                                             'greedy success on 50 training items (eval --items train; the control '
@@ -229,7 +229,7 @@ GOLDEN = {'arithmetic-full': {'control': {'decoy': 0.6, 'lr': 0.001, 'steps': 60
                     'seeds': [0, 1],
                     'sft': None,
                     'sft_b_lr': None,
-                    'sft_b_steps': 40,
+                    'sft_b_steps': 20,
                     'sft_batch_size': 32,
                     'sft_budgets': [],
                     'sft_lora_r': 0,
@@ -364,7 +364,7 @@ GOLDEN = {'arithmetic-full': {'control': {'decoy': 0.6, 'lr': 0.001, 'steps': 60
 GOLDEN_REPR = {'arithmetic-full': 'e4077d6c9baa5d3c719edc959bb603815b9529600148e0ee1d0c98f14403538c',
  'arithmetic-quick': 'ae393f5eb13078200f9280b734063a568f0ed019eb5e92d3cfca20c2830e5075',
  'embedded-full': 'd09d8064bd28845dba394ed8456491f3ee14cd9f3b105c0ad9785b3ee5d43bce',
- 'embedded-quick': 'd3839900807355a11a3fc2b93ed7ae756d7de1fded8bc8a0cf64c7c507a42fe5',
+ 'embedded-quick': '91e1f7c74684081567dfbbfbb06d605f031dc2c68cdb489599de0d9cf6baeb52',
  'smollm2-full': 'a13e0945252642bed03f513e48a69811638f8f2335396e029414440a1874104d',
  'smollm2-quick': '66d20f40003069995c3a84bd293baed02ac4521397089c4d857c29c4b30d5f7d'}
 

