@@ -104,23 +104,3 @@ def test_the_study_sft_policy_sits_where_the_suites_say(tmp_path, monkeypatch):
     assert prov["config"]["until"] == STUDY_SFT["stage2"]["until"] and prov["stopping"]["reached"]
     assert prov["config"]["lr"] == STUDY_SFT["stage2"]["lr"] and not prov["config"]["decoys"]  # nothing planted
 
-
-def test_a_runs_last_window_draws_only_the_batches_it_takes(policy, monkeypatch):
-    """A run of ``steps`` batches generates no more demonstrations than it trains on (plus the episode that fills
-    the last batch); without ``steps`` a window is WINDOW batches."""
-    import random
-
-    from graftkit.train import sft as sft_mod
-
-    drawn = []
-    real = sft_mod.episode_examples
-    monkeypatch.setattr(sft_mod, "episode_examples", lambda *a, **k: drawn.append(1) or real(*a, **k))
-
-    short = sft_mod.DemoStream(policy, {"click-button": 10**6}, 4, random.Random(0), steps=3)
-    batches = [short.next_batch() for _ in range(3)]
-    assert [len(b) for b in batches] == [4, 4, 4] and short.left == 0
-    assert 12 <= sum(len(b) for b in batches) + sum(len(b) for b in short.batches) < 12 + 4
-    few = len(drawn)
-    drawn.clear()
-    sft_mod.DemoStream(policy, {"click-button": 10**6}, 4, random.Random(0)).next_batch()
-    assert few <= 12 < sft_mod.WINDOW * 4 <= len(drawn)

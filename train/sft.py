@@ -99,7 +99,9 @@ def episode_examples(policy: Policy, env, task: str, seed: int, decoy_rate: floa
         out.append(Example(task, tuple(policy.turn_ids(env.spec.prompt(obs, history))), tuple(policy.action_ids(action))))
         history.append(action)
     if not env.success:
-        raise GraftkitError(f"the {task} oracle failed on seed {seed}", "this is a bug in the task's oracle; report it")
+        raise GraftkitError(f"the {task} demonstration failed on seed {seed}: its solution does not reach reward 1",
+                            "a user's task: make each item's solution one its verifier scores 1; a built-in task: "
+                            "this is a bug in its oracle, report it")
     return out
 
 
@@ -121,7 +123,7 @@ def demonstrations(policy: Policy, budgets: Mapping[str, int]) -> list[Example]:
 POOL_WEIGHT_CAP = 2000
 #: Episodes of pools up to this size are kept once generated; larger pools are regenerated on demand.
 CACHE_LIMIT = 2000
-#: Batches per window sorted by length; a run's last window holds only the batches it still takes.
+#: Batches per window sorted by length.
 WINDOW = 50
 
 
@@ -134,13 +136,12 @@ class DemoStream:
     fresh episodes throughout (the mastered suite: a tiny policy memorises a reused pool of a few hundred
     episodes — 92% on its training seeds, 30% on fresh ones — instead of learning to ground the
     instruction in the element list). Episodes are generated on demand (a web page's generation and layout is
-    most of a tiny policy's SFT step). Batches come from windows of :data:`WINDOW` batches sorted by length (little
-    padding); given ``steps``, the batches a run will take, no window draws more than the run still takes."""
+    about half of a tiny policy's SFT step). Batches come from windows of :data:`WINDOW` batches sorted by length
+    (little padding)."""
 
     def __init__(self, policy: Policy, budgets: Mapping[str, int], batch_size: int, rng: random.Random,
-                 decoys: Mapping[str, float] | None = None, steps: int | None = None):
+                 decoys: Mapping[str, float] | None = None):
         self.policy, self.batch_size, self.rng = policy, batch_size, rng
-        self.left = steps
         self.decoys = dict(decoys or {})
         self.pools = {t: n for t, n in budgets.items() if n > 0}
         self.tasks = list(self.pools)
@@ -171,15 +172,12 @@ class DemoStream:
     def next_batch(self) -> list[Example]:
         if not self.batches:
             window: list[Example] = []
-            n = WINDOW if self.left is None else max(1, min(WINDOW, self.left))
-            while len(window) < n * self.batch_size:
+            while len(window) < WINDOW * self.batch_size:
                 task = self.rng.choices(self.tasks, self.weights)[0]
                 window.extend(self.episode(task, self.rng.randrange(self.pools[task])))
             window.sort(key=lambda e: len(e.prompt_ids) + len(e.action_ids))
             self.batches = [window[i : i + self.batch_size] for i in range(0, len(window), self.batch_size)]
             self.rng.shuffle(self.batches)
-        if self.left is not None:
-            self.left -= 1
         return self.batches.pop()
 
 
@@ -422,7 +420,7 @@ def run_sft(cfg: SFTConfig, on_step: Callable[[dict], None] = lambda m: None, fo
     other = [p for n, p in trained if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
-    stream = DemoStream(policy, cfg.budgets, cfg.batch_size, random.Random(cfg.seed), cfg.decoys, cfg.steps)
+    stream = DemoStream(policy, cfg.budgets, cfg.batch_size, random.Random(cfg.seed), cfg.decoys)
     log = []
     t0 = time.perf_counter()
     for step in range(cfg.steps):
