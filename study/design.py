@@ -79,7 +79,7 @@ VARIANTS: dict[str, tuple[str, dict, str]] = {
 }
 
 #: The study on the embedded policy: ``full`` is the config's defaults (the study as docs/design.md describes it), ``quick``
-#: the CI-sized study (≈2.5 minutes on 2 cores: fewer steps, seeds and probes).
+#: the CI-sized study (≈3 minutes on 2 cores: fewer steps, seeds and probes).
 EMBEDDED_PRESETS: dict[str, dict] = {
     "quick": dict(sft_steps=600, grpo_steps=8, seeds=(0, 1), degrade_seeds=(0, 1), variants=("init-b-degrade",),
                   sft_b_steps=20, swept_seeds=1, headroom_seeds=(0,), control_seeds=(0,), eval_seeds=6, eval_episodes=1,
