@@ -14,6 +14,7 @@ from graftkit.core.env import READS, Prompt
 from graftkit.core.errors import GraftkitError
 from graftkit.verifiable.format import plain_problem
 from graftkit.webenv.render import SYSTEM, format_prompt, render_text
+from test_layout import _all_modules as _modules  # every module of the package, the layout's included
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,16 +44,6 @@ def _kind_tests(path: Path) -> list[str]:
                 if cls in KIND_CLASSES:
                     found.append(f"isinstance(…, {cls}) at line {node.lineno}")
     return found
-
-
-def _modules() -> list[Path]:
-    skip = {"tests", "benchmarks", "build", "runs", "assets"}
-    out = []
-    for top in ROOT.iterdir():
-        if top.name in skip or top.name.startswith("."):
-            continue
-        out += list(top.rglob("*.py")) if top.is_dir() else [top] if top.suffix == ".py" else []
-    return out
 
 
 def test_no_module_outside_the_protocol_tests_a_task_kind():

@@ -32,8 +32,7 @@ from graftkit.train import grpo as G
 from graftkit.train.configs import GRPOConfig, SFTConfig
 from graftkit.train.sft import run_sft
 
-# one xdist worker for the module: its policies (module fixtures, ~2 min each) are trained once, not once per worker
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("grpo_learns")]
+pytestmark = pytest.mark.slow
 
 HELD_OUT_SEEDS = list(range(40))  # 40 held-out click-tab items, one episode each
 
