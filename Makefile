@@ -57,7 +57,8 @@ lint: setup
 # GRAFTKIT_REQUIRE_VLLM: where setup installed vLLM, its tests may not skip. PYTHONDONTWRITEBYTECODE is cleared for
 # the tests: pytest keeps each test module's rewritten asserts as bytecode, and rewriting all of them again costs
 # every worker ~10 s of each run.
-PYTEST := OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE= $(if $(VLLM_EXTRA),GRAFTKIT_REQUIRE_VLLM=1) $(PY) -m pytest -q -n 2 --dist loadgroup
+PYTEST := OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE= $(if $(VLLM_EXTRA),GRAFTKIT_REQUIRE_VLLM=1) \
+	$(PY) -m pytest -q -n 2 --dist loadgroup
 
 check: lint
 	$(PYTEST) -m "not slow" tests

@@ -124,8 +124,9 @@ def rollout(
     evaluation does not need them, and they are the bulk of an episode's memory).
     ``max_turns``: end episodes after this many turns if the task allows more (single-turn GRPO)."""
     require_vision(policy, obs)
-    check_known(sorted({task for task, _, _ in jobs}))
-    shown = [t for t in sorted({task for task, _, _ in jobs}) if obs == "som" and not task_spec(t).screenshots]
+    tasks = sorted({task for task, _, _ in jobs})
+    check_known(tasks)
+    shown = [t for t in tasks if obs == "som" and not task_spec(t).screenshots]
     if shown:
         raise GraftkitError(f"--obs som shows screenshots; {', '.join(shown)} has none (a verifiable problem is text)",
                             "use --obs text")

@@ -18,8 +18,9 @@ from typing import Mapping
 #: task it has learnt in part, whose reward sampling reaches and whose sampled policy beats its greedy one
 #: (click-button: greedy 27%, sampled 36.5%, pass@8 91%: credible headroom); click-link (greedy 28%, sampled 29%,
 #: pass@8 81%) has none, so it is in no suite. Whether the sampled policy beats the greedy one is measured again by
-#: every study, not assumed. ``control``: the positive control's task (:data:`graftkit.study.design.CONTROL`): the mastered task under a
-#: planted position bias, where greedy fails and sampling succeeds, so a GRPO recipe that learns must raise it.
+#: every study, not assumed. ``control``: the positive control's task (:data:`graftkit.study.design.CONTROL`): the
+#: mastered task under a planted position bias, where greedy fails and sampling succeeds, so a GRPO recipe that
+#: learns must raise it.
 #: Tasks with one or a few distinct items (focus-text, focus-text-2) cannot be held out and are in no suite.
 SUITES: dict[str, tuple[str, ...]] = {
     "mastered": ("click-tab",),

@@ -214,8 +214,7 @@ class EvalResult:
     @classmethod
     def from_outcome(cls, outcome, model_desc: dict, config: CommandConfig | None = None, **more_attrs):
         """The view of an ``agent.EvalOutcome`` of the checkpoint ``model_desc`` (``weights.describe``)."""
-        from ..agent.tasks import task_spec
-        from ..agent.tasks import prompt_formats, task_sources
+        from ..agent.tasks import prompt_formats, task_sources, task_spec
 
         sizes = {t: n for t in outcome.tasks if (n := task_spec(t).items) is not None}
         attrs = {"model": model_desc, "label": Path(model_desc.get("path", "model")).name,

@@ -303,9 +303,8 @@ def kl_result(fixed: Mapping, scores: Mapping, token_text: Mapping, action_text:
     """The labelled ``kl`` result from each side's fixed episodes (:class:`~graftkit.agent.kl.FixedEpisodes`), its
     :class:`~graftkit.agent.kl.PairScores` (P = the side that played), and the text of every played token and
     turn action per side (for the top lists)."""
-    from ..agent.tasks import task_spec
     from ..agent.kl import CONVENTIONS
-    from ..agent.tasks import prompt_formats, task_sources
+    from ..agent.tasks import prompt_formats, task_sources, task_spec
 
     f0 = fixed["rl"]
     sizes = {t: n for t in f0.tasks if (n := task_spec(t).items) is not None}

@@ -255,11 +255,9 @@ class GraftConfig(ReadOptions, RunOption, DeviceOption, EngineOption, ExecutorOp
     def whole_tasks(self) -> tuple[str, ...]:
         """Under ``--items auto``, the user's files among the tasks: played on every item (nothing in a sweep trains
         on them)."""
-        from ..agent.tasks import task_spec
-
         if self.items != "auto" or self.mode == "export":
             return ()
-        from ..agent.tasks import resolve_tasks
+        from ..agent.tasks import resolve_tasks, task_spec
 
         return tuple(t for t in resolve_tasks(self.tasks, self.prompt_format) if task_spec(t).items is not None)
 
@@ -797,8 +795,7 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
     surveys the pair; every configuration still to play then runs as units
     (:func:`graftkit.graft.experiments.execute_sweep`)."""
     from ..agent import Decode, resolve_tasks, seed_list
-    from ..agent.tasks import prompt_formats
-    from ..agent.tasks import task_spec
+    from ..agent.tasks import prompt_formats, task_spec
     from ..core.executor import Executor
 
     t0 = time.perf_counter()

@@ -462,7 +462,8 @@ def _posterior(p: _Paired, level: float, alpha, n_draws: int, seed: int) -> Baye
     # products summed by numpy, not BLAS: the same bits in every process (a BLAS dot's blocking follows the
     # arrays' memory alignment, which moves its last bits from one process to the next)
     delta = (gam * value).sum(axis=1) / total  # [draw] Δ(p)
-    weight = _matching_weight(delta, (gam * value**2).sum(axis=1) / total)  # [draw] σ_d(p), the matching prior's factor
+    # [draw] σ_d(p), the matching prior's factor
+    weight = _matching_weight(delta, (gam * value**2).sum(axis=1) / total)
     low, high = weighted_percentile(delta, weight, level)
     return BayesInterval(
         mean=float((weight * delta).sum() / weight.sum()), low=_clip(low), high=_clip(high),

@@ -739,7 +739,7 @@ def eval_units(st: Study) -> list[Unit]:
                           **cfg.placement)
         units.append(Unit(f"eval {label}", (ecfg.save,), partial(_eval_unit, ecfg),
                           f"{cfg.eval_seeds} seeds × {cfg.eval_episodes} episodes, greedy",
-                          after=trained_by(st, label)))
+                          after=trained_by(label)))
     return units
 
 
@@ -753,10 +753,10 @@ def delta_units(st: Study) -> list[Unit]:
     dest, runs = study_delta_path(st.results), measured_runs(st)
     dcfg = DeltaConfig(rl=tuple(st.rl(r) for r in runs), base=st.sft, save=dest, force_pair=True)
     return [Unit("delta anatomy", (dest,), partial(_delta_unit, dcfg), f"{len(runs)} runs against SFT",
-                 after=tuple(n for r in runs for n in trained_by(st, r.name)))]
+                 after=tuple(n for r in runs for n in trained_by(r.name)))]
 
 
-def trained_by(st: Study, label: str) -> tuple[str, ...]:
+def trained_by(label: str) -> tuple[str, ...]:
     """The unit that writes policy ``label``: none for the SFT policy, there before any unit runs."""
     return () if label == SFT else (SFT_CONTROL,) if label == SFT_CONTROL else (f"grpo {label}",)
 
@@ -789,7 +789,7 @@ def graft_units(st: Study) -> list[Unit]:
     degrade, collapse = swept_runs(cfg, "degrade"), swept_runs(cfg, "collapse")
     units = [Unit(f"graft {run.name}", (st.sweep(run),), partial(_graft_unit, sweep(rl=st.rl(run))),
                   f"factorial over {'+'.join(groups)} = {n_configs} configurations, scored by {cfg.graft_metric}",
-                  after=trained_by(st, run.name))
+                  after=trained_by(run.name))
              for run in (*degrade, *collapse)]
     if degrade and collapse:
         a, b = degrade[0], collapse[0]
@@ -813,7 +813,7 @@ def rank_units(st: Study) -> list[Unit]:
                  *([RankConfig(model=(path,), what="delta", base=st.parent(label), layers=cfg.rank_weight_layers,
                                save=d, force_pair=True)] if rl else []))
         units.append(Unit(f"rank {label}", tuple(r.save for r in ranks), partial(_rank_unit, ranks),
-                          "weights, activations" + (", delta" if rl else ""), after=trained_by(st, label)))
+                          "weights, activations" + (", delta" if rl else ""), after=trained_by(label)))
     return units
 
 
@@ -879,7 +879,7 @@ def kl_units(st: Study) -> list[Unit]:
                         engine=cfg.engine_name, **cfg.placement)
         units.append(Unit(f"kl {run.name}", (kcfg.save,), partial(_kl_unit, kcfg),
                           f"KL from {st.parent(run.name).name} on {cfg.kl_seeds} seeds × {len(all_tasks(cfg))} tasks",
-                          after=trained_by(st, run.name)))
+                          after=trained_by(run.name)))
     return units
 
 
@@ -981,8 +981,6 @@ def run_stages(cfg: StudyConfig, on_progress: OnProgress = no_progress,
 
 
 # --------------------------------------------------------------------------------------- coupling
-
-
 
 
 def stage_coupling(st: Study) -> Path:

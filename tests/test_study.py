@@ -120,7 +120,8 @@ def test_units_that_wait_for_each_other_are_one_error(tmp_path):
 
     st = Study(StudyConfig(out=str(tmp_path)), workers=1)
     with pytest.raises(GraftkitError, match="units a, b wait for each other"):
-        st.run_units([Unit("a", (tmp_path / "a",), print, after=("b",)), Unit("b", (tmp_path / "b",), print, after=("a",))])
+        st.run_units([Unit("a", (tmp_path / "a",), print, after=("b",)),
+                      Unit("b", (tmp_path / "b",), print, after=("a",))])
 
 
 @pytest.mark.slow
@@ -302,7 +303,8 @@ def test_arithmetic_domain_presets_study_verifiable_tasks():
     quick, full = StudyConfig.preset("q", True, domain="arithmetic"), StudyConfig.preset("f", domain="arithmetic")
     for cfg in (quick, full):
         assert cfg.domain == "arithmetic" and cfg.train_sft and cfg.suites == ARITHMETIC_SUITES
-        assert {task_spec(t).kind for t in all_tasks(cfg)} == {"verifiable"} and cfg.probe_tasks == "multiples,arithmetic-2"
+        assert {task_spec(t).kind for t in all_tasks(cfg)} == {"verifiable"}
+        assert cfg.probe_tasks == "multiples,arithmetic-2"
         assert set(cfg.sft_tasks.split(",")) == set(all_tasks(cfg))
     assert quick.sft_steps < full.sft_steps and quick.grpo_steps < full.grpo_steps
     assert len([r for r in rl_runs(full) if r.suite == "mastered"]) == 18  # the same grid as the web study

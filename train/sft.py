@@ -96,7 +96,8 @@ def episode_examples(policy: Policy, env, task: str, seed: int, decoy_rate: floa
     history: list[str] = []
     out = []
     for obs, action, _ in demonstrate(env, obs):
-        out.append(Example(task, tuple(policy.turn_ids(env.spec.prompt(obs, history))), tuple(policy.action_ids(action))))
+        prompt = policy.turn_ids(env.spec.prompt(obs, history))
+        out.append(Example(task, tuple(prompt), tuple(policy.action_ids(action))))
         history.append(action)
     if not env.success:
         raise GraftkitError(f"the {task} demonstration failed on seed {seed}: its solution does not reach reward 1",

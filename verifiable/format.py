@@ -47,7 +47,6 @@ MOSTLY_UNPARSED = 0.5
 FORMAT_FIX = (f"pass --answer-format ({FORMATS_HINT}) and, for the trainer's prompt, --template and --system")
 
 
-
 def format_problem(prompt: str, system: str | None) -> str:
     """The plain prompt of a verifiable problem: the task's instruction (none when empty), the problem, then
     ``answer:``."""

@@ -70,7 +70,6 @@ class WebEnv(EnvBase, ABC):
         return True
 
 
-
 class MirrorEnv(WebEnv):
     """The pure-Python mirror: MiniWoB++'s generators and event semantics on the ``dom.py`` page."""
 
