@@ -342,7 +342,7 @@ def train_sft(cfg: SFTConfig, as_json: bool, force: bool):
     with p:
         run = run_train_sft(cfg, force=force, on_step=on_step)
     info = {"out": str(run.policy), "steps": int(run.curves.steps[-1]), "final_loss": run.curves.last("loss"),
-            "seconds": time.perf_counter() - t0, "budgets": cfg.budgets, "curves": str(run.curves.path),
+            "seconds": time.perf_counter() - t0, "budgets": cfg.pools, "curves": str(run.curves.path),
             **({"stop": run.stop.outcome()} if run.stop else {})}
     if as_json:
         return _print_json(info)

@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional
 
 
-from ..core.config import DeviceOption, OnProgress, no_progress, opt
+from ..core.config import CommandConfig, DeviceOption, OnProgress, no_progress, opt
 from ..core.errors import GraftkitError
 from ..evaluation.commands import EvalConfig, HeadroomConfig, run_eval, run_headroom
+from ..train.configs import GRPOConfig, SFTConfig
 from ..results.layout import (SFT, SFT_B, SFT_CONTROL, RunLayout, coupling_path, dissociation_path_of, eval_path,
                               findings_path, headroom_path, kl_path_of, rank_path, study_delta_path, sweep_path_of,
                               training_path_of)
@@ -86,23 +87,22 @@ class StudyConfig(DeviceOption):
     suites: Mapping[str, tuple[str, ...]] = opt(default_factory=lambda: {k: tuple(v) for k, v in SUITES.items()},
                                                 cli=False)
     """The study's two task suites: ``mastered`` (the grid trains and the grafts play it) and ``headroom``."""
-    sft_steps: int = opt(6000, cli=False)
-    """SFT optimizer steps (the default recipe of ``graftkit train sft``)."""
-    sft_lr: float = opt(3e-3, cli=False)
-    """SFT peak learning rate."""
-    sft_tasks: str | None = opt(None, cli=False)
-    """Tasks of the SFT demonstrations (default: the default recipe's pools)."""
-    sft_budgets: tuple[str, ...] = opt((), cli=False)
-    """Demonstration pools of the SFT tasks, ``TASK=N`` (``train sft --budget``)."""
-    sft_batch_size: int = opt(32, cli=False)
-    """SFT turns per step."""
-    sft_warmup: int = opt(100, cli=False)
-    """SFT warmup steps (of a pretrained model's SFT; the embedded recipe's are its own)."""
-    sft_lora_r: int = opt(0, cli=False)
-    """LoRA rank of the SFT of a pretrained model (0: full fine-tuning); the adapter is merged into the SFT
-    policy, so the grid fine-tunes every weight."""
-    grpo_steps: int = opt(40, cli=False)
-    """GRPO steps of every run."""
+    sft_recipe: SFTConfig = opt(default_factory=lambda: SFTConfig(out=Path(SFT)), cli=False)
+    """How the SFT stage trains a pretrained model (``--policy``) or another domain's tiny policy: the ``train sft``
+    config it runs with the run's folders filled in (``out``, ``init``; a LoRA adapter merged into the SFT policy).
+    The stage runs alone, before any unit, on the recipe's threads. The web study's own SFT policy has its recipe in
+    :data:`~.design.STUDY_SFT`."""
+    sft_b_recipe: SFTConfig = opt(default_factory=lambda: SFTConfig(out=Path(SFT_B), steps=300, lr=1e-3, seed=1),
+                                  cli=False)
+    """The second initialisation: the SFT policy trained further on fresh demonstrations (full fine-tuning), as
+    ``train sft`` with this config from the SFT policy; its tasks default to every task of the suites."""
+    grpo_recipe: GRPOConfig = opt(default_factory=lambda: GRPOConfig(init=SFT, out="rl", temperature=1.5,
+                                                                     checkpoint_every=10), cli=False)
+    """Every GRPO run of the grid: the ``train grpo`` config each run derives from, setting its own ``init``,
+    ``out``, ``tasks`` (its suite), ``lr`` and ``seed`` (a variant one knob more; the headroom and control suites'
+    runs the headroom recipe's temperature). Its temperature is above 1, so that a policy near 100% on the mastered
+    suite still samples failures and its groups carry a learning signal (at 1, nearly every group has equal
+    rewards); ``checkpoint_every`` 0 for runs of a few steps, which restart instead of resuming."""
     regimes: Mapping[str, float] = opt(default_factory=lambda: dict(REGIMES), cli=False)
     """Learning-rate regimes of the mastered-suite grid (name → lr)."""
     seeds: tuple[int, ...] = opt((0, 1, 2), cli=False)
@@ -111,23 +111,10 @@ class StudyConfig(DeviceOption):
     """Training seeds at the middle (degrade) learning rate: more, as the study ran it."""
     variants: tuple[str, ...] = opt(tuple(VARIANTS), cli=False)
     """One-knob variants of the grid (KL weight, second initialisation, clipping): names in VARIANTS."""
-    sft_b_steps: int = opt(300, cli=False)
-    """Steps of the second initialisation: the SFT policy trained further on fresh demonstrations, seed 1."""
-    sft_b_lr: float | None = opt(None, cli=False)
-    """Its learning rate (default: a third of ``sft_lr``); full fine-tuning."""
     swept_seeds: int = opt(3, cli=False)
     """Graft sweeps per regime (degrade, collapse): on its runs of the first seeds."""
-    grpo_prompts: int = opt(4, cli=False)
-    """Prompts (episodes of distinct items) per GRPO step."""
-    grpo_group: int = opt(8, cli=False)
-    """GRPO group size (samples per prompt)."""
-    grpo_checkpoints: bool = opt(True, cli=False)
-    """Write resumable GRPO checkpoints (4 per run); off for runs of a few steps, which restart instead."""
     regime_calibration: str = opt(REGIME_CALIBRATION, cli=False)
     """How the learning-rate regimes were chosen."""
-    grpo_temperature: float = opt(1.5, cli=False)
-    """Sampling temperature of GRPO rollouts: above 1, so that a policy near 100% on the mastered suite still
-    samples failures and its groups carry a learning signal (at 1, nearly every group has equal rewards)."""
     headroom_lr: float = opt(HEADROOM_RECIPE["lr"], cli=False)
     """Learning rate of GRPO on the headroom and control suites (the headroom recipe, chosen where it must learn)."""
     headroom_temperature: float = opt(HEADROOM_RECIPE["temperature"], cli=False)
@@ -162,8 +149,6 @@ class StudyConfig(DeviceOption):
     """Layers of the weight and delta ranks (``rank --layers``; all: every tensor, the embedding included)."""
     probe_tasks: str = opt("all", cli=False)
     """Tasks the activation-rank probe prompts come from (``rank --tasks``)."""
-    grpo_max_tokens: int = opt(32, cli=False)
-    """Longest GRPO output in tokens (``train grpo --max-new-tokens``)."""
     rank_layers: str = opt("late", cli=False)
     """Layer band of the rank–success coupling."""
     threads: int = opt(1, cli=False)
@@ -186,16 +171,16 @@ class StudyConfig(DeviceOption):
         if domain != "web":
             if policy != "embedded" or overrides.get("sft"):
                 raise GraftkitError(f"--domain {domain} trains its own tiny policy", "drop --policy and --sft")
-            base = cls(out=out, quick=quick, domain=domain, **DOMAIN_PRESETS[domain][size])
+            base = _composed(cls(out=out, quick=quick, domain=domain), DOMAIN_PRESETS[domain][size])
             base = _own_suites(base, overrides.pop("mastered_tasks", None), overrides.pop("headroom_tasks", None))
         elif overrides.get("mastered_tasks") or overrides.get("headroom_tasks"):
             raise GraftkitError("--mastered and --headroom set the suites of a verifiable study",
                                 "add --domain arithmetic (the web study's suites are its measured ones)")
         elif policy != "embedded":
-            base = cls(out=out, quick=quick, policy=policy, **PRETRAINED_PRESETS[size])
+            base = _composed(cls(out=out, quick=quick, policy=policy), PRETRAINED_PRESETS[size])
         else:
-            base = cls(out=out, quick=quick, **EMBEDDED_PRESETS[size])
-        return replace(base, **{k: v for k, v in overrides.items() if v is not None})
+            base = _composed(cls(out=out, quick=quick), EMBEDDED_PRESETS[size])
+        return _composed(base, {k: v for k, v in overrides.items() if v is not None})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -210,6 +195,16 @@ class StudyConfig(DeviceOption):
         from ..agent.engine import resolve_engine
 
         return resolve_engine(self.engine)
+
+
+def _composed(cfg: StudyConfig, changes: Mapping) -> StudyConfig:
+    """``cfg`` with ``changes``: a field's new value, or for a trainer's recipe (``sft_recipe``, ``grpo_recipe``, …)
+    a mapping of the fields of that config to change (``grpo_recipe={"steps": 8}``)."""
+    def merged(name, value):
+        recipe = getattr(cfg, name)
+        return recipe.replace(**value) if isinstance(recipe, CommandConfig) and isinstance(value, Mapping) else value
+
+    return replace(cfg, **{name: merged(name, value) for name, value in changes.items()})
 
 
 def _own_suites(cfg: StudyConfig, mastered: str | None, headroom: str | None) -> StudyConfig:
@@ -231,7 +226,8 @@ def _own_suites(cfg: StudyConfig, mastered: str | None, headroom: str | None) ->
                                     "web study without --domain")
             suites[name] = tasks
     tasks = ",".join(dict.fromkeys(suites["mastered"] + suites["headroom"]))
-    return replace(cfg, mastered_tasks=mastered, headroom_tasks=headroom, suites=suites, sft_tasks=tasks,
+    return replace(cfg, mastered_tasks=mastered, headroom_tasks=headroom, suites=suites,
+                   sft_recipe=cfg.sft_recipe.replace(tasks=tasks), sft_b_recipe=cfg.sft_b_recipe.replace(tasks=tasks),
                    probe_tasks=tasks, regime_calibration=f"{cfg.regime_calibration} (suites given by the user: "
                    f"{', '.join(suites['mastered'])} / {', '.join(suites['headroom'])})")
 
@@ -572,17 +568,14 @@ def _train_pretrained_sft(st: Study) -> None:
     """SFT of the pretrained model on oracle demonstrations of every task of the study; a LoRA adapter is
     merged into the SFT policy (so the grid, the deltas and the grafts see full weights)."""
     from ..train.commands import run_train_sft
-    from ..train.configs import SFTConfig
 
     cfg = st.cfg
-    lora = cfg.sft_lora_r > 0
-    sft = SFTConfig(out=st.layout.sft_adapter if lora else st.sft, merged=st.sft if lora else None, init=st.base,
-                    tasks=cfg.sft_tasks, budgets=cfg.sft_budgets, steps=cfg.sft_steps, batch_size=cfg.sft_batch_size,
-                    lr=cfg.sft_lr, warmup=cfg.sft_warmup, threads=cfg.threads, lora_r=cfg.sft_lora_r,
-                    lora_alpha=2.0 * cfg.sft_lora_r if lora else 16.0, lora_targets="all-linear", **cfg.placement)
+    recipe = cfg.sft_recipe
+    sft = recipe.replace(out=st.layout.sft_adapter if recipe.lora_r else st.sft, merged=st.sft if recipe.lora_r else None,
+                         init=st.base, **cfg.placement)
     # resume: a study stopped after the adapter was written merges it instead of training it again
     run_train_sft(sft, resume=True, force=True, results=st.results,
-                  on_step=lambda m: st.on_work(SFT, m["step"], cfg.sft_steps))
+                  on_step=lambda m: st.on_work(SFT, m["step"], sft.steps))
 
 
 def stage_sft(st: Study) -> None:
@@ -593,15 +586,13 @@ def stage_sft(st: Study) -> None:
         import shutil
 
         from ..train.commands import run_train_sft, write_curves
-        from ..train.configs import SFTConfig
 
         if cfg.policy != "embedded" and not cfg.sft:
             _train_pretrained_sft(st)
         elif cfg.domain != "web":  # a tiny policy trained on the domain's tasks
-            sft_cfg = SFTConfig(out=st.sft, tasks=cfg.sft_tasks, budgets=cfg.sft_budgets, steps=cfg.sft_steps,
-                                lr=cfg.sft_lr, batch_size=cfg.sft_batch_size, threads=2, **cfg.placement)
+            sft_cfg = cfg.sft_recipe.replace(out=st.sft, **cfg.placement)
             run_train_sft(sft_cfg, force=True, results=st.results,
-                          on_step=lambda m: st.on_work(SFT, m["step"], cfg.sft_steps))
+                          on_step=lambda m: st.on_work(SFT, m["step"], sft_cfg.steps))
         elif not cfg.train_sft:
             src = Path(cfg.sft) if cfg.sft else EMBEDDED_SFT
             if not (src / "config.json").is_file():
@@ -617,9 +608,10 @@ def stage_sft(st: Study) -> None:
             _train_study_sft(st)
 
     until = STUDY_SFT["stage2"]["until"]
-    what = (f"SFT policy from {cfg.sft}" if cfg.sft else f"{'LoRA ' if cfg.sft_lora_r else ''}SFT of {cfg.policy} on "
-            f"oracle demonstrations, {cfg.sft_steps} steps" if cfg.policy != "embedded" else
-            f"SFT on solutions of {cfg.sft_tasks} training items, {cfg.sft_steps} steps" if cfg.domain != "web" else
+    recipe = cfg.sft_recipe
+    what = (f"SFT policy from {cfg.sft}" if cfg.sft else f"{'LoRA ' if recipe.lora_r else ''}SFT of {cfg.policy} on "
+            f"oracle demonstrations, {recipe.steps} steps" if cfg.policy != "embedded" else
+            f"SFT on solutions of {recipe.tasks} training items, {recipe.steps} steps" if cfg.domain != "web" else
             f"SFT on oracle demonstrations in two stages, the second until {until} on training items"
             if cfg.train_sft else "the study's SFT policy (embedded copy)")
     st.stage(SFT, [st.sft / PROVENANCE], run, what)
@@ -630,7 +622,6 @@ def _train_study_sft(st: Study) -> None:
     fixed number of steps, then every suite's task from there until the mastered suite's greedy success on training
     items reaches the target (``train sft --until``)."""
     from ..train.commands import run_train_sft
-    from ..train.configs import SFTConfig
 
     cfg = st.cfg
 
@@ -652,8 +643,6 @@ def _train_study_sft(st: Study) -> None:
 def sft_control_units(st: Study) -> list[Unit]:
     """The positive control's SFT policy: the study's SFT trained further on demonstrations of the control suite
     whose demonstrator slips to the first element of the target's kind (a planted position bias)."""
-    from ..train.configs import SFTConfig
-
     cfg = st.cfg
     if not any(g.init == SFT_CONTROL for g in grid(cfg)):
         return []
@@ -679,19 +668,14 @@ def headroom_units(st: Study) -> list[Unit]:
 def grpo_units(st: Study) -> list[Unit]:
     """Every GRPO run of the grid, each after the policy it starts from; a run killed mid-way resumes from its newest
     checkpoint."""
-    from ..train.grpo import GRPOConfig
-
     cfg, units = st.cfg, []
     # the highest learning rate first: the longest runs (a collapsing policy writes every turn to its token limit)
     for g in sorted(grid(cfg), key=lambda g: -g.rl.lr):
         run = g.rl
-        temperature = cfg.grpo_temperature if run.suite == "mastered" else cfg.headroom_temperature
-        gcfg = GRPOConfig(init=str(st.init_of(g)), out=str(st.rl(run)),
-                          tasks=cfg.suites[run.suite], steps=cfg.grpo_steps, lr=run.lr, seed=run.seed, threads=cfg.threads,
-                          prompts_per_step=cfg.grpo_prompts, group_size=cfg.grpo_group, temperature=temperature,
-                          checkpoint_every=max(1, cfg.grpo_steps // 4) if cfg.grpo_checkpoints else 0,
-                          max_new_tokens=cfg.grpo_max_tokens, engine=cfg.engine_name,
-                          **cfg.placement, **dict(g.overrides))
+        temperature = cfg.grpo_recipe.temperature if run.suite == "mastered" else cfg.headroom_temperature
+        gcfg = cfg.grpo_recipe.replace(init=str(st.init_of(g)), out=str(st.rl(run)), tasks=cfg.suites[run.suite],
+                                       lr=run.lr, seed=run.seed, temperature=temperature, threads=cfg.threads,
+                                       engine=cfg.engine_name, **cfg.placement, **dict(g.overrides))
         knobs = "".join(f", {k} {v:g}" for k, v in g.overrides.items()) + (f", init {g.init}" if g.init != SFT else "")
         curves = training_path_of(st.results, "grpo", st.rl(run))
         units.append(Unit(f"grpo {run.name}", (curves, st.rl(run) / PROVENANCE),
@@ -702,18 +686,16 @@ def grpo_units(st: Study) -> list[Unit]:
 
 
 def sft_b_units(st: Study) -> list[Unit]:
-    """The second initialisation: the SFT policy trained ``sft_b_steps`` further on fresh demonstrations with
+    """The second initialisation: the SFT policy trained further (``sft_b_recipe``) on fresh demonstrations with
     another seed (a different SFT checkpoint of the same recipe, as a second SFT run would give)."""
-    from ..train.configs import SFTConfig
-
     cfg = st.cfg
     if not any(g.init == SFT_B for g in grid(cfg)):
         return []
-    tasks = cfg.sft_tasks or (",".join(all_tasks(cfg)) if cfg.policy == "embedded" and not cfg.sft else None)
-    scfg = SFTConfig(out=st.sft_b, init=st.sft, tasks=tasks, steps=cfg.sft_b_steps, batch_size=cfg.sft_batch_size,
-                     lr=cfg.sft_b_lr or cfg.sft_lr / 3, seed=1, threads=cfg.threads, **cfg.placement)
+    recipe = cfg.sft_b_recipe
+    tasks = recipe.tasks or (",".join(all_tasks(cfg)) if cfg.policy == "embedded" and not cfg.sft else None)
+    scfg = recipe.replace(out=st.sft_b, init=st.sft, tasks=tasks, threads=cfg.threads, **cfg.placement)
     return [Unit(SFT_B, (st.sft_b / PROVENANCE,), partial(_train_sft_unit, scfg, st.results),
-                 f"second initialisation: {cfg.sft_b_steps} more SFT steps, seed 1")]
+                 f"second initialisation: {scfg.steps} more SFT steps, seed {scfg.seed}")]
 
 
 def models(st: Study) -> dict[str, Path]:

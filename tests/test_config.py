@@ -105,12 +105,18 @@ def test_command_line_forms_become_the_stored_types():
     # the command line's TASK=N changes to the default recipe become its pools; none given: the default recipe
     assert _cls("train sft") is SFTConfig
     sft = SFTConfig(out="o", tasks="click-tab,enter-text", budgets=["click-tab=7"], decoys=["click-tab=0.5"])
-    assert sft.out == Path("o") and sft.budgets == {"click-tab": 7, "enter-text": DEFAULT_BUDGETS["enter-text"]}
-    assert sft.decoys == {"click-tab": 0.5} and SFTConfig(out="o").budgets == DEFAULT_BUDGETS
+    assert sft.out == Path("o") and sft.pools == {"click-tab": 7, "enter-text": DEFAULT_BUDGETS["enter-text"]}
+    assert sft.decoys == {"click-tab": 0.5} and SFTConfig(out="o").pools == DEFAULT_BUDGETS
     # what the policy records: how it trained, not where its curves go nor how the pools were spelled
     assert set(sft.recorded()) == {"out", "budgets", "decoys", "size", "init", "steps", "batch_size", "lr", "warmup",
                                    "weight_decay", "grad_clip", "seed", "threads", "device", "dtype", "save_dtype",
                                    "lora_r", "lora_alpha", "lora_targets"}
+    assert sft.recorded()["budgets"] == sft.pools
+    # the fields keep what was given: a derived config resolves its own tasks (the study derives its SFT runs so)
+    other = sft.replace(tasks="enter-text,click-button")  # its TASK=N changes still apply
+    assert other.pools == {"click-button": DEFAULT_BUDGETS["click-button"], "enter-text": DEFAULT_BUDGETS["enter-text"],
+                           "click-tab": 7}
+    assert sft.replace(tasks=None).pools == {**DEFAULT_BUDGETS, "click-tab": 7}
     study = _cls("demo")(out=Path("runs/x"), sft=Path("s"))
     assert study.out == "runs/x" and study.sft == "s"
 

@@ -30,7 +30,8 @@ def test_demo_on_smollm2_runs_end_to_end(tmp_path):
     from graftkit.results.store import read_result
 
     # one task per suite and one torch thread (the test shares the machine with another test worker)
-    cfg = StudyConfig.preset(str(tmp_path / "run"), True, "smollm2", sft_steps=2, sft_warmup=1, grpo_steps=1,
+    cfg = StudyConfig.preset(str(tmp_path / "run"), True, "smollm2", sft_recipe={"steps": 2, "warmup": 1, "threads": 1},
+                             grpo_recipe={"steps": 1},
                              suites={"mastered": ("click-tab",), "headroom": ("click-tab-2",)}, threads=1,
                              regimes={"collapse": 2e-4}, headroom_seeds=(), eval_seeds=2, headroom_k=2, kl_seeds=1,
                              graft_seeds=1, graft_groups=("embed", "attn"), probes=4, rank_weight_layers="late")
@@ -42,7 +43,7 @@ def test_demo_on_smollm2_runs_end_to_end(tmp_path):
     base = json.loads((root / "base" / "graftkit.json").read_text())
     assert base["producer"] == "graftkit import" and base["dequantised"] and "Q4_1" in base["quantisation"]
     sft = json.loads((root / "sft" / "graftkit.json").read_text())
-    assert sft["lora"]["r"] == cfg.sft_lora_r and sft["parents"][0]["role"] == "adapter"
+    assert sft["lora"]["r"] == cfg.sft_recipe.lora_r and sft["parents"][0]["role"] == "adapter"
     assert (root / "sft" / "chat_template.jinja").is_file() or "chat_template" in (
         root / "sft" / "tokenizer_config.json").read_text()
 

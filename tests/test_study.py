@@ -40,7 +40,7 @@ def _roundtrip(tmp_path, name, res):
 
 def test_presets_and_runs():
     full, quick = StudyConfig.preset("runs/demo"), StudyConfig.preset("runs/q", quick=True)
-    assert quick.quick and quick.grpo_steps < full.grpo_steps and quick.eval_seeds < full.eval_seeds
+    assert quick.quick and quick.grpo_recipe.steps < full.grpo_recipe.steps and quick.eval_seeds < full.eval_seeds
     assert full.eval_seeds == 25 and len(full.seeds) >= 2 and len(quick.seeds) >= 2
     runs = rl_runs(full)
     assert {r.regime for r in runs} == {"null", "degrade", "collapse", "recipe", "headroom", "control"}
@@ -113,6 +113,31 @@ def test_every_unit_waits_for_the_policy_it_reads_and_the_longest_start_first(tm
     while len(done) < len(units):  # the order a worker would take them in, one at a time
         u = next(u for u in units if u.name not in done and all(a in done for a in u.after))
         done.add(u.name)
+
+
+def test_every_training_unit_is_its_trainers_recipe_with_the_runs_own_fields(tmp_path):
+    """The study composes its trainers' configs: each GRPO run is ``grpo_recipe`` with its folders, suite, rate and
+    seed (a variant one knob more, a headroom run the headroom recipe's temperature), the second initialisation is
+    ``sft_b_recipe`` from the SFT policy; a preset's mapping changes a recipe's fields and reaches every run."""
+    from graftkit.study.pipeline import grpo_units, sft_b_units
+
+    cfg = StudyConfig.preset(str(tmp_path / "run"), True, grpo_recipe={"group_size": 4, "loss": "grpo"},
+                             sft_b_recipe={"steps": 7, "batch_size": 8})
+    assert cfg.grpo_recipe.group_size == 4 and cfg.grpo_recipe.steps == 8  # the quick preset's steps are kept
+    st = Study(cfg)
+    own = {"init", "out", "tasks", "lr", "seed", "temperature", "threads", "engine"}
+    for unit in grpo_units(st):
+        run = unit.call.args[0]
+        changed = {k for k, v in run.as_dict().items() if v != cfg.grpo_recipe.as_dict()[k]}
+        assert changed <= own and run.group_size == 4 and run.loss == "grpo", (unit.name, changed)
+        mastered = not unit.name.startswith(("grpo headroom", "grpo control"))
+        assert run.temperature == (cfg.grpo_recipe.temperature if mastered else cfg.headroom_temperature)
+    (sft_b,) = sft_b_units(st)
+    scfg = sft_b.call.args[0]
+    assert (scfg.steps, scfg.batch_size, scfg.seed, scfg.lr) == (7, 8, 1, cfg.sft_b_recipe.lr)
+    assert scfg.init == st.sft and scfg.out == st.sft_b and set(scfg.pools) == set(all_tasks(cfg))
+    with pytest.raises(GraftkitError, match="group-size"):  # a recipe is checked as its command checks it
+        StudyConfig.preset(str(tmp_path / "x"), True, grpo_recipe={"group_size": 1})
 
 
 def test_units_that_wait_for_each_other_are_one_error(tmp_path):
@@ -242,20 +267,22 @@ def test_pretrained_presets_size_the_study_for_their_machines():
     quick, full = StudyConfig.preset("q", True, "smollm2"), StudyConfig.preset("f", False, "smollm2")
     for cfg in (quick, full):
         assert cfg.policy == "smollm2" and cfg.train_sft and cfg.suites == PRETRAINED_SUITES
-        assert set(cfg.sft_tasks.split(",")) == set(all_tasks(cfg)) == {"click-tab", "enter-text", "click-button",
-                                                                          "click-link", "click-tab-2"}
+        assert set(cfg.sft_recipe.pools) == set(all_tasks(cfg)) == {"click-tab", "enter-text", "click-button",
+                                                                     "click-link", "click-tab-2"}
+        assert cfg.sft_b_recipe.tasks == cfg.sft_recipe.tasks  # the second initialisation demonstrates the same tasks
         assert not set(cfg.suites["mastered"]) & set(cfg.suites["headroom"])
         lrs = [cfg.regimes[k] for k in ("null", "degrade", "collapse")]
         assert lrs == sorted(lrs) and len(set(lrs)) == 3
         assert cfg.regime_calibration == PRETRAINED_CALIBRATION != REGIME_CALIBRATION
         runs = rl_runs(cfg)
         assert {r.regime for r in runs} >= {"null", "degrade", "collapse", "headroom"}
-    assert quick.sft_lora_r > 0 and quick.threads == 2 and not quick.grpo_checkpoints
-    assert quick.sft_steps < full.sft_steps and quick.grpo_steps < full.grpo_steps and quick.eval_seeds < full.eval_seeds
+    assert quick.sft_recipe.lora_r > 0 and quick.threads == 2 and not quick.grpo_recipe.checkpoint_every
+    assert quick.sft_recipe.steps < full.sft_recipe.steps and quick.grpo_recipe.steps < full.grpo_recipe.steps
+    assert quick.eval_seeds < full.eval_seeds
     assert len(rl_runs(quick)) < len(rl_runs(full))
     # the embedded presets are unchanged by the pretrained ones
     assert StudyConfig.preset("e", True).suites == {k: tuple(v) for k, v in SUITES.items()}
-    assert StudyConfig.preset("e", True).sft_tasks is None
+    assert StudyConfig.preset("e", True).sft_b_recipe.tasks is None  # every task of the suites
 
 
 def test_pretrained_source_names_what_to_do(tmp_path):
@@ -305,8 +332,8 @@ def test_arithmetic_domain_presets_study_verifiable_tasks():
         assert cfg.domain == "arithmetic" and cfg.train_sft and cfg.suites == ARITHMETIC_SUITES
         assert {task_spec(t).kind for t in all_tasks(cfg)} == {"verifiable"}
         assert cfg.probe_tasks == "multiples,arithmetic-2"
-        assert set(cfg.sft_tasks.split(",")) == set(all_tasks(cfg))
-    assert quick.sft_steps < full.sft_steps and quick.grpo_steps < full.grpo_steps
+        assert set(cfg.sft_recipe.pools) == set(all_tasks(cfg)) == set(cfg.sft_b_recipe.pools)
+    assert quick.sft_recipe.steps < full.sft_recipe.steps and quick.grpo_recipe.steps < full.grpo_recipe.steps
     assert len([r for r in rl_runs(full) if r.suite == "mastered"]) == 18  # the same grid as the web study
     assert StudyConfig.preset("w").domain == "web" and StudyConfig.preset("w").probe_tasks == "all"
     assert set(DOMAIN_PRESETS) == {"arithmetic"}
@@ -327,7 +354,8 @@ def test_the_arithmetic_study_runs_end_to_end_and_the_same_on_one_worker_and_on_
     from graftkit.results.store import read_result
 
     def study(name: str, workers: int, stages: list | None = None) -> tuple[Path, dict]:
-        cfg = StudyConfig.preset(str(tmp_path / name), True, domain="arithmetic", sft_steps=60, grpo_steps=2,
+        cfg = StudyConfig.preset(str(tmp_path / name), True, domain="arithmetic", sft_recipe={"steps": 60},
+                                 grpo_recipe={"steps": 2, "checkpoint_every": 1},
                                  seeds=(0,), degrade_seeds=(0,), variants=(), regimes={"degrade": 2e-3, "collapse": 1e-2},
                                  eval_seeds=3, headroom_k=2, graft_seeds=2, graft_groups=("attn", "mlp"), probes=4,
                                  workers=workers)

@@ -259,7 +259,8 @@ def test_the_study_takes_a_users_tasks_as_its_suites(tmp_path, monkeypatch, clea
     cfg = StudyConfig.preset(str(tmp_path / "run"), True, domain="arithmetic", mastered_tasks=jsonl,
                              headroom_tasks=entry)
     assert cfg.suites == {"mastered": ("sums",), "headroom": ("add-one-digit",)}
-    assert cfg.sft_tasks == cfg.probe_tasks == "sums,add-one-digit" and all_tasks(cfg) == ["sums", "add-one-digit"]
+    assert cfg.sft_recipe.tasks == cfg.sft_b_recipe.tasks == cfg.probe_tasks == "sums,add-one-digit"
+    assert all_tasks(cfg) == ["sums", "add-one-digit"]
     assert "suites given by the user" in cfg.regime_calibration
     keep = StudyConfig.preset("x", True, domain="arithmetic", headroom_tasks="countdown")
     assert keep.suites == {"mastered": ("multiples",), "headroom": ("countdown",)}
@@ -276,7 +277,8 @@ def test_the_study_runs_end_to_end_on_a_jsonl_and_an_entry_point(tmp_path, monke
 
     jsonl, entry = _user_tasks(tmp_path, monkeypatch)
     cfg = StudyConfig.preset(str(tmp_path / "run"), True, domain="arithmetic", mastered_tasks=jsonl,
-                             headroom_tasks=entry, sft_steps=30, grpo_steps=2, seeds=(0,), degrade_seeds=(0,),
+                             headroom_tasks=entry, sft_recipe={"steps": 30},
+                             grpo_recipe={"steps": 2, "checkpoint_every": 1}, seeds=(0,), degrade_seeds=(0,),
                              variants=(), regimes={"collapse": 1e-2}, eval_seeds=3, headroom_k=2, graft_seeds=2,
                              graft_groups=("attn",), probes=4)  # the stages the built-in study's test does not repeat
     info = run_study(cfg)

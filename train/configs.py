@@ -7,6 +7,7 @@ The command line generates its options from these fields, so they live apart fro
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -36,8 +37,8 @@ DEFAULT_BUDGETS: dict[str, int] = {
 #: headroom (greedy picks the decoy, sampling finds the target); every output of a study using it says so.
 DEFAULT_DECOYS: dict[str, float] = {}
 
-#: Fields of :class:`SFTConfig` that say where its outputs go or how the command line spelled the pools (folded
-#: into ``budgets``), not how the policy trains: the policy's recorded config leaves them out.
+#: Fields of :class:`SFTConfig` that say where its outputs go or how the command line spelled the pools (recorded
+#: as the pools they give, under ``budgets``), not how the policy trains: the policy's recorded config leaves them out.
 SFT_NOT_RECORDED = ("command", "run", "tasks", "merged")
 #: Fields of :class:`SFTConfig` that only matter with ``until`` (the stopping rule): without it a policy's recorded
 #: config leaves them out, so it equals what a run without a stopping rule always recorded.
@@ -99,8 +100,10 @@ class SFTConfig(RunOption, DeviceOption, LoraOption):
     """``graftkit train sft``: supervised fine-tuning of a policy on oracle demonstrations (see train/sft.py).
 
     ``budgets`` and ``decoys`` are mappings (exactly these pools and slip rates), or, as the command line gives
-    them, ``TASK=N`` / ``TASK=RATE`` strings that change the default recipe (its pools restricted to ``tasks``);
-    once created they are mappings. The policy's graftkit.json records :meth:`recorded`."""
+    them, ``TASK=N`` / ``TASK=RATE`` strings that change the default recipe (its pools restricted to ``tasks``).
+    The fields keep what was given, so a config derived with ``replace`` (another ``tasks``, say) resolves again;
+    :attr:`pools` is the demonstration pools they resolve to, and decoys are a mapping once created. The policy's
+    graftkit.json records :meth:`recorded` (its ``budgets``: the pools)."""
 
     command = "train sft"
     out: Path
@@ -147,31 +150,34 @@ class SFTConfig(RunOption, DeviceOption, LoraOption):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if isinstance(self.budgets, Mapping):
-            if self.tasks:
-                raise GraftkitError("--tasks restricts the default recipe, but the pools were given whole (a mapping)",
-                                    "drop tasks, or give the pools as TASK=N changes to the default recipe")
-            budgets = dict(self.budgets)
-        else:  # the command line's TASK=N changes to the default recipe
-            budgets = parse_budgets(tuple(self.budgets or ()), self.tasks)
+        if isinstance(self.budgets, Mapping) and self.tasks:
+            raise GraftkitError("--tasks restricts the default recipe, but the pools were given whole (a mapping)",
+                                "drop tasks, or give the pools as TASK=N changes to the default recipe")
         decoys = dict(self.decoys) if isinstance(self.decoys, Mapping) else parse_decoys(tuple(self.decoys or ()))
-        object.__setattr__(self, "budgets", budgets)
         object.__setattr__(self, "decoys", decoys)
         self._validate()
+
+    @functools.cached_property
+    def pools(self) -> dict[str, int]:
+        """Demonstration episodes per task: ``budgets`` given whole, else the default recipe's pools restricted to
+        ``tasks`` with each ``TASK=N`` change applied."""
+        if isinstance(self.budgets, Mapping):
+            return dict(self.budgets)
+        return parse_budgets(tuple(self.budgets or ()), self.tasks)
 
     def _validate(self) -> None:
         from ..agent.tasks import HINT, known
         from ..webenv.tasks import TASKS
         from .lora import lora_spec
 
-        unknown = [t for t in self.budgets if not known(t)]
+        unknown = [t for t in self.pools if not known(t)]
         if unknown:
             raise GraftkitError(f"unknown task(s) in budgets: {', '.join(unknown)}", HINT)
         bad = [f"{t}={r}" for t, r in self.decoys.items() if t not in TASKS or not 0 <= r < 1]
         if bad:
             raise GraftkitError(f"decoy rates {', '.join(bad)}: need a known task and a rate in [0, 1)",
                                 "e.g. --decoy focus-text-2=0.6")
-        if not any(v > 0 for v in self.budgets.values()):
+        if not any(v > 0 for v in self.pools.values()):
             raise GraftkitError("no demonstrations: every budget is 0", "give at least one task a budget > 0")
         if lora_spec(self.lora_r, self.lora_alpha, self.lora_targets) and not self.init:
             raise GraftkitError("--lora-r trains an adapter over a model folder, but no --init was given",
@@ -195,7 +201,7 @@ class SFTConfig(RunOption, DeviceOption, LoraOption):
             raise GraftkitError(f"--check-episodes {self.check_episodes} must be in 1..{MAX_EPISODES_PER_SEED}",
                                 "pass e.g. --check-episodes 32")
         target = self.until_target()
-        missing = [t for t in (target[0] if target else ()) if self.budgets.get(t, 0) < 1]
+        missing = [t for t in (target[0] if target else ()) if self.pools.get(t, 0) < 1]
         if missing:
             raise GraftkitError(f"--until {self.until!r}: {', '.join(missing)} not demonstrated (no budget)",
                                 "add them with --tasks or --budget TASK=N, or drop them from --until")
@@ -208,7 +214,7 @@ class SFTConfig(RunOption, DeviceOption, LoraOption):
         """The config the trained policy's graftkit.json records: how it trained, as JSON-able data (the
         stopping rule's fields only with ``until``)."""
         skip = SFT_NOT_RECORDED + (SFT_STOPPING if self.until is None else ())
-        return {k: v for k, v in self.as_dict().items() if k not in skip}
+        return {k: dict(self.pools) if k == "budgets" else v for k, v in self.as_dict().items() if k not in skip}
 
 
 # ----------------------------------------------------------------------------------------------- GRPO

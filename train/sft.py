@@ -369,9 +369,9 @@ def _start_policy(cfg: SFTConfig) -> Policy:
         model, tok = load_model(Path(cfg.init))
         policy = Policy(model, tok, Path(cfg.init))
     else:
-        policy = tiny_policy(tiny_words(tuple(cfg.budgets)), cfg.size, seed=cfg.seed)
+        policy = tiny_policy(tiny_words(tuple(cfg.pools)), cfg.size, seed=cfg.seed)
     unk = policy.tokenizer.unk_token_id
-    probe = demonstrations(policy, {t: min(n, 5) for t, n in cfg.budgets.items()})
+    probe = demonstrations(policy, {t: min(n, 5) for t, n in cfg.pools.items()})
     if unk is not None and any(unk in e.action_ids for e in probe):
         raise GraftkitError("the tokenizer cannot encode some oracle actions (unknown tokens)",
                             "use a tokenizer that covers the task vocabulary, or the tiny default")
@@ -386,10 +386,10 @@ def _provenance(cfg: SFTConfig, stream: "DemoStream", spec, compute: torch.dtype
         "graftkit_version": __version__,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "config": cfg.recorded(),
-        "demonstrations": {"pools": dict(cfg.budgets), "decoys": dict(cfg.decoys),
+        "demonstrations": {"pools": dict(cfg.pools), "decoys": dict(cfg.decoys),
                            "decoy": "first click sent to the first element of the target's tag and classes when that is not the target; the episode ends", "seeds": f"{TRAIN_SEED_BASE} + i, i < pool",
                            "items": SPLIT_RULE, "tasks_without_training_items": sorted(stream.no_items),
-                           "drawn_episodes": len(stream.cache) if all(n <= CACHE_LIMIT for n in cfg.budgets.values())
+                           "drawn_episodes": len(stream.cache) if all(n <= CACHE_LIMIT for n in cfg.pools.values())
                            else "on demand", "task_weight": f"min(pool, {POOL_WEIGHT_CAP})"},
         "parents": [{"role": "init", "path": str(Path(cfg.init).resolve())}] if cfg.init else [],
         "precision": {"compute_dtype": dtype_name(compute), "saved_dtype": dtype_name(saved), "device": str(dev),
@@ -421,7 +421,7 @@ def run_sft(cfg: SFTConfig, on_step: Callable[[dict], None] = lambda m: None, fo
     other = [p for n, p in trained if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
-    stream = DemoStream(policy, cfg.budgets, cfg.batch_size, random.Random(cfg.seed), cfg.decoys)
+    stream = DemoStream(policy, cfg.pools, cfg.batch_size, random.Random(cfg.seed), cfg.decoys)
     log = []
     t0 = time.perf_counter()
     for step in range(cfg.steps):
