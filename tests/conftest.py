@@ -18,6 +18,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+
+
+def pytest_collection_modifyitems(config, items):
+    """The end-to-end runs and simulations (``slow``) first, in their modules' order, then the unit tests: the long
+    tests start while every xdist worker is free, and the short ones fill the tail instead of a long one holding it
+    (``--dist loadgroup`` hands out the ``xdist_group`` groups first, the largest first, then tests in this order)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 TINY_VOCAB = 64
 TINY_WORDS = ["[PAD]", "[UNK]", "<s>", "</s>"] + [f"w{i}" for i in range(TINY_VOCAB - 4)]
 

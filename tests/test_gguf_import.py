@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -340,6 +341,23 @@ def test_quantised_import_equals_gguf_dequantize(tmp_path, chat_tok):
         assert got[n].dtype == torch.bfloat16 and torch.equal(got[n], t.to(torch.bfloat16)), n
     assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
     assert res["dtype"] == "bfloat16" and any("rounded to bfloat16" in n for n in res["notes"])
+
+
+def test_an_import_parses_the_files_metadata_once(f32_file, tmp_path, monkeypatch):
+    """transformers' config, tensor and tokenizer readers each open the file with gguf's reader; during an import
+    they share one parse of it (the slow part with a real vocabulary), and the reader is gguf's own again after."""
+    import gguf
+
+    real, opened = gguf.GGUFReader, []
+
+    def counted(path, mode="r"):
+        opened.append(Path(path).name)
+        return real(path, mode)
+
+    monkeypatch.setattr(gguf, "GGUFReader", counted)
+    run_import(ImportConfig(source=f32_file[0], out=tmp_path / "once"))
+    assert opened == [f32_file[0].name] and gguf.GGUFReader is counted
+    assert read_tensors(tmp_path / "once" / "model.safetensors").keys() == f32_file[2].keys()
 
 
 def test_auto_dtype_rule():

@@ -33,6 +33,8 @@ from graftkit.train.configs import GRPOConfig, SFTConfig
 from graftkit.train.sft import run_sft
 
 pytestmark = pytest.mark.slow
+#: The tests of one trained policy (a module fixture) run on one xdist worker, so the policy is trained once.
+ON_BIASED, ON_CHAT = pytest.mark.xdist_group("grpo-learns-biased"), pytest.mark.xdist_group("grpo-learns-chat")
 
 HELD_OUT_SEEDS = list(range(40))  # 40 held-out click-tab items, one episode each
 
@@ -99,6 +101,7 @@ def _wrong_tokens(monkeypatch):
     monkeypatch.setattr(G, "episode_rows", rows)
 
 
+@ON_BIASED
 def test_the_planted_bias_leaves_reward_reachable(biased_sft):
     """The control's precondition: greedy fails on most held-out items, sampling often succeeds."""
     policy = load_policy(biased_sft)
@@ -108,6 +111,7 @@ def test_the_planted_bias_leaves_reward_reachable(biased_sft):
     assert greedy < 0.6 and pass_at_8 > greedy + 0.3, (greedy, pass_at_8)
 
 
+@ON_BIASED
 @pytest.mark.parametrize("broken", [None, _flipped, _no_op, _wrong_tokens],
                          ids=["grpo", "flipped-advantage", "no-op-optimiser", "wrong-tokens"])
 def test_grpo_learns_where_reward_is_reachable(biased_sft, tmp_path, monkeypatch, broken):
@@ -141,6 +145,7 @@ def _overfit(init, tasks: str, out, steps: int, pool: int = 4, **kw) -> tuple[fl
     return (*rates(init), *rates(G.run_grpo(cfg, force=True)))
 
 
+@ON_BIASED
 def test_grpo_overfits_a_few_web_items(biased_sft, tmp_path):
     """At the control's learning rate (HEADROOM_RECIPE): measured on training seeds 0/1/2, greedy 1.0 on every one
     and sampled 94-97% after 40 steps. At 3e-4 two of those three seeds lose the action format (sampled 19%, 0%),
@@ -176,6 +181,7 @@ def chat_sft(tmp_path_factory):
                              threads=1, seed=0))
 
 
+@ON_CHAT
 def test_grpo_credits_a_chat_models_own_action_tokens(chat_sft):
     """On a chat-templated policy the trainer scores what the sampler drew: each row's targets are the generated
     action tokens, <|im_end|> last, and their log-probabilities under training equal the sampling ones."""
@@ -196,6 +202,7 @@ def test_grpo_credits_a_chat_models_own_action_tokens(chat_sft):
         assert torch.allclose(logp[r, :n], torch.tensor(t.logprobs), atol=1e-5)
 
 
+@ON_CHAT
 def test_grpo_overfits_one_item_on_a_chat_templated_model(chat_sft, tmp_path):
     """This tiny chat model does not read the instruction (its sampled tab is the same for every item), so on
     several items GRPO can only learn their most rewarded tab; on one item it must learn that item's. Measured on

@@ -74,6 +74,7 @@ def coverage():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("stats-difference-coverage")  # one worker simulates the table (module fixture) once
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 @pytest.mark.parametrize("method", ["bootstrap", "bayes"])
 def test_difference_intervals_cover_at_nominal_rate(coverage, scenario, method):

@@ -47,7 +47,8 @@ import pytest
 
 from graftkit import stats
 
-pytestmark = pytest.mark.slow
+# one xdist worker runs the module: its simulated tables (module fixtures) are computed once, not on each worker
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("stats-coverage")]
 
 N_SEEDS, N_EPS, SIGMA, TAU, RUNS, REPS = 25, 2, 0.5, 0.3, 3, 1000
 CELLS = [(p0, effect) for p0 in (0.3, 0.9, 0.99) for effect in (0.0, 0.005 if p0 == 0.99 else 0.02, -0.1)]

@@ -124,6 +124,28 @@ def _open_reader(source: Path):
 
 
 @contextlib.contextmanager
+def _parsed_once(source: Path):
+    """``source``'s metadata parsed once for the whole import: transformers' config, tensor and tokenizer readers
+    each open the file again with ``gguf.GGUFReader``, and each parse walks every metadata field (≈7 s for a
+    49,152-token vocabulary, most of an import's time). While the import runs, ``gguf.GGUFReader`` of ``source``
+    hands them the reader this opened (read-only: a memory map and its parsed fields); any other file, or a
+    writable open, gets a reader of its own. Undone on exit."""
+    reader = _open_reader(source)  # one error line for a missing gguf package or an unreadable header
+    import gguf
+
+    real = gguf.GGUFReader
+
+    def shared(path, mode="r"):
+        return reader if mode == "r" and Path(path).resolve() == source else real(path, mode)
+
+    gguf.GGUFReader = shared
+    try:
+        yield reader
+    finally:
+        gguf.GGUFReader = real
+
+
+@contextlib.contextmanager
 def _loader_hooks(on_progress: OnProgress, mapping: dict):
     """Three changes to transformers' GGUF reader while it runs, each undone on exit:
 
@@ -173,9 +195,8 @@ def run_import(cfg: ImportConfig, on_progress: OnProgress = no_progress) -> dict
 
     Returns ``{out, architecture, tensors, params, quantisation, sha256, dtype, seconds, notes}``:
     ``tensors`` and ``params`` count the written model's own tensors (a tied head once), ``quantisation`` the
-    file's tensors by ggml type. Progress: one bar over the steps of ``IMPORT_STEPS`` (the config, the tensors
-    and the tokenizer each cost a read of the file's metadata, seconds each with a real vocabulary: most of an
-    import's time), and one over the tensors as they are dequantised."""
+    file's tensors by ggml type. Progress: one bar over the steps of ``IMPORT_STEPS`` (the file's metadata is parsed
+    once, :func:`_parsed_once`), and one over the tensors as they are dequantised."""
     import torch
 
     from .fingerprint import file_digests
@@ -186,24 +207,23 @@ def run_import(cfg: ImportConfig, on_progress: OnProgress = no_progress) -> dict
     step = lambda: on_progress("import", 1, len(IMPORT_STEPS), "steps")  # noqa: E731
     source = check_source(cfg.source).resolve()
     check_destination(cfg.out, (), cfg.force, [source])  # before any slow work; save_model checks again
-    reader = _open_reader(source)
-    arch = _field_text(reader, "general.architecture")
-    name = _field_text(reader, "general.name")
-    file_names = [t.name for t in reader.tensors]
-    counts = quantisation([t.tensor_type.name for t in reader.tensors])
-    del reader  # its memory map; the loader opens its own
-    dtype = import_dtype(cfg.dtype, counts)
-    torch_dtype = getattr(torch, dtype)
-    step()
+    with _parsed_once(source) as reader:
+        arch = _field_text(reader, "general.architecture")
+        name = _field_text(reader, "general.name")
+        file_names = [t.name for t in reader.tensors]
+        counts = quantisation([t.tensor_type.name for t in reader.tensors])
+        dtype = import_dtype(cfg.dtype, counts)
+        torch_dtype = getattr(torch, dtype)
+        step()
 
-    model = _meta_model(source, arch)
-    step()
-    mapping: dict[str, str] = {}
-    tensors = _load_tensors(source, arch, model, torch_dtype, on_progress, mapping)
-    notes = _assign(model, tensors, file_names, mapping, source)
-    step()
-    tokenizer = _tokenizer(source)
-    step()
+        model = _meta_model(source, arch)
+        step()
+        mapping: dict[str, str] = {}
+        tensors = _load_tensors(source, arch, model, torch_dtype, on_progress, mapping)
+        notes = _assign(model, tensors, file_names, mapping, source)
+        step()
+        tokenizer = _tokenizer(source)
+        step()
     if getattr(tokenizer, "chat_template", None) is None:
         notes.append(f"{source.name} carries no tokenizer.chat_template: the tokenizer has no chat template")
     rounded = [t for t in counts if dtype != "float32" and FLOAT_TYPES.get(t) != dtype]
