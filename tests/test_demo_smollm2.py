@@ -3,7 +3,7 @@
 steps, one GRPO step of one prompt, a few episodes of one task per suite, grafts scored by success (the quick
 demo's test scores them by KL too). What it checks is the pipeline on what users bring — a GGUF import, a 49,152-
 token BPE vocabulary with a chat template, a LoRA SFT merged into full weights, a tied embedding that GRPO moves —
-not the study's outcomes (the --quick run measures those).""""""
+not the study's outcomes (the --quick run measures those)."""
 
 from __future__ import annotations
 
