@@ -304,3 +304,28 @@ def test_a_sweep_grid_names_verifiable_tasks(tmp_path, monkeypatch, clean_regist
                     "product: {lr: [1.0e-4, 1.0e-3]}\n")
     specs = expand(grid)
     assert [s.config.tasks for s in specs] == [("countdown-4", "sums")] * 2
+
+
+def test_a_solution_its_verifier_does_not_score_1_stops_sft_with_one_line(tmp_path, monkeypatch, clean_registry):
+    """A user's task whose demonstrated solution its own reward rejects is never trained on: SFT plays each
+    demonstration as an episode and stops at the first that does not reach reward 1, naming the task, the item's
+    seed and the fix; nothing is written. (A JSONL file's solutions are checked as it loads: an entry point's task
+    class is checked here.)"""
+    (tmp_path / "offtasks.py").write_text(textwrap.dedent("""
+        from graftkit.verifiable import Arithmetic
+
+        class OffByOne(Arithmetic):
+            def solution(self, problem):
+                return self.stated_answer(problem, str(int(problem.answer) + 1))
+
+        def suite():
+            return [OffByOne(name="off-by-one", digits=1)]
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    res = _run(["train", "sft", "--out", tmp_path / "sft", "--tasks", "offtasks:suite", "--steps", "2", "--size",
+                "nano", "--threads", "1", "--batch-size", "4"], tmp_path, monkeypatch)
+    assert res.exit_code == 2, res.output
+    err = res.stderr.strip()
+    assert err.startswith("error: the off-by-one demonstration failed on seed ") and "\n" not in err, err
+    assert "does not reach reward 1" in err and "its verifier scores 1" in err and "Traceback" not in res.output
+    assert not (tmp_path / "sft").exists()
