@@ -34,11 +34,11 @@ def _command_flags() -> dict[str, set[str]]:
 
 def _hints() -> list[tuple[str, int, str]]:
     """(file, line, text) of the second argument of every ``GraftkitError(...)`` (its hint), as written."""
+    from test_layout import _all_modules  # the package's own modules (not .venv, tests or build output)
+
     found = []
-    for path in sorted(ROOT.rglob("*.py")):
+    for path in sorted(_all_modules()):
         rel = path.relative_to(ROOT)
-        if rel.parts[0] in ("tests", "benchmarks", "build", "runs") or rel.parts[0].startswith("."):
-            continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "GraftkitError":
                 for arg in node.args[1:2]:
