@@ -27,6 +27,23 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
+def pytest_configure(config):
+    """Under ``--dist loadgroup`` each xdist worker names a grouped test's group in its node id (``test@group``), which
+    is what keeps a group on one worker: its module fixtures built once, its engines and worker processes one set at
+    a time. pytest 9.2's structured node ids ignore that with pytest-xdist ≤ 3.8 (pytest-dev/pytest-xdist#1386), and
+    the groups would spread silently: the run stops here instead."""
+    if config.getoption("dist", "no") != "loadgroup":
+        return
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    if Version(pytest.__version__) >= Version("9.2") and Version(version("pytest-xdist")) < Version("3.9"):
+        raise pytest.UsageError(f"--dist loadgroup does not group tests with pytest {pytest.__version__} and "
+                                f"pytest-xdist {version('pytest-xdist')} (pytest-dev/pytest-xdist#1386): install "
+                                "pytest<9.2 (make setup does)")
+
+
 TINY_VOCAB = 64
 TINY_WORDS = ["[PAD]", "[UNK]", "<s>", "</s>"] + [f"w{i}" for i in range(TINY_VOCAB - 4)]
 
