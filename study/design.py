@@ -83,8 +83,9 @@ VARIANTS: dict[str, tuple[str, dict, str]] = {
 #: ``sft_recipe``, ``sft_b_recipe``: a ``train grpo`` or ``train sft`` config) is changed by a mapping of its fields.
 EMBEDDED_PRESETS: dict[str, dict] = {
     "quick": dict(grpo_recipe=dict(steps=8, checkpoint_every=2), seeds=(0, 1), degrade_seeds=(0, 1),
-                  variants=("init-b-degrade",), sft_b_recipe=dict(steps=20), swept_seeds=1, headroom_seeds=(0,), control_seeds=(0,), eval_seeds=6, eval_episodes=1,
-                  headroom_k=4, kl_seeds=4, graft_groups=("embed", "attn", "mlp", "lm_head"), graft_seeds=6, probes=16),
+                  variants=("init-b-degrade",), sft_b_recipe=dict(steps=20), swept_seeds=1, headroom_seeds=(0,),
+                  control_seeds=(0,), eval_seeds=6, eval_episodes=1, headroom_k=4, kl_seeds=4,
+                  graft_groups=("embed", "attn", "mlp", "lm_head"), graft_seeds=6, probes=16),
     "full": dict(eval_episodes=4),
 }
 
@@ -124,16 +125,18 @@ _PRETRAINED = dict(train_sft=True, suites=PRETRAINED_SUITES, regimes=PRETRAINED_
                    headroom_calibration="the degrade regime's rate and temperature", threads=2)
 #: Its SFT: a LoRA adapter of rank 16 on every linear layer (alpha 2r) over the imported model (the run's base/),
 #: merged into the SFT policy.
-_PRETRAINED_SFT = dict(init=BASE, tasks=_PRETRAINED_TASKS, budgets=PRETRAINED_BUDGETS, lr=1e-3, lora_r=16, lora_alpha=32.0,
-                       lora_targets="all-linear", threads=2)
+_PRETRAINED_SFT = dict(init=BASE, tasks=_PRETRAINED_TASKS, budgets=PRETRAINED_BUDGETS, lr=1e-3, lora_r=16,
+                       lora_alpha=32.0, lora_targets="all-linear", threads=2)
+#: Its second initialisation: the same tasks (the default recipe's pools), full fine-tuning at a tenth of its rate.
+_PRETRAINED_SFT_B = dict(tasks=_PRETRAINED_TASKS, lr=1e-4)
 PRETRAINED_PRESETS: dict[str, dict] = {
     "quick": dict(_PRETRAINED, sft_recipe=dict(_PRETRAINED_SFT, steps=420, batch_size=4, warmup=20),
-                  sft_b_recipe=dict(tasks=_PRETRAINED_TASKS, steps=20, batch_size=4, lr=1e-4),
+                  sft_b_recipe=dict(_PRETRAINED_SFT_B, steps=20, batch_size=4),
                   grpo_recipe=dict(steps=6, prompts_per_step=2, group_size=4, checkpoint_every=0), seeds=(0,),
                   degrade_seeds=(0,), variants=(), headroom_seeds=(0,), eval_seeds=12, eval_episodes=1, headroom_k=4,
                   swept_seeds=1, graft_seeds=4, probes=16),
     "full": dict(_PRETRAINED, sft_recipe=dict(_PRETRAINED_SFT, steps=480, batch_size=8, warmup=48),
-                 sft_b_recipe=dict(tasks=_PRETRAINED_TASKS, steps=60, batch_size=8, lr=1e-4),
+                 sft_b_recipe=dict(_PRETRAINED_SFT_B, steps=60, batch_size=8),
                  grpo_recipe=dict(steps=20, prompts_per_step=4, group_size=8, checkpoint_every=5), seeds=(0, 1, 2),
                  degrade_seeds=(0, 1, 2), variants=("init-b-degrade", "kl0.04"), headroom_seeds=(0, 1), eval_seeds=25,
                  eval_episodes=2, headroom_k=8, swept_seeds=2, graft_seeds=12, probes=64),
@@ -152,18 +155,19 @@ ARITHMETIC_REGIMES = {"null": 1e-4, "degrade": 2e-3, "collapse": 1e-2}
 ARITHMETIC_CALIBRATION = ("GRPO runs of a micro SFT policy (1500 steps on both suites; seed 0, 40 steps, T 1.5) on "
                           "multiples, evaluated on training items (eval --items train): lr 1e-4 -> -2 points (98% -> "
                           "96%), 2e-3 -> -22, 1e-2 -> -98 (no answer format left)")
+_ARITHMETIC_TASKS = ",".join(sum(ARITHMETIC_SUITES.values(), ()))
 _ARITHMETIC = dict(train_sft=True, suites=ARITHMETIC_SUITES, regimes=ARITHMETIC_REGIMES,
-                   regime_calibration=ARITHMETIC_CALIBRATION, probe_tasks="multiples,arithmetic-2", headroom_lr=2e-3,
+                   regime_calibration=ARITHMETIC_CALIBRATION, probe_tasks=_ARITHMETIC_TASKS, headroom_lr=2e-3,
                    headroom_temperature=1.5, headroom_calibration="the degrade regime's rate and temperature")
 #: Its SFT runs alone before the grid, on both cores (2 torch threads).
-_ARITHMETIC_SFT = dict(tasks="multiples,arithmetic-2", lr=3e-3, batch_size=32, threads=2)
+_ARITHMETIC_SFT = dict(tasks=_ARITHMETIC_TASKS, lr=3e-3, batch_size=32, threads=2)
 DOMAIN_PRESETS: dict[str, dict[str, dict]] = {"arithmetic": {
     "quick": dict(_ARITHMETIC, sft_recipe=dict(_ARITHMETIC_SFT, steps=600),
-                  sft_b_recipe=dict(tasks="multiples,arithmetic-2", steps=40),
+                  sft_b_recipe=dict(tasks=_ARITHMETIC_TASKS, steps=40),
                   grpo_recipe=dict(steps=12, max_new_tokens=12, checkpoint_every=3), seeds=(0, 1), degrade_seeds=(0, 1),
                   variants=("init-b-degrade",), swept_seeds=1, headroom_seeds=(0,), eval_seeds=10, eval_episodes=2,
                   headroom_k=4, graft_groups=("embed", "attn", "mlp", "lm_head"), graft_seeds=6, probes=16),
     "full": dict(_ARITHMETIC, sft_recipe=dict(_ARITHMETIC_SFT, steps=1500),
-                 sft_b_recipe=dict(tasks="multiples,arithmetic-2"),
+                 sft_b_recipe=dict(tasks=_ARITHMETIC_TASKS),
                  grpo_recipe=dict(steps=40, max_new_tokens=12, checkpoint_every=10)),
 }}

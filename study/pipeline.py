@@ -29,10 +29,10 @@ from typing import Callable, Mapping, Optional
 from ..core.config import CommandConfig, DeviceOption, OnProgress, no_progress, opt
 from ..core.errors import GraftkitError
 from ..evaluation.commands import EvalConfig, HeadroomConfig, run_eval, run_headroom
-from ..train.configs import GRPOConfig, SFTConfig
 from ..results.layout import (SFT, SFT_B, SFT_CONTROL, RunLayout, coupling_path, dissociation_path_of, eval_path,
                               findings_path, headroom_path, kl_path_of, rank_path, study_delta_path, sweep_path_of,
                               training_path_of)
+from ..train.configs import GRPOConfig, SFTConfig
 from ..weights import PROVENANCE
 from .design import (CONTROL, COUPLING_METRIC, DOMAIN_PRESETS, DOMAINS, EMBEDDED_PRESETS, EMBEDDED_SFT,  # noqa: F401
                      HEADROOM_CALIBRATION, HEADROOM_RECIPE, PRETRAINED, PRETRAINED_PRESETS, REGIME_CALIBRATION, REGIMES,
@@ -571,8 +571,9 @@ def _train_pretrained_sft(st: Study) -> None:
 
     cfg = st.cfg
     recipe = cfg.sft_recipe
-    sft = recipe.replace(out=st.layout.sft_adapter if recipe.lora_r else st.sft, merged=st.sft if recipe.lora_r else None,
-                         init=st.base, **cfg.placement)
+    lora = recipe.lora_r > 0
+    sft = recipe.replace(out=st.layout.sft_adapter if lora else st.sft, merged=st.sft if lora else None, init=st.base,
+                         **cfg.placement)
     # resume: a study stopped after the adapter was written merges it instead of training it again
     run_train_sft(sft, resume=True, force=True, results=st.results,
                   on_step=lambda m: st.on_work(SFT, m["step"], sft.steps))

@@ -19,7 +19,6 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 
-
 def pytest_collection_modifyitems(config, items):
     """The end-to-end runs and simulations (``slow``) first, in their modules' order, then the unit tests: the long
     tests start while every xdist worker is free, and the short ones fill the tail instead of a long one holding it

@@ -31,7 +31,8 @@ def test_demo_on_smollm2_runs_end_to_end(tmp_path):
 
     # one task per suite and one torch thread (the test shares the machine with another test worker)
     cfg = StudyConfig.preset(str(tmp_path / "run"), True, "smollm2", sft_recipe={"steps": 2, "warmup": 1, "threads": 1},
-                             grpo_recipe={"steps": 1, "prompts_per_step": 1, "max_new_tokens": 16}, graft_metric="success",
+                             grpo_recipe={"steps": 1, "prompts_per_step": 1, "max_new_tokens": 16},
+                             graft_metric="success",
                              suites={"mastered": ("click-tab",), "headroom": ("click-tab-2",)}, threads=1,
                              regimes={"collapse": 2e-4}, headroom_seeds=(), eval_seeds=2, headroom_k=2, kl_seeds=1,
                              graft_seeds=1, graft_groups=("embed", "attn"), probes=4, rank_weight_layers="late")

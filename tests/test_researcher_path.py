@@ -24,8 +24,9 @@ from graftkit.results.store import read_result
 
 # found, not imported: collecting this module does not load TRL (each test's subprocess does)
 # one xdist worker runs the module: the user's trial (a TRL run, a module fixture) is trained once
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("researcher-path"), pytest.mark.skipif(not all(find_spec(m) for m in ("trl", "datasets")),
-                                                   reason="TRL is not installed (the trl extra)")]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("researcher-path"),
+              pytest.mark.skipif(not all(find_spec(m) for m in ("trl", "datasets")),
+                                 reason="TRL is not installed (the trl extra)")]
 HERE = Path(__file__).resolve().parent
 SYSTEM = "You add two numbers. End your reply with the number."
 N_ITEMS = 16
