@@ -117,7 +117,7 @@ def receives_gradient(model, batch) -> frozenset[str]:
 
 def train_sft(tmp_path: Path, monkeypatch, batch, steps: int) -> Path:
     """``run_sft`` for ``steps`` steps, every step on ``batch``."""
-    monkeypatch.setattr(sft_mod.DemoStream, "next_batch", lambda self: list(batch))
+    monkeypatch.setattr(sft_mod.DemoStream, "next_batch", lambda self, steps_left: list(batch))
     cfg = SFTConfig(out=str(tmp_path / "sft"), budgets=SFT_BUDGETS, size="nano", steps=steps,
                     batch_size=len(batch), lr=3e-3, warmup=1, threads=1)
     return run_sft(cfg)

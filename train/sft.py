@@ -138,7 +138,8 @@ class DemoStream:
     episodes — 92% on its training seeds, 30% on fresh ones — instead of learning to ground the
     instruction in the element list). Episodes are generated on demand (a web page's generation and layout is
     about half of a tiny policy's SFT step). Batches come from windows of :data:`WINDOW` batches sorted by length
-    (little padding)."""
+    (little padding); a window never holds more batches than the run has steps left, so no page is generated
+    for a batch that is never trained on."""
 
     def __init__(self, policy: Policy, budgets: Mapping[str, int], batch_size: int, rng: random.Random,
                  decoys: Mapping[str, float] | None = None):
@@ -170,10 +171,11 @@ class DemoStream:
             self.cache[key] = ex
         return ex
 
-    def next_batch(self) -> list[Example]:
+    def next_batch(self, steps_left: int) -> list[Example]:
+        """The next batch of a run with ``steps_left`` optimizer steps to go (this one included)."""
         if not self.batches:
             window: list[Example] = []
-            while len(window) < WINDOW * self.batch_size:
+            while len(window) < min(WINDOW, steps_left) * self.batch_size:
                 task = self.rng.choices(self.tasks, self.weights)[0]
                 window.extend(self.episode(task, self.rng.randrange(self.pools[task])))
             window.sort(key=lambda e: len(e.prompt_ids) + len(e.action_ids))
@@ -425,7 +427,7 @@ def run_sft(cfg: SFTConfig, on_step: Callable[[dict], None] = lambda m: None, fo
     log = []
     t0 = time.perf_counter()
     for step in range(cfg.steps):
-        batch = stream.next_batch()
+        batch = stream.next_batch(cfg.steps - step)
         ids, mask, labels = (t.to(dev) for t in batch_tensors(batch, policy.pad_id))
         lr = lr_at(step, cfg.lr, cfg.warmup, cfg.steps)
         for g in opt.param_groups:
