@@ -253,17 +253,23 @@ def graft(cfg: GraftConfig, as_json: bool):
             got["experiments"], left=("config", "groups", "layers", "role")))
         return _notes(got["notes"])
     selected, total = fmt_size(got["selected_bytes"]), fmt_size(got["total_bytes"])
+    sparse = got.get("sparsity")
+    entries = "" if sparse is None else (
+        f"; the top {sparse['top_frac']:g} of their entries by |Δ| ({sparse['scope']}): {sparse['selected']:,} of "
+        f"{sparse['entries']:,} entries, {sparse['changed']:,} of them moved")
     if not got.get("dry_run"):
         _notes(got["notes"])
         n = sum(row["tensors"] for row in got["selected"])
-        return out.print(f"grafted {n} tensors ({selected} of {total}) → {escape(got['out'])} in {got['seconds']:.1f} s")
+        return out.print(f"grafted {n} tensors ({selected} of {total}){entries} → {escape(got['out'])} in "
+                         f"{got['seconds']:.1f} s", soft_wrap=True)
     out.print(_rows_table(
         f"dry run: {'revert in RL' if cfg.reverse else 'graft into base'} "
         f"{escape(','.join(got['spec']['groups']) or 'nothing')} (layers {escape(cfg.layers)}, α={cfg.alpha:g})",
         {"group": lambda r: r["group"], "layer": lambda r: "—" if r["layer"] is None else str(r["layer"]),
-         "tensors": lambda r: str(r["tensors"]), "bytes": lambda r: fmt_size(r["bytes"])},
+         "tensors": lambda r: str(r["tensors"]), "bytes": lambda r: fmt_size(r["bytes"]),
+         **({"entries": lambda r: f"{r['selected_entries']:,} of {r['entries']:,}"} if sparse else {})},
         got["selected"], left=("group",)))
-    out.print(f"{selected} of {total} selected")
+    out.print(f"{selected} of {total} selected{entries}", soft_wrap=True)
     _notes(got["notes"])
 
 

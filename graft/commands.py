@@ -46,6 +46,7 @@ from ..weights.runs import checkpoint_step
 from . import attribution as attr
 from . import experiments as X
 from .plan import GraftSpec
+from .sparse import SCOPES
 
 
 #: Fields of :class:`GraftConfig` that only evaluations in memory read: the episodes, where they run, where
@@ -57,9 +58,11 @@ EPISODE_FIELDS = ("tasks", "seeds", "episodes", "sample", "temperature", "max_ne
 #: reads (the pair, how it is read and judged, ``groups``, ``dry_run``). A field set in a mode that does not
 #: read it is an error, not ignored without a word.
 MODE_FIELDS: dict[str, frozenset[str]] = {
-    "export": frozenset({"layers", "alpha", "reverse", "out_dir", "force", "max_shard_size"}),
-    "eval": frozenset({"layers", "alpha", "reverse", "metric", "all_checkpoints", *EPISODE_FIELDS}),
-    "sweep": frozenset({"layers", "alphas", "metric", "all_checkpoints", *EPISODE_FIELDS}),
+    "export": frozenset({"layers", "alpha", "reverse", "top_frac", "top_scope", "out_dir", "force", "max_shard_size"}),
+    "eval": frozenset({"layers", "alpha", "reverse", "top_frac", "top_scope", "metric", "all_checkpoints",
+                       *EPISODE_FIELDS}),
+    "sweep": frozenset({"layers", "alphas", "fracs", "top_frac", "top_scope", "metric", "all_checkpoints",
+                        *EPISODE_FIELDS}),
     "dissociation": frozenset({"layers", "vs", "metric", *EPISODE_FIELDS}),
 }
 #: Each mode as the error messages name it.
@@ -87,6 +90,12 @@ class GraftConfig(ReadOptions, RunOption, DeviceOption, EngineOption, ExecutorOp
     """Scale of the grafted delta (1 = exact copy of RL's tensors)."""
     reverse: bool = False
     """Revert the selection in the RL model to base (ablation)."""
+    top_frac: Optional[float] = None
+    """Move only this fraction F of the selected tensors' entries: the ⌈F·n⌉ of largest |Δ| (exact; F = 1 is the
+    whole graft); the rest keep base's value (RL's with --reverse)."""
+    top_scope: str = "tensor"
+    """With --top-frac: tensor (each tensor keeps its own top fraction) or global (the top fraction of every
+    selected entry together: a tensor that moved more keeps more)."""
     out_dir: Optional[Path] = opt(None, flags=("--out",))
     """Output folder (default: RUN/grafts/<name>)."""
     force: bool = False
@@ -107,9 +116,12 @@ class GraftConfig(ReadOptions, RunOption, DeviceOption, EngineOption, ExecutorOp
     eval_: bool = opt(False, flags=("--eval",))
     """Graft in memory and evaluate against base and RL on identical episodes (no export)."""
     sweep: Optional[str] = None
-    """Evaluate a sweep of in-memory grafts: single | loo | factorial | layers | alpha."""
+    """Evaluate a sweep of in-memory grafts: single | loo | factorial | layers | alpha | sparsity."""
     alphas: str = "0,0.25,0.5,0.75,1"
     """α values of --sweep alpha."""
+    fracs: str = "0.001,0.01,0.05,0.2,0.5,1"
+    """Fractions F of --sweep sparsity: each grafts the top F of the groups' entries by |Δ| (--top-scope says
+    where F counts)."""
     vs: Optional[Path] = opt(None, flags=("--vs",))
     """A second RL run of the same base: run the sweep for it too and test a double dissociation."""
     tasks: str = "mastered"
@@ -147,6 +159,9 @@ class GraftConfig(ReadOptions, RunOption, DeviceOption, EngineOption, ExecutorOp
         self._check_mode_fields()
         self._check_engine()
         check_choice(self.items, ("auto", "heldout", "train", "all"), "--items")
+        if self.top_frac is None and self.top_scope != _default("top_scope") and self.sweep != "sparsity":
+            raise GraftkitError("--top-scope says where --top-frac counts, and no --top-frac was given",
+                                "pass e.g. --top-frac 0.01, or drop --top-scope")
         if self.all_checkpoints and self.save is not None:
             raise GraftkitError("--save names one result file, but --all-checkpoints writes one per checkpoint",
                                 f"drop --save: each checkpoint's sweep goes to RUN/{RESULTS}/"
@@ -188,6 +203,17 @@ class GraftConfig(ReadOptions, RunOption, DeviceOption, EngineOption, ExecutorOp
         self.alpha_values()
         if self.sweep != "alpha" and self.alphas != _default("alphas"):
             raise GraftkitError(f"--alphas applies to --sweep alpha, not --sweep {self.sweep}", "drop --alphas")
+        if self.sweep != "sparsity" and (self.fracs != _default("fracs") or self.top_scope != _default("top_scope")):
+            flag = "--fracs" if self.fracs != _default("fracs") else "--top-scope"
+            raise GraftkitError(f"{flag} applies to --sweep sparsity, not --sweep {self.sweep}", f"drop {flag}")
+        if self.top_frac is not None:
+            raise GraftkitError("--top-frac grafts one fraction; a sweep over fractions is --sweep sparsity --fracs",
+                                "pass --sweep sparsity --fracs F1,F2,... or drop --top-frac")
+        check_choice(self.top_scope, SCOPES, "--top-scope")
+        bad = [f"{f:g}" for f in self.frac_values() if not 0 < f <= 1]
+        if bad:
+            raise GraftkitError(f"--fracs {', '.join(bad)}: each must be a fraction in (0, 1]",
+                                "pass e.g. --fracs 0.001,0.01,0.1,1")
         if self.sweep == "layers" and self.layers != _default("layers"):
             raise GraftkitError("--sweep layers grafts each band early, mid, late and all itself: --layers applies "
                                 "to the other sweeps", "drop --layers")
@@ -262,7 +288,14 @@ class GraftConfig(ReadOptions, RunOption, DeviceOption, EngineOption, ExecutorOp
         return tuple(t for t in resolve_tasks(self.tasks, self.prompt_format) if task_spec(t).items is not None)
 
     def spec(self) -> GraftSpec:
-        return GraftSpec.parse(self.groups, self.layers, self.alpha, self.reverse)
+        return GraftSpec.parse(self.groups, self.layers, self.alpha, self.reverse, self.top_frac, self.top_scope)
+
+    def frac_values(self) -> list[float]:
+        try:
+            return [float(f) for f in self.fracs.split(",") if f.strip()]
+        except ValueError:
+            raise GraftkitError(f"--fracs {self.fracs!r}: expected a comma list of numbers",
+                                "e.g. --fracs 0.001,0.01,0.1,1") from None
 
     def alpha_values(self) -> list[float]:
         try:
@@ -292,6 +325,8 @@ def default_graft_out(cfg: GraftConfig) -> Path:
     tag = f"{result_labels([cfg.rl])[0]}-{cfg.groups.replace(',', '+') or 'none'}-{cfg.layers.replace(',', '_')}"
     if cfg.alpha != 1:
         tag += f"-a{cfg.alpha:g}"
+    if cfg.top_frac is not None:
+        tag += f"-top{cfg.top_frac:g}" + ("-global" if cfg.top_scope == "global" else "")
     if cfg.reverse:
         tag += "-reverse"
     return run_layout(cfg.run).grafts / tag
@@ -309,6 +344,7 @@ def run_graft(cfg: GraftConfig, on_progress: OnProgress = no_progress):
     from ..weights.writer import check_output_room
     from .export import export_graft
     from .plan import plan_graft
+    from .sparse import sparsify
 
     t0 = time.perf_counter()
     spec = cfg.spec()
@@ -318,7 +354,7 @@ def run_graft(cfg: GraftConfig, on_progress: OnProgress = no_progress):
                              config=cfg.config)
     tax = b.taxonomy(cfg.unknown)
     r = _cast_pair(cfg, b, stored, tax)
-    plan = plan_graft(tax, spec)
+    plan = sparsify(plan_graft(tax, spec), b, r)  # a top-fraction graft's entries, chosen from the pair's values
     moved = {}
     for n in plan.selected:
         role = tax.roles[n]
@@ -327,13 +363,19 @@ def run_graft(cfg: GraftConfig, on_progress: OnProgress = no_progress):
         row["tensors"] += 1
         row["bytes"] += b.metas[n].nbytes
         row["names"].append(n)
+        if plan.sparsity is not None:  # a top-fraction graft: how many of the row's entries move
+            size = b.metas[n].numel
+            row["entries"] = row.get("entries", 0) + size
+            row["selected_entries"] = row.get("selected_entries", 0) + (
+                plan.cuts[n].selected if n in plan.cuts else size if plan.coef[n] != spec.neutral else 0)
     summary = {
         "base": str(base_path), "rl": str(cfg.rl), "spec": spec.as_dict(),
         "notes": notes(b, r) + list(plan.notes),
         "selected": [{"group": g, "layer": L, **v} for (g, L), v in
                      sorted(moved.items(), key=lambda x: (x[0][0], x[0][1] if x[0][1] is not None else -1))],
         "selected_bytes": sum(v["bytes"] for v in moved.values()),
-        "total_bytes": b.nbytes, "neutral_coefficient": 1.0 if spec.reverse else 0.0,  # an unselected tensor's
+        "total_bytes": b.nbytes, "neutral_coefficient": spec.neutral,  # an unselected tensor's (or entry's)
+        **({"sparsity": dict(plan.sparsity)} if plan.sparsity is not None else {}),
     }
     if cfg.dry_run:
         return {**summary, "dry_run": True}
@@ -706,7 +748,8 @@ def _experiments(cfg: GraftConfig, tax) -> tuple[list[X.GraftExperiment], tuple[
     default = X.layered_groups(tax) if cfg.kind == "layers" else present
     chosen = default if cfg.groups in (None, "all") else GraftSpec.parse(cfg.groups).groups
     layers = cfg.layers if cfg.kind != "layers" else "all"
-    return X.expand_sweep(cfg.kind, chosen, present, layers=layers, alphas=cfg.alpha_values()), chosen
+    return X.expand_sweep(cfg.kind, chosen, present, layers=layers, alphas=cfg.alpha_values(),
+                          fracs=cfg.frac_values(), scope=cfg.top_scope), chosen
 
 
 def _sweep_dest(cfg: GraftConfig, key: str, label: str) -> Path:

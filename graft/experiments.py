@@ -23,9 +23,12 @@ references, both always included:
 - ``layers``     each group, and all of G together when k > 1, at each band early / mid / late and all
 - ``alpha``      all of G together at each α of the curve (α = 0 is the base, α = 1 with G every group
                  present is the RL model)
+- ``sparsity``   all of G together at each fraction F of the curve: only the ⌈F·n⌉ entries of largest |Δ|
+                 (per tensor or global, :mod:`graftkit.graft.sparse`); F = 1 is G's whole graft
 
 A spec equal to a reference is not repeated. Labels: ``attn+mlp`` (groups joined in taxonomy order),
-``attn@late`` (a layer selection other than all), ``mlp×0.5`` (α ≠ 1), ``∅ (base)``, ``all (rl)``.
+``attn@late`` (a layer selection other than all), ``mlp×0.5`` (α ≠ 1), ``attn+mlp[top 0.01]`` (the top 1% of
+the entries, per tensor; ``[top 0.01 global]`` over all of them), ``∅ (base)``, ``all (rl)``.
 :func:`sweep_result` assembles the labelled result (kind ``graft-sweep``) with the paired comparisons and
 the attribution of :mod:`graftkit.graft.attribution`; :class:`SweepResult` and :class:`DissociationResult`
 are the typed views every reader goes through. With ``--metric kl`` or ``both`` (:data:`METRICS`) each
@@ -55,13 +58,14 @@ from . import attribution as A
 from .kl import SIDES as KL_SIDES, SweepKL, kl_arrays, kl_conventions
 from .plan import GraftPlan, GraftSpec, plan_graft
 
-SWEEPS = ("single", "loo", "factorial", "layers", "alpha")
+SWEEPS = ("single", "loo", "factorial", "layers", "alpha", "sparsity")
 #: What scores each configuration (``graft --metric``): success (episodes played per configuration), kl (the
 #: fraction of RL's behavioural change it reproduces, by forward passes on fixed rollouts; :mod:`graftkit.graft.kl`)
 #: or both.
 METRICS = ("success", "kl", "both")
 MAX_FACTORIAL = 6
 DEFAULT_ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)
+DEFAULT_FRACS = (0.001, 0.01, 0.05, 0.2, 0.5, 1.0)
 BASE_LABEL, RL_LABEL = "∅ (base)", "all (rl)"
 ROLES = ("base", "rl", "graft")
 
@@ -82,26 +86,32 @@ class GraftExperiment:
     """base (nothing grafted), rl (everything grafted: the RL model exactly) or graft."""
     reverse: bool = False
     """Revert the groups in the RL model to base instead (an ablation; --eval of a --reverse graft)."""
+    top_frac: float | None = None
+    """Move only this fraction of the groups' entries, those of largest |Δ| (:mod:`graftkit.graft.sparse`)."""
+    top_scope: str = "tensor"
+    """Where ``top_frac`` counts: per tensor or over all the groups' entries (global)."""
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise GraftkitError(f"experiment role {self.role!r}", f"use one of {', '.join(ROLES)}")
-        GraftSpec(self.groups, self.layers, self.alpha, self.reverse)  # validates groups and α
+        self.spec()  # validates groups, α and the fraction
 
     def spec(self) -> GraftSpec:
         if self.role == "base":
             return GraftSpec(())
         if self.role == "rl":
             return GraftSpec(GROUPS)  # every group the model has, tied heads included
-        return GraftSpec(self.groups, self.layers, self.alpha, self.reverse)
+        return GraftSpec(self.groups, self.layers, self.alpha, self.reverse, self.top_frac, self.top_scope)
 
     def as_dict(self) -> dict:
         return {**asdict(self), "groups": list(self.groups)}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "GraftExperiment":
+        frac = d.get("top_frac")
         return cls(d["label"], tuple(d["groups"]), d.get("layers", "all"), float(d.get("alpha", 1.0)),
-                   d.get("role", "graft"), bool(d.get("reverse", False)))
+                   d.get("role", "graft"), bool(d.get("reverse", False)), None if frac is None else float(frac),
+                   d.get("top_scope", "tensor"))
 
 
 def _ordered(groups) -> tuple[str, ...]:
@@ -111,9 +121,12 @@ def _ordered(groups) -> tuple[str, ...]:
     return tuple(g for g in GROUPS if g in set(groups))
 
 
-def label_for(groups: Sequence[str], layers: str = "all", alpha: float = 1.0, reverse: bool = False) -> str:
+def label_for(groups: Sequence[str], layers: str = "all", alpha: float = 1.0, reverse: bool = False,
+              top_frac: float | None = None, top_scope: str = "tensor") -> str:
     """The display label of a configuration (see the module docstring)."""
     text = "+".join(_ordered(groups)) or "∅"
+    if top_frac is not None:
+        text += f"[top {top_frac:g}{' global' if top_scope == 'global' else ''}]"
     if reverse:
         text = f"rl−({text})"
     if layers.strip().lower() not in ("", "all"):
@@ -134,10 +147,12 @@ def expand_sweep(
     present: Sequence[str],
     layers: str = "all",
     alphas: Sequence[float] = DEFAULT_ALPHAS,
+    fracs: Sequence[float] = DEFAULT_FRACS,
+    scope: str = "tensor",
 ) -> list[GraftExperiment]:
     """The configurations of sweep ``kind`` over ``groups`` (see the module docstring); ``present``: every
-    group the model has (the RL reference grafts them all); ``layers`` applies to single, loo, factorial
-    and alpha; ``alphas`` to alpha."""
+    group the model has (the RL reference grafts them all); ``layers`` applies to single, loo, factorial,
+    alpha and sparsity; ``alphas`` to alpha; ``fracs`` and ``scope`` to sparsity."""
     if kind not in SWEEPS:
         raise GraftkitError(f"unknown sweep {kind!r}", f"use one of {', '.join(SWEEPS)}")
     chosen, present = _ordered(groups), _ordered(present)
@@ -150,15 +165,17 @@ def expand_sweep(
     layers = layers.strip() or "all"
     out = references(present)
 
-    def add(gs, lay=layers, alpha=1.0) -> None:
+    def add(gs, lay=layers, alpha=1.0, frac=None) -> None:
         gs = _ordered(gs)
+        frac = None if frac == 1 else frac  # every entry: the whole graft
         if not gs or alpha == 0:
             return  # the base
-        if set(gs) == set(present) and lay.lower() == "all" and alpha == 1:
+        if set(gs) == set(present) and lay.lower() == "all" and alpha == 1 and frac is None:
             return  # the RL model
-        label = label_for(gs, lay, alpha)
+        label = label_for(gs, lay, alpha, top_frac=frac, top_scope=scope)
         if all(e.label != label for e in out):
-            out.append(GraftExperiment(label, gs, lay, float(alpha)))
+            out.append(GraftExperiment(label, gs, lay, float(alpha), top_frac=frac,
+                                       top_scope=scope if frac is not None else "tensor"))
 
     k = len(chosen)
     if kind == "single":
@@ -180,11 +197,16 @@ def expand_sweep(
         for gs in sets:
             for band in (*BANDS, "all"):
                 add(gs, band)
-    else:  # alpha
+    elif kind == "alpha":
         if not alphas:
             raise GraftkitError("--alphas is empty", "pass e.g. --alphas 0,0.25,0.5,0.75,1")
         for a in alphas:
             add(chosen, layers, float(a))
+    else:  # sparsity
+        if not fracs:
+            raise GraftkitError("--fracs is empty", "pass e.g. --fracs 0.001,0.01,0.1,1")
+        for f in sorted(set(fracs)):
+            add(chosen, layers, 1.0, float(f))
     return out
 
 
@@ -194,10 +216,11 @@ def one_experiment(spec: GraftSpec, present: Sequence[str]) -> list[GraftExperim
     gs = _ordered(spec.groups) if set(spec.groups) != set(GROUPS) else _ordered(present)
     whole = set(gs) == set(present) and spec.layers.strip().lower() in ("", "all")
     nothing = not gs or spec.alpha == 0
-    if spec.alpha == 1 and (whole or nothing):
+    if spec.alpha == 1 and (whole or nothing) and spec.top_frac in (None, 1):
         return out  # the graft is base or RL itself
-    label = label_for(gs, spec.layers, spec.alpha, spec.reverse)
-    out.append(GraftExperiment(label, gs, spec.layers, spec.alpha, reverse=spec.reverse))
+    label = label_for(gs, spec.layers, spec.alpha, spec.reverse, spec.top_frac, spec.top_scope)
+    out.append(GraftExperiment(label, gs, spec.layers, spec.alpha, reverse=spec.reverse, top_frac=spec.top_frac,
+                               top_scope=spec.top_scope))
     return out
 
 
@@ -323,15 +346,20 @@ class SweepWorker:
             self.key = key
         return self.session
 
+    def _plan(self, run: str, e: GraftExperiment) -> GraftPlan:
+        """``e``'s plan for RL run ``run`` (a top-fraction graft's entries depend on the run), made once."""
+        from .sparse import sparsify
+
+        if (run, e.label) not in self.plans:
+            self.plans[run, e.label] = sparsify(plan_graft(self.tax, e.spec()), self.base, self.rls[run])
+        return self.plans[run, e.label]
+
     def play(self, unit: SweepUnit, grid: EpisodeGrid, on_episode: Callable[[object], None] | None = None
              ) -> Played:
         """The outcomes ``[task, seed, episode]`` of ``unit``'s configuration on its block of seeds."""
         from ..agent import evaluate
 
-        e = unit.experiment
-        if e.label not in self.plans:
-            self.plans[e.label] = plan_graft(self.tax, e.spec())
-        self._session(unit.run).apply(self.plans[e.label])
+        self._session(unit.run).apply(self._plan(unit.run, unit.experiment))
         outcome = evaluate(self.policy, list(grid.tasks), [grid.seeds[i] for i in unit.block], grid.episodes,
                            grid.decode, backend=grid.backend, batch_size=grid.batch_size,
                            on_episode=on_episode or (lambda ep: None), obs=grid.obs, items=grid.items,
@@ -350,14 +378,12 @@ class SweepWorker:
         from .kl import score_configurations, sweep_kl
 
         progress = on_progress or (lambda what, advance, total, unit: None)
-        for e in experiments:
-            if e.label not in self.plans:
-                self.plans[e.label] = plan_graft(self.tax, e.spec())
+        by_label = {e.label: e for e in experiments}
         base = next(e.label for e in experiments if e.role == "base")
         rl = next(e.label for e in experiments if e.role == "rl")
 
         def apply(label: str) -> None:
-            self._session(run).apply(self.plans[label])
+            self._session(run).apply(self._plan(run, by_label[label]))
 
         t0, fixed = time.perf_counter(), {}
         for side, label in zip(SIDES, (rl, base)):
@@ -640,6 +666,10 @@ def _config_arrays(configs: Sequence[GraftExperiment]) -> dict[str, tuple]:
         "config_alpha": (("config",), np.array([e.alpha if e.role == "graft" else float(e.role == "rl")
                                                for e in configs], dtype=np.float64)),
         "config_layers": (("config",), np.array([e.layers for e in configs], dtype=object)),
+        # the fraction of the groups' entries moved (1: every entry), and where it counts
+        "config_top_frac": (("config",), np.array([1.0 if e.top_frac is None or e.role != "graft" else e.top_frac
+                                                  for e in configs], dtype=np.float64)),
+        "config_top_scope": (("config",), np.array([e.top_scope for e in configs], dtype=object)),
         "config_role": (("config",), np.array([e.role for e in configs], dtype=object)),
     }
 
@@ -949,7 +979,7 @@ def dissociation_result(d: A.Dissociation, runs: Mapping[str, Mapping], attrs: M
 
 
 __all__ = [
-    "GROUPS", "GROUP_EFFECT", "BASE_LABEL", "DEFAULT_ALPHAS", "MAX_FACTORIAL", "RL_LABEL", "SWEEPS", "GraftExperiment", "completed_outcomes",
+    "GROUPS", "GROUP_EFFECT", "BASE_LABEL", "DEFAULT_ALPHAS", "DEFAULT_FRACS", "MAX_FACTORIAL", "RL_LABEL", "SWEEPS", "GraftExperiment", "completed_outcomes",
     "dissociation_result", "expand_sweep", "label_for", "layered_groups", "one_experiment", "plan_sweep",
     "present_groups", "references", "run_graft_sweep", "subset_outcomes", "sweep_result", "SweepResult",
     "DissociationResult", "resume_outcomes", "EpisodeGrid", "SweepUnit", "SweepWorker", "checked_done",

@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 from .._version import __version__
 from ..weights import Checkpoint, OutSpec, check_pair, describe_later, write_checkpoint
 from .plan import GraftPlan
+from .sparse import masked_value
 from .splice import splice_chunks
 
 
@@ -27,7 +28,10 @@ def _source(ck: Checkpoint, name: str):
 
 
 def graft_specs(base: Checkpoint, rl: Checkpoint, plan: GraftPlan) -> list[OutSpec]:
-    """What to write, in the base's on-disk order (sequential reads)."""
+    """What to write, in the base's on-disk order (sequential reads); a top-fraction plan has its cuts
+    (:func:`graftkit.graft.sparse.sparsify`)."""
+    if plan.needs_cuts:
+        raise ValueError("a top-fraction plan must be sparsified (graftkit.graft.sparse.sparsify) first")
     # else a mismatched pair could export silently (dtypes: the output is base's, so RL must be cast first)
     check_pair(base, rl, base.taxonomy("keep-base"), dtypes="same")
 
@@ -38,7 +42,9 @@ def graft_specs(base: Checkpoint, rl: Checkpoint, plan: GraftPlan) -> list[OutSp
     specs = []
     for name in sorted(base.metas, key=order):
         m, c = base.metas[name], plan.coef[name]
-        if c == 0:
+        if name in plan.cuts:  # a top-fraction graft moves part of this tensor (its entries in flat order)
+            src = (lambda n=name, c=c: [masked_value(base.read(n), rl.read(n), c, plan.spec.neutral, plan.cuts[n], n)])
+        elif c == 0:
             src = _source(base, name)
         elif c == 1:
             src = _source(rl, name)
@@ -78,6 +84,7 @@ def export_graft(
             "parents": [{"role": "base", **base_desc}, {"role": "rl", **rl_desc}],
             "base_model": {"path": base_desc["path"], "fingerprint": base_desc["fingerprint"]},
             "moved_tensors": len(plan.moved()),
+            **({"sparsity": dict(plan.sparsity)} if plan.sparsity is not None else {}),
             "selected_tensors": list(plan.selected),
             "notes": [*base.notes, *rl.notes, *plan.notes, *(notes() if callable(notes) else notes)],
         }

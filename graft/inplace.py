@@ -6,7 +6,8 @@ tensors whose coefficient c changes (θ = θ_base + c · (θ_rl − θ_base), se
 
 - c = 1 copies the RL tensor's values, c = 0 the base tensor's, bit for bit; any other c is computed by
   :func:`graftkit.graft.splice.splice`, row chunk by row chunk, exactly as :func:`export_graft` computes
-  the tensor it writes. The value is formed in the checkpoint's dtype and then cast to the parameter's
+  the tensor it writes (a top-fraction graft's tensor that moves in part by
+  :func:`graftkit.graft.sparse.masked_value`, as the export does). The value is formed in the checkpoint's dtype and then cast to the parameter's
   dtype by ``copy_`` — the cast ``from_pretrained(dtype=...)`` applies when it loads an exported graft —
   so the grafted model equals ``from_pretrained(export_graft(...))`` bit for bit.
 - Before a tensor is first overwritten, with ``verify`` (the default), its bits are checked to equal
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING
 from ..core.errors import GraftkitError
 from ..weights import Checkpoint, check_pair, storage_key
 from .plan import GraftPlan
+from .sparse import Cut, masked_value
 from .splice import row_chunks, splice
 
 if TYPE_CHECKING:
@@ -121,6 +123,8 @@ class InPlaceGraft:
     :meth:`apply` and :meth:`restore`, the tensors written are sent to it (``mirror.update``), by ``state_dict``
     name and with the parameter's bits, so the engine holds exactly the model's graft."""
     coef: dict[str, float] = field(default_factory=dict, init=False)
+    cuts: dict[str, Cut] = field(default_factory=dict, init=False)
+    """The tensors a top-fraction graft holds in part (see :mod:`graftkit.graft.sparse`), with their cuts."""
     _saved: dict[str, "torch.Tensor"] = field(default_factory=dict, init=False, repr=False)
     _touched: set = field(default_factory=set, init=False, repr=False)
 
@@ -189,14 +193,16 @@ class InPlaceGraft:
             self._saved[name] = t.detach().clone()
         self._touched.add(name)
 
-    def _write(self, name: str, c: float) -> None:
+    def _write(self, name: str, c: float, cut: Cut | None = None, neutral: float = 0.0) -> None:
         import torch
 
         from ..weights import code_of, tensor_bits
 
         t = self._param(name)
         with torch.no_grad():
-            if c == 0 and name in self._saved:
+            if cut is not None:  # part of the tensor moves: formed whole, as export_graft writes it
+                t.copy_(masked_value(self.base.read(name), self.rl.read(name), c, neutral, cut, name))
+            elif c == 0 and name in self._saved:
                 t.copy_(self._saved[name])
             elif c in (0, 1):
                 src = self.base if c == 0 else self.rl
@@ -215,8 +221,10 @@ class InPlaceGraft:
     def apply(self, plan: GraftPlan) -> SwitchStats:
         """Make the model the graft ``plan`` describes, writing only the tensors whose coefficient differs
         from the current graft's (the first call starts from base, c = 0 everywhere)."""
+        if plan.needs_cuts:
+            raise ValueError("a top-fraction plan must be sparsified (graftkit.graft.sparse.sparsify) first")
         stats = SwitchStats()
-        missing = sorted(n for n in self.missing if plan.coef.get(n, 0.0) != 0.0)
+        missing = sorted(n for n in self.missing if plan.coef.get(n, 0.0) != 0.0 or n in plan.cuts)
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
             raise GraftkitError(
@@ -225,7 +233,7 @@ class InPlaceGraft:
                 "export the graft (graftkit graft --out) and load it, or leave that group out",
             )
         for alias, owner in self.aliases.items():
-            if plan.coef.get(alias, 0.0) != plan.coef.get(owner, 0.0):
+            if (plan.coef.get(alias, 0.0), plan.cuts.get(alias)) != (plan.coef.get(owner, 0.0), plan.cuts.get(owner)):
                 raise GraftkitError(
                     f"tensors {owner} and {alias} share one parameter in the loaded model but the graft "
                     f"gives them coefficients {plan.coef.get(owner, 0.0):g} and {plan.coef.get(alias, 0.0):g}",
@@ -235,14 +243,18 @@ class InPlaceGraft:
         for name in self.bound:
             if name in self.aliases:
                 continue
-            new = float(plan.coef.get(name, 0.0))
-            if new == self.coef[name]:
+            new, cut = float(plan.coef.get(name, 0.0)), plan.cuts.get(name)
+            if new == self.coef[name] and cut == self.cuts.get(name):
                 continue
             if name not in self._touched:
                 self._save(name)
                 stats.saved += 1
-            self._write(name, new)
+            self._write(name, new, cut, plan.spec.neutral)
             self.coef[name] = new
+            if cut is None:
+                self.cuts.pop(name, None)
+            else:
+                self.cuts[name] = cut
             written.append(name)
             stats.written += 1
             t = self._param(name)
@@ -256,12 +268,13 @@ class InPlaceGraft:
 
     def restore(self) -> None:
         """Put every tensor not at its original back (bit-exact) and forget the saved copies."""
-        written = [name for name in self._touched if self.coef[name] != 0]
+        written = [name for name in self._touched if self.coef[name] != 0 or name in self.cuts]
         for name in written:
             self._write(name, 0.0)
         self._mirror(written)
         self._saved.clear()
         self._touched.clear()
+        self.cuts.clear()
         self.coef = {n: 0.0 for n in self.base.metas}
 
     @property

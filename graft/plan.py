@@ -7,7 +7,9 @@ one coefficient ``c`` in θ = θ_base + c · (θ_rl − θ_base):
 - ``reverse`` (ablation: revert the selection in the RL model to base): c = 1 − α for selected tensors,
   1 for the rest. With α = 1 this is exactly the forward graft of the complement.
 
-Tensors with c = 0 or c = 1 are copied bit for bit from base or RL. ``--layers`` selects decoder layers
+Tensors with c = 0 or c = 1 are copied bit for bit from base or RL. With ``top_frac`` F, M selects entries
+instead of whole tensors: the ⌈F·n⌉ of the selected tensors' entries that moved the most
+(:mod:`graftkit.graft.sparse`); the rest keep the neutral coefficient (0 forward, 1 reverse). ``--layers`` selects decoder layers
 (bands by the rule of :func:`graftkit.weights.band_rule`); tensors outside the decoder stack (embeddings,
 the final norm, the head, the vision tower) are selected only with ``--layers all``. On a model with tied
 embeddings, selecting ``embed`` also moves a stored ``lm_head`` copy, and the plan says so.
@@ -16,12 +18,13 @@ embeddings, selecting ``embed`` also moves a stored ``lm_head`` copy, and the pl
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Mapping
 
 from ..core.errors import GraftkitError
 from ..weights import GROUPS, Taxonomy, band_rule, parse_layers
 from ..weights.taxonomy import DECODER
+from .sparse import Cut
 
 
 @dataclass(frozen=True)
@@ -37,22 +40,37 @@ class GraftSpec:
     """Scale of the selected delta: 1 copies RL's tensors exactly, 0.5 is the midpoint."""
     reverse: bool = False
     """Start from RL and revert the selection to base (an ablation) instead of grafting into base."""
+    top_frac: float | None = None
+    """Move only this fraction of the selected tensors' entries: those of largest |Δ| (None: every entry)."""
+    top_scope: str = "tensor"
+    """Where ``top_frac`` counts: each tensor's own entries (tensor) or all selected entries together (global)."""
 
     def __post_init__(self) -> None:
+        from .sparse import check_fraction
+
         bad = [g for g in self.groups if g not in GROUPS]
         if bad:
             raise GraftkitError(f"unknown group(s) {', '.join(bad)}", f"choose from {', '.join(GROUPS)}")
         if not math.isfinite(self.alpha):
             raise GraftkitError(f"--alpha {self.alpha} is not a finite number", "pass e.g. --alpha 0.5")
+        if self.top_frac is not None:
+            check_fraction(self.top_frac, self.top_scope)
+
+    @property
+    def neutral(self) -> float:
+        """The coefficient of what the graft leaves alone: 0 (base) forward, 1 (RL) reverse."""
+        return 1.0 if self.reverse else 0.0
 
     @classmethod
-    def parse(cls, groups: str, layers: str = "all", alpha: float = 1.0, reverse: bool = False) -> "GraftSpec":
+    def parse(cls, groups: str, layers: str = "all", alpha: float = 1.0, reverse: bool = False,
+              top_frac: float | None = None, top_scope: str = "tensor") -> "GraftSpec":
         parts = [g.strip() for g in groups.split(",") if g.strip()]
         if parts == ["all"]:
             parts = list(GROUPS)
         if parts == ["none"]:
             parts = []
-        return cls(tuple(dict.fromkeys(parts)), layers, float(alpha), bool(reverse))
+        return cls(tuple(dict.fromkeys(parts)), layers, float(alpha), bool(reverse),
+                   None if top_frac is None else float(top_frac), top_scope)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -66,10 +84,21 @@ class GraftPlan:
     coef: Mapping[str, float]
     selected: tuple[str, ...]
     notes: tuple[str, ...]
+    cuts: Mapping[str, Cut] = field(default_factory=dict)
+    """A top-fraction graft's tensors that move in part: ``coef`` on the entries the cut selects, the spec's
+    neutral coefficient on the rest (:func:`graftkit.graft.sparse.sparsify` fills it from the checkpoints)."""
+    sparsity: Mapping | None = None
+    """What a top-fraction graft selected (:func:`graftkit.graft.sparse.sparsity_summary`); None before
+    :func:`~graftkit.graft.sparse.sparsify` and for a whole-tensor graft."""
 
     def moved(self) -> list[str]:
         """Tensors that will not be a bit-exact copy of base."""
-        return [n for n, c in self.coef.items() if c != 0]
+        return [n for n, c in self.coef.items() if c != 0 or (n in self.cuts and self.spec.neutral != 0)]
+
+    @property
+    def needs_cuts(self) -> bool:
+        """A top-fraction graft whose entries are not chosen yet (they depend on the checkpoints' values)."""
+        return self.spec.top_frac is not None and self.sparsity is None
 
 
 def plan_graft(tax: Taxonomy, spec: GraftSpec) -> GraftPlan:

@@ -1,0 +1,196 @@
+"""Element-level grafts: only the fraction F of the delta's entries that moved the most.
+
+θ = θ_base + α · M ⊙ (θ_rl − θ_base), M the ⌈F·n⌉ entries of largest |Δ| among the n entries of the tensors the
+graft selects — counted per tensor (``scope="tensor"``: each tensor keeps its own top fraction) or over all of
+them together (``"global"``: a tensor that moved more keeps more). Entries outside M keep the graft's neutral
+coefficient (base's value in a forward graft, RL's in a reverse one).
+
+The selection is exact and depends on the two checkpoints and F alone:
+
+- the ranking key of an entry is |θ_rl − θ_base| computed in float32 (float64 for float64 tensors, then rounded
+  to float32), read as its IEEE-754 bit pattern: an int32 whose order is the order of the non-negative floats;
+- exactly k = ⌈F·n⌉ entries are selected: every key above the k-th largest, and of the keys equal to it as many
+  as k needs, in flat (row-major) order, tensor by tensor in the checkpoint's order;
+- at α = 1 a selected entry is RL's value bit for bit and an unselected one base's, so F = 1 is the whole graft.
+
+Memory stays bounded by one tensor: the global threshold comes from two histogram passes over the keys (their
+high 16 bits, then the low 16 bits of the bin the threshold falls in), one tensor's delta at a time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+
+from ..core.errors import GraftkitError
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..weights import Checkpoint
+    from .plan import GraftPlan
+
+SCOPES = ("tensor", "global")
+#: How an entry's movement is ranked (recorded with every top-fraction graft).
+RANKING = ("|θ_rl − θ_base| in float32 (float64 tensors: float64, rounded to float32); ties at the threshold "
+           "taken in flat row-major order, tensor by tensor in the checkpoint's order")
+_FINITE = 0x7F800000  # the bit pattern of +inf: every finite non-negative float32 lies below it
+_BINS = 1 << 16
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Which entries of one tensor a top-fraction graft moves: every entry whose key exceeds ``threshold``, and
+    the first ``ties`` entries (flat order) whose key equals it."""
+
+    threshold: int
+    ties: int
+    selected: int
+    """Entries selected (k of this tensor)."""
+    changed: int
+    """Selected entries whose delta is not zero (the rest change nothing)."""
+
+    @property
+    def value(self) -> float:
+        """The threshold as the float32 |Δ| it encodes."""
+        import struct
+
+        return struct.unpack("<f", struct.pack("<i", self.threshold))[0]
+
+
+def delta_key(base: torch.Tensor, rl: torch.Tensor, name: str = "") -> torch.Tensor:
+    """The ranking key of every entry, flat: |Δ| as float32 bits (see the module docstring)."""
+    import torch
+
+    if not base.dtype.is_floating_point:
+        raise GraftkitError(f"tensor {name} holds {base.dtype} values, which --top-frac cannot rank by |Δ|",
+                            "leave its group out of --groups, or graft it whole without --top-frac")
+    work = torch.float64 if torch.float64 in (base.dtype, rl.dtype) else torch.float32
+    d = (rl.to(work) - base.to(work)).abs_().to(torch.float32).reshape(-1)
+    key = d.view(torch.int32)
+    bad = int((key >= _FINITE).sum())
+    if bad:
+        raise GraftkitError(f"tensor {name}: the delta is not finite at {bad} of {key.numel()} entries",
+                            "--top-frac ranks finite deltas only: check the checkpoints (graftkit delta counts "
+                            "n_nonfinite), or leave that tensor's group out")
+    return key
+
+
+def mask_of(key: torch.Tensor, cut: Cut) -> torch.Tensor:
+    """The flat boolean mask ``cut`` selects over ``key``."""
+    m = key > cut.threshold
+    if cut.ties:
+        eq = key == cut.threshold
+        m |= eq & (eq.cumsum(0) <= cut.ties)
+    return m
+
+
+def top_fraction(keys: Callable[[str], "torch.Tensor"], sizes: Mapping[str, int], frac: float,
+                 scope: str = "tensor") -> dict[str, Cut]:
+    """The cut of every tensor of ``sizes`` (name → entries, in checkpoint order) for the top ``frac`` of the
+    entries by key, per tensor or over all of them; ``keys(name)`` gives a tensor's flat keys (:func:`delta_key`)."""
+    check_fraction(frac, scope)
+    names = list(sizes)
+    if scope == "tensor":
+        out = {}
+        for n in names:
+            key = keys(n)
+            out.update(_cuts(lambda _n, key=key: key, [n], math.ceil(frac * sizes[n])))
+        return out
+    return _cuts(keys, names, math.ceil(frac * sum(sizes.values())))
+
+
+def check_fraction(frac: float, scope: str) -> None:
+    if not (isinstance(frac, (int, float)) and 0 < frac <= 1):
+        raise GraftkitError(f"--top-frac {frac} is not a fraction in (0, 1]",
+                            "pass e.g. --top-frac 0.01 for the 1% of entries that moved the most")
+    if scope not in SCOPES:
+        raise GraftkitError(f"--top-scope {scope!r} is not one of {', '.join(SCOPES)}",
+                            "tensor: each tensor's own top fraction; global: the top fraction of all entries")
+
+
+def _cuts(keys: Callable[[str], "torch.Tensor"], names: Sequence[str], k: int) -> dict[str, Cut]:
+    """The cuts of ``names`` that select exactly the ``k`` largest keys over all of them (two passes)."""
+    import torch
+
+    hist = torch.zeros(_BINS, dtype=torch.int64)
+    for n in names:  # pass 1: the high 16 bits
+        hist += torch.bincount(keys(n) >> 16, minlength=_BINS)
+    b, above_bin = _boundary(hist, k)
+    lo_hist = torch.zeros(_BINS, dtype=torch.int64)
+    per: dict[str, tuple[int, torch.Tensor]] = {}
+    for n in names:  # pass 2: per tensor, entries above the bin, and the low bits of those in it
+        key = keys(n)
+        hi = key >> 16
+        inside = torch.bincount(key[hi == b] & 0xFFFF, minlength=_BINS)
+        per[n] = (int((hi > b).sum()), inside)
+        lo_hist += inside
+    low, above_low = _boundary(lo_hist, k - above_bin)
+    threshold, ties_left = (b << 16) | low, k - above_bin - above_low
+    out = {}
+    for n in names:
+        over_bin, inside = per[n]
+        over = over_bin + int(inside[low + 1:].sum())
+        ties = min(int(inside[low]), ties_left)
+        ties_left -= ties
+        changed = over + ties if threshold > 0 else over
+        out[n] = Cut(threshold, ties, over + ties, changed)
+    return out
+
+
+def _boundary(hist: torch.Tensor, k: int) -> tuple[int, int]:
+    """The bin holding the k-th largest value of a histogram, and how many values lie in higher bins."""
+    import torch
+
+    desc = hist.flip(0).cumsum(0)
+    i = int(torch.searchsorted(desc, torch.tensor([k], dtype=desc.dtype)))  # the first reaching k
+    b = hist.numel() - 1 - i
+    return b, int(desc[i] - hist[b])
+
+
+def masked_value(base: torch.Tensor, rl: torch.Tensor, inside: float, outside: float, cut: Cut,
+                 name: str = "") -> torch.Tensor:
+    """One tensor of a top-fraction graft: coefficient ``inside`` on the entries ``cut`` selects, ``outside`` on
+    the rest (θ = θ_base + c · Δ per entry; exact at c ∈ {0, 1})."""
+    import torch
+
+    from .splice import splice
+
+    mask = mask_of(delta_key(base, rl, name), cut).reshape(base.shape)
+    return torch.where(mask, splice(base, rl, inside), splice(base, rl, outside))
+
+
+def sparsify(plan: GraftPlan, base: Checkpoint, rl: Checkpoint) -> GraftPlan:
+    """``plan`` with its top-fraction cuts chosen from the two checkpoints (a plan without ``top_frac`` as it is):
+    a selected tensor whose every entry is chosen keeps its coefficient, one with none chosen takes the neutral
+    coefficient, and the rest move in part (``plan.cuts``). Reads each selected tensor of both once per pass."""
+    spec = plan.spec
+    if spec.top_frac is None or not plan.needs_cuts:
+        return plan
+    chosen = set(plan.selected)
+    sizes = {n: base.metas[n].numel for n in base.metas if n in chosen}
+    cuts = top_fraction(lambda n: delta_key(base.read(n), rl.read(n), n), sizes, spec.top_frac, spec.top_scope)
+    coef, partial = dict(plan.coef), {}
+    for n, c in cuts.items():
+        if c.selected == 0:
+            coef[n] = spec.neutral
+        elif c.selected < sizes[n]:
+            partial[n] = c
+    return replace(plan, coef=coef, cuts=partial,
+                   sparsity=sparsity_summary(cuts, sizes, spec.top_frac, spec.top_scope))
+
+
+def sparsity_summary(cuts: Mapping[str, Cut], sizes: Mapping[str, int], frac: float, scope: str) -> dict:
+    """What a top-fraction graft selected, as a command reports it."""
+    n = sum(sizes[k] for k in cuts)
+    k = sum(c.selected for c in cuts.values())
+    out = {"top_frac": frac, "scope": scope, "entries": n, "selected": k,
+           "changed": sum(c.changed for c in cuts.values()), "ranking": RANKING}
+    if scope == "global" and cuts:
+        out["threshold"] = next(iter(cuts.values())).value  # the |Δ| every selected entry reaches
+    return out
+
+
+__all__ = ["Cut", "RANKING", "SCOPES", "check_fraction", "delta_key", "mask_of", "masked_value", "sparsify",
+           "sparsity_summary", "top_fraction"]
