@@ -192,6 +192,7 @@ def _rank_weights(cfg: RankConfig, models: list[Path], labels: list[str], run: P
                                   "skipped": len(res.attrs["skipped"]), "matrices": len(res.coords["tensor"]),
                                   "numerical_rank_tol_rule": res.attrs["numerical_rank_tol_rule"],
                                   "aggregate": res.attrs["aggregate"],
+                                  **({"principal": view.principal()} if cfg.what == "delta" else {}),
                                   "notes": notes(*filter(None, (base_ck, ckpt))) + list(res.attrs.get("pair_notes", []))
                                   + placed}
         payload["band_rule"] = band_rule(tax.n_layers.get(DECODER, 0)) if tax.n_layers.get(DECODER) else None

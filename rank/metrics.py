@@ -178,6 +178,16 @@ PAIR: dict[str, Measure] = {m.name: m for m in (
             "||sigma(W1)-sigma(W0)||_2/||sigma(W0)||_2, W0 base, W1 rl", zero=0.0),
     Measure("delta_energy_top8", "energy of Δ in W₀'s top-k subspace (fraction)", "fraction",
             f"||U_k^T Delta||_F^2/||Delta||_F^2, U_k top-k left singular vectors of W0, k=min({DELTA_TOPK}, min(shape))"),
+    Measure("delta_energy_top8_chance", "a random Δ's energy in W₀'s top-k subspace (fraction)", "fraction",
+            "k/rows: the expected delta_energy_top8 of a delta drawn from any rotation-invariant law (exact)"),
+    Measure("delta_energy_top8_right", "energy of Δ in W₀'s top-k right subspace (fraction)", "fraction",
+            f"||Delta V_k||_F^2/||Delta||_F^2, V_k top-k right singular vectors of W0 (W0^T U_k / sigma_k, "
+            f"orthonormalised), k=min({DELTA_TOPK}, min(shape))"),
+    Measure("delta_energy_top8_right_chance", "a random Δ's energy in W₀'s top-k right subspace (fraction)",
+            "fraction", "k/columns: the expected delta_energy_top8_right of a rotation-invariant random delta (exact)"),
+    Measure("subspace_overlap_top8", "overlap of W₀'s and W₁'s top-k subspaces (fraction)", "fraction",
+            f"||U0_k^T U1_k||_F^2/k: mean cos^2 of the k principal angles between the top-k left singular subspaces "
+            f"of W0 and W1, k=min({DELTA_TOPK}, min(shape)); 1 the same subspace, k/rows a random one", zero=1.0),
     Measure("intruders", "intruder dimensions (count)", "count",
             f"count of W1's top-k left singular vectors (k=min({INTRUDER_K}, min(shape))) with max |cos| "
             f"< {INTRUDER_EPS} against every W0 left singular vector", zero=0.0),

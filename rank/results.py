@@ -131,6 +131,27 @@ class RankResult(View):
             return None
         return [[str(x) for x in row] for row in np.asarray(res["averaged_layer"])]
 
+    def principal(self) -> list[dict]:
+        """A delta result's principal-direction measures per group and over every moved matrix ("all"): the
+        mean over the matrices RL moved of the share of ‖Δ‖² in W₀'s top-k left and right singular subspaces,
+        each beside its exact chance (a random Δ's share), and of the top-k subspace overlap of W₀ and W₁.
+        Empty for a result without them (weights, activations, or written before they were measured)."""
+        res = self.result
+        names = ("delta_energy_top8", "delta_energy_top8_chance", "delta_energy_top8_right",
+                 "delta_energy_top8_right_chance", "subspace_overlap_top8")
+        if self.kind == RANK_ACTIVATIONS or not set(names) <= set(self.metrics) or "frobenius_sq" not in self.metrics:
+            return []
+        v = np.asarray(res["value"], dtype=np.float64)
+        moved = v[:, self.metrics.index("frobenius_sq")] > 0
+        groups = np.array([str(g) for g in res["tensor_group"]])
+        out = []
+        for g in [*dict.fromkeys(groups[moved]), "all"]:
+            rows = moved & ((groups == g) if g != "all" else True)
+            if rows.any():
+                out.append({"group": g, "matrices": int(rows.sum()),
+                            **{n: float(v[rows, self.metrics.index(n)].mean()) for n in names}})
+        return out
+
     def outside_rows(self, shown: Sequence[str]) -> list[dict]:
         """The shown metrics of every tensor outside the decoder stack (weights/delta)."""
         res = self.result

@@ -717,11 +717,59 @@ def _energy_share(Uk: torch.Tensor, delta: Any, dev: torch.device) -> float:
     return float(torch.tensordot(P, P, dims=2)) / float(total)
 
 
-def delta_energy_in_topk(W0: Any, delta: Any, k: int, method: str = "gram", device: Any = None) -> float:
-    """‖U_kᵀ Δ‖_F² / ‖Δ‖_F², U_k the top-k left singular vectors of W₀ (:func:`left_singular`)."""
+def _right_energy_share(L0: LeftSingular, W0: Any, k: int, delta: Any, dev: torch.device) -> float:
+    """‖Δ V_k‖_F² / ‖Δ‖_F², V_k W₀'s top-k right singular vectors: Wᵀ U_k Σ_k⁻¹ (the right vectors of the same
+    decomposition), orthonormalised by a QR; directions of σ = 0 are left out (no right vector is defined)."""
+    Uk, sk = L0.top(k), L0.sigma[:k]
+    T = _torch(_validated(W0, "W0", check_finite=False)[0])
+    WtU = torch.zeros(T.shape[1], k, dtype=torch.float64, device=dev)
+    for rows, B in _blocks(T, dev):
+        WtU.addmm_(B.T, Uk[rows])
+    Vk = torch.linalg.qr(WtU[:, sk > 0] / sk[sk > 0])[0]
+    D = _torch(_validated(delta, "delta", check_finite=False)[0])
+    inside = torch.zeros((), dtype=torch.float64, device=dev)
+    total = torch.zeros((), dtype=torch.float64, device=dev)
+    for _, B in _blocks(D, dev):
+        P = B @ Vk
+        inside += torch.tensordot(P, P, dims=2)
+        total += torch.tensordot(B, B, dims=2)
+    if float(total) == 0.0:
+        raise GraftkitError("delta_energy_in_topk: delta is the zero matrix", "the share is undefined")
+    return float(inside) / float(total)
+
+
+def delta_energy_in_topk(W0: Any, delta: Any, k: int, method: str = "gram", device: Any = None,
+                         side: str = "left") -> float:
+    """‖U_kᵀ Δ‖_F² / ‖Δ‖_F², U_k the top-k left singular vectors of W₀ (:func:`left_singular`); ``side="right"``:
+    ‖Δ V_k‖_F² / ‖Δ‖_F², V_k its top-k right singular vectors. A Δ drawn from any rotation-invariant law (i.i.d.
+    Gaussian entries) puts k/m of its energy in the left subspace and k/n in the right one, W₀ [m, n], in
+    expectation: :func:`chance_energy`."""
+    if side not in ("left", "right"):
+        raise GraftkitError(f"delta_energy_in_topk side={side!r}", "use side='left' or side='right'")
     _check_k(k, min(_shapes(("W0", W0), ("delta", delta))), "delta_energy_in_topk")
     dev = as_device(device)
-    return _energy_share(left_singular(W0, method, dev, "W0").top(k), delta, dev)
+    L0 = left_singular(W0, method, dev, "W0")
+    with _stream(dev):
+        if side == "right":
+            return _right_energy_share(L0, W0, k, delta, dev)
+        return _energy_share(L0.top(k), delta, dev)
+
+
+def chance_energy(shape: tuple[int, int], k: int, side: str = "left") -> float:
+    """The share of ‖Δ‖² a random Δ puts in a fixed k-dimensional left (k/m) or right (k/n) subspace, in
+    expectation over any rotation-invariant law of Δ [m, n]: exact, the baseline of :func:`delta_energy_in_topk`."""
+    m, n = shape
+    return k / (m if side == "left" else n)
+
+
+def subspace_overlap(W0: Any, W1: Any, k: int, method: str = "gram", device: Any = None) -> float:
+    """‖U₀ₖᵀ U₁ₖ‖_F² / k: the mean squared cosine of the k principal angles between W₀'s and W₁'s top-k left
+    singular subspaces (1: the same subspace; k/m in expectation for a random one)."""
+    _check_k(k, min(_shapes(("W0", W0), ("W1", W1))), "subspace_overlap")
+    dev = as_device(device)
+    U0, U1 = (left_singular(W, method, dev, name, k).top(k) for name, W in (("W0", W0), ("W1", W1)))
+    M = U0.T @ U1
+    return float(torch.tensordot(M, M, dims=2)) / k
 
 
 def _best_cos(L0: LeftSingular, U1k: torch.Tensor) -> np.ndarray:
@@ -749,7 +797,8 @@ def top1_energy(delta: Any, method: str = "gram") -> float:
 
 def pair_measures(W0: Any, W1: Any, delta: Any, *, energy_k: int, intruder_k: int, intruder_eps: float = 0.5,
                   method: str = "gram", device: Any = None) -> dict[str, float]:
-    """``spectral_drift``, ``delta_energy_topk`` (:func:`delta_energy_in_topk` with ``energy_k``) and
+    """``spectral_drift``, ``delta_energy_topk`` and ``delta_energy_topk_right`` (:func:`delta_energy_in_topk` with
+    ``energy_k``, left and right), ``subspace_overlap`` (:func:`subspace_overlap` with the smaller k) and
     ``intruders`` (the count of :func:`intruder_dimensions` with ``intruder_k``, ``intruder_eps``) of one pair,
     from one decomposition of each of W₀ and W₁ (:func:`left_singular`) shared by all three: σ for the drift,
     the vectors for the other two. The energy and the intruders equal the separate functions' bit for bit.
@@ -771,6 +820,10 @@ def pair_measures(W0: Any, W1: Any, delta: Any, *, energy_k: int, intruder_k: in
     with _stream(dev):
         drift = _drift(L0.sigma, sigma1)
         energy = _energy_share(L0.top(energy_k), delta, dev)
+        right = _right_energy_share(L0, W0, energy_k, delta, dev)
+        k = min(energy_k, intruder_k)
+        M = L0.top(k).T @ U1k[:, :k]
+        overlap = float(torch.tensordot(M, M, dims=2)) / k
         best = _best_cos(L0, U1k)
-    return {"spectral_drift": drift, "delta_energy_topk": energy,
-            "intruders": float(int((best < intruder_eps).sum()))}
+    return {"spectral_drift": drift, "delta_energy_topk": energy, "delta_energy_topk_right": right,
+            "subspace_overlap": overlap, "intruders": float(int((best < intruder_eps).sum()))}

@@ -34,11 +34,15 @@ Conventions (also recorded in every result's attrs):
   per tensor (:func:`rank.spectra.delta_matrix`).
   A zero Δ (a tensor RL did not move) has ``frobenius_sq = 0``, ``sigma_1 = 0``, ``numerical_rank = 0``,
   and NaN for every ratio measure (erank, erank_sq, stable_rank, participation_ratio, rankme,
-  top1_energy) and for ``delta_energy_top8``; its ``spectral_drift`` is 0 and ``intruders`` 0.
+  top1_energy) and for ``delta_energy_top8`` and ``delta_energy_top8_right``; its ``spectral_drift`` is 0,
+  ``subspace_overlap_top8`` 1 and ``intruders`` 0.
 - Pair measures (delta only), on base W₀ and RL W₁: ``spectral_drift`` ‖σ(W₁) − σ(W₀)‖/‖σ(W₀)‖;
   ``delta_energy_top8`` the share of ‖Δ‖²_F inside W₀'s top-k left singular subspace, k = min(8, min
-  shape); ``intruders`` the number of W₁'s top-k left singular vectors (k = min(10, min shape)) whose max
-  |cos| with every W₀ left singular vector is < 0.5. ``top1_energy`` of Δ is σ₁(Δ)²/‖Δ‖²_F.
+  shape), and ``delta_energy_top8_right`` inside its top-k right singular subspace; beside each, the share a
+  random Δ puts there in expectation (``…_chance``: k/rows and k/columns, exact for any rotation-invariant
+  law of Δ); ``subspace_overlap_top8`` ‖U₀ₖᵀU₁ₖ‖²_F/k, the mean cos² of the principal angles between W₀'s and
+  W₁'s top-k left subspaces; ``intruders`` the number of W₁'s top-k left singular vectors (k = min(10, min
+  shape)) whose max |cos| with every W₀ left singular vector is < 0.5. ``top1_energy`` of Δ is σ₁(Δ)²/‖Δ‖²_F.
 - Numerical rank of a weight: count σ > max(m, n)·eps(dtype)·σ₁, dtype the checkpoint's dtype of the
   matrix. Of a delta: count σ > eps(d)·(max_i ‖S_i,:‖₂ + max_j ‖S_:,j‖₂), S = max(|W_base|, |W_rl|)
   entrywise and d the coarser storage dtype of the two tensors (not the float32 Δ is computed in): the
@@ -66,7 +70,8 @@ from .spectra import (CONVENTIONS, RANKME_EPS, RowBlocks, as_device, delta_matri
                       pair_measures)
 
 ZERO_CONVENTION = ("zero matrix (e.g. a tensor RL did not move): frobenius_sq=0, sigma_1=0, numerical_rank=0, "
-                   "ratio measures and delta_energy_top8 NaN, spectral_drift=0, intruders=0")
+                   "ratio measures and delta_energy_top8(_right) NaN, spectral_drift=0, subspace_overlap_top8=1, "
+                   "intruders=0")
 AGG_CONVENTION = ("value_layer[layer, group, metric]: for every metric the mean over the same set, the layer's "
                   "matrices in the group (group 'all': every matrix of the layer) with a nonzero spectrum (for a "
                   "delta: the tensors RL moved, delta != 0); zero matrices are left out of every measure alike; "
@@ -209,13 +214,17 @@ def _row_blocks(ckpt: Checkpoint, name: str) -> RowBlocks | None:
 
 
 def _pair_row(W0, W1, D, zero: bool, method: str, device) -> dict[str, float]:
+    rows, cols = (int(x) for x in W0.shape)
+    k = min(DELTA_TOPK, rows, cols)
+    chance = {"delta_energy_top8_chance": k / rows, "delta_energy_top8_right_chance": k / cols}
     if zero:
-        return {"spectral_drift": 0.0, "delta_energy_top8": float("nan"), "intruders": 0.0}
-    lo = min(W0.shape)
-    m = pair_measures(W0, W1, D, energy_k=min(DELTA_TOPK, lo), intruder_k=min(INTRUDER_K, lo),
+        return {"spectral_drift": 0.0, "delta_energy_top8": float("nan"), "delta_energy_top8_right": float("nan"),
+                "subspace_overlap_top8": 1.0, "intruders": 0.0, **chance}
+    m = pair_measures(W0, W1, D, energy_k=k, intruder_k=min(INTRUDER_K, rows, cols),
                       intruder_eps=INTRUDER_EPS, method=method, device=device)
     return {"spectral_drift": m["spectral_drift"], "delta_energy_top8": m["delta_energy_topk"],
-            "intruders": m["intruders"]}
+            "delta_energy_top8_right": m["delta_energy_topk_right"], "subspace_overlap_top8": m["subspace_overlap"],
+            "intruders": m["intruders"], **chance}
 
 
 def _short_names(names: Sequence[str]) -> list[str]:
@@ -474,7 +483,8 @@ def delta_ranks(
     attrs = {"what": "delta", "method": method_name or method, "spectrum_dtype": "float64",
              "delta_dtype": "float32 (float64 when either tensor is float64), upcast before subtracting; "
                             "the tolerance uses the storage dtype (tensor_dtype)",
-             "pair_k": {"delta_energy_top8": DELTA_TOPK, "intruders": INTRUDER_K}, "intruder_eps": INTRUDER_EPS,
+             "pair_k": {"delta_energy_top8": DELTA_TOPK, "delta_energy_top8_right": DELTA_TOPK,
+                        "subspace_overlap_top8": DELTA_TOPK, "intruders": INTRUDER_K}, "intruder_eps": INTRUDER_EPS,
              "seconds": time.perf_counter() - t0, "workers": n_workers, **_placement(dev, peak),
              "base": base_later(), "model": rl_later(),
              "pair_notes": pair_notes, "fine_tune": dist.as_dict(),

@@ -506,3 +506,32 @@ def test_every_rank_measure_has_one_home_in_the_registry():
     zero = spectrum_measures(spectrum(np.zeros((4, 3))))
     for name, m in M.SPECTRUM.items():
         assert (np.isnan(zero[name]) if m.zero is None else zero[name] == m.zero), name
+
+
+def test_delta_inside_the_principal_subspace_reads_one_and_a_random_one_its_exact_chance():
+    """A Δ built inside W₀'s top-k singular subspaces puts all of its energy there, left and right; random Δs put
+    k/m and k/n there on average (the exact baseline, within 4 standard errors over 200 draws); W₀ against itself
+    overlaps fully, against an unrelated matrix near chance."""
+    from graftkit.rank.spectra import chance_energy, delta_energy_in_topk, pair_measures, subspace_overlap
+
+    g = torch.Generator().manual_seed(3)
+    m, n, k = 90, 60, 8
+    W0 = torch.randn(m, n, dtype=torch.float64, generator=g)
+    U, _, Vh = torch.linalg.svd(W0, full_matrices=False)
+    inside = U[:, :k] @ torch.randn(k, k, dtype=torch.float64, generator=g) @ Vh[:k]
+    for side in ("left", "right"):
+        assert delta_energy_in_topk(W0, inside, k, side=side) == pytest.approx(1.0, abs=1e-12)
+    draws = [torch.randn(m, n, dtype=torch.float64, generator=g) for _ in range(200)]
+    for side, chance in (("left", k / m), ("right", k / n)):
+        assert chance_energy((m, n), k, side) == chance
+        shares = np.array([delta_energy_in_topk(W0, D, k, side=side) for D in draws])
+        assert abs(shares.mean() - chance) < 4 * shares.std() / np.sqrt(len(shares)), (side, shares.mean(), chance)
+    assert subspace_overlap(W0, W0, k) == pytest.approx(1.0, abs=1e-12)
+    assert subspace_overlap(W0, draws[0], k) < 3 * k / m
+    # the pair measures' shares are the separate functions', tall and wide alike
+    for W in (W0, W0.T.contiguous()):
+        D = 1e-3 * torch.randn(W.shape, dtype=torch.float64, generator=g)
+        pm = pair_measures(W, W + D, D, energy_k=k, intruder_k=10)
+        assert pm["delta_energy_topk"] == pytest.approx(delta_energy_in_topk(W, D, k), rel=1e-10)
+        assert pm["delta_energy_topk_right"] == pytest.approx(delta_energy_in_topk(W, D, k, side="right"), rel=1e-10)
+        assert pm["subspace_overlap"] == pytest.approx(subspace_overlap(W, W + D, k), rel=1e-10)

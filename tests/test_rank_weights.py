@@ -151,6 +151,27 @@ def test_cli(tmp_path, monkeypatch):
     saved = read_result(rl["result_file"])
     assert saved.kind == "rank-delta"
     assert (tmp_path / "runs" / "results" / "rank-weights-sft-late.h5").is_file()
+    # the principal-direction summary: per group, the means over the moved matrices of the stored values
+    metrics = [str(m) for m in saved.coords["metric"]]
+    v = np.asarray(saved["value"], dtype=np.float64)
+    moved = v[:, metrics.index("frobenius_sq")] > 0
+    groups = np.array([str(g) for g in saved["tensor_group"]])
+    by_group = {r["group"]: r for r in rl["principal"]}
+    assert set(by_group) == {*groups[moved], "all"}  # the planted pair moved attn, mlp and embed
+    for g, row in by_group.items():
+        rows = moved & ((groups == g) if g != "all" else True)
+        assert row["matrices"] == int(rows.sum())
+        for m in ("delta_energy_top8", "delta_energy_top8_chance", "delta_energy_top8_right",
+                  "delta_energy_top8_right_chance", "subspace_overlap_top8"):
+            assert row[m] == pytest.approx(v[rows, metrics.index(m)].mean(), rel=1e-12), (g, m)
+    shown = runner.invoke(app, ["rank", "--what", "delta"])
+    assert shown.exit_code == 0, shown.output
+    for row in rl["principal"]:  # each group's line shows its own values
+        line = next(x for x in shown.stdout.splitlines() if x.strip("│ ").startswith(row["group"] + " ")
+                    and f"{100 * row['delta_energy_top8']:.2f}%" in x)
+        for key in ("delta_energy_top8_chance", "delta_energy_top8_right", "delta_energy_top8_right_chance"):
+            assert f"{100 * row[key]:.2f}%" in line, (row, line)
+        assert f"{row['subspace_overlap_top8']:.4f}" in line
     bad = runner.invoke(app, ["rank", "--metric", "nope"])
     assert bad.exit_code == 2 and "unknown metric 'nope'" in bad.output
     assert len(bad.output.strip().splitlines()) == 1
