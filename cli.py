@@ -32,7 +32,8 @@ from .results.store import CleanConfig, run_clean
 from .weights.commands import InspectConfig, run_inspect
 from .weights.gguf import ImportConfig, run_import
 from .core.files import require
-from .graft.anatomy import LABELS as DELTA_LABELS, DeltaConfig, DeltaResult, precision_sentence, run_delta
+from .graft.anatomy import (LABELS as DELTA_LABELS, DeltaConfig, DeltaResult, overlap_tables, precision_sentence,
+                            run_delta)
 from .train.commands import run_sweep_grid, run_train_grpo, run_train_sft, sweep_plan
 from .train.configs import GRPOConfig, SFTConfig, SweepConfig
 from .demo import run_study
@@ -41,7 +42,7 @@ from .figures.commands import ReportConfig, ResultsConfig, run_report, run_resul
 from .graft.commands import GraftConfig, GraftExperiments, run_graft, sweep_tables, trajectory_tables
 from .core.tables import points as _pts
 from .rank.commands import CoupleConfig, RankConfig, run_couple, run_rank
-from .rank.metrics import DELTA_TOPK
+from .rank.results import principal_tables
 from .evaluation.commands import EvalConfig, HeadroomConfig, run_eval, run_headroom
 from .evaluation.kl import KLConfig, run_kl
 
@@ -225,6 +226,7 @@ def _delta_tables(d: DeltaResult, top: int, seconds: float) -> None:
         for i, lab in enumerate(d.runs):
             t.add_row(escape(lab), *(f"{c:.3f}" if np.isfinite(c) else "—" for c in d.cosine_total()[i]))
         out.print(t)
+        _specs(overlap_tables(d.as_json(seconds).get("overlap")))
     _notes(n for n in d.notes if n not in said)
     out.print(f"saved {escape(str(d.path))} ({seconds:.1f} s)")
 
@@ -427,16 +429,7 @@ def rank(cfg: RankConfig, as_json: bool, vs: Path | None):
             f"named in --json; layers {escape(cfg.layers)})",
             {"layer": lambda r: str(r["layer"]) if "layer" in r else escape(r["tensor"]), **metrics},
             m["layers"] + m["outside_decoder"], fold=("layer",)))
-        if m.get("principal"):
-            pct = lambda key: lambda r: f"{100 * r[key]:.2f}%"  # noqa: E731
-            out.print(_rows_table(
-                f"{escape(lab)}: where Δ lies against W's top-{DELTA_TOPK} singular directions (means over the "
-                "matrices RL moved; chance: a random Δ's share, exact)",
-                {"group": lambda r: r["group"], "matrices": lambda r: str(r["matrices"]),
-                 "left share": pct("delta_energy_top8"), "chance": pct("delta_energy_top8_chance"),
-                 "right share": pct("delta_energy_top8_right"), "chance ": pct("delta_energy_top8_right_chance"),
-                 "W/W′ top-k overlap": lambda r: f"{r['subspace_overlap_top8']:.4f}"},
-                m["principal"], left=("group",)))
+        _specs(principal_tables(lab, m.get("principal")))
         _notes(m["notes"])
         out.print(f"saved {escape(m['result_file'])} ({m['matrices']} matrices, {m['skipped']} 1-D tensors skipped; "
                   f"spectra on {escape(payload['device'])})")

@@ -51,6 +51,7 @@ from ..weights import Checkpoint, PairDistance, Taxonomy, check_pair, judge_pair
 from ..weights.pair import blocked_dot as _dot, exact_float as _to_float, judged_matrices, upcast_code
 from ..weights.commands import ReadOptions
 from ..weights.taxonomy import DECODER
+from .sparse import top_overlap
 
 #: Per tensor and run: the sums every aggregate is built from.
 SUMS = ("sumsq_delta", "max_abs_delta", "n_unchanged", "n_within_tol", "n_nonfinite", "dot_base_delta",
@@ -64,6 +65,15 @@ SUMS = ("sumsq_delta", "max_abs_delta", "n_unchanged", "n_within_tol", "n_nonfin
 #: a value by at most u/2; an update much smaller than u is rounded away whole, so no finer estimate holds), and the
 #: erased count is unknown (NaN).
 PROBE = "bf16"
+#: The masks whose overlap between runs a delta measures: the entries each moved (Δ ≠ 0 as stored, after the exact
+#: upcast), the entries bf16 copies of both sides would show moved, and each tensor's top fraction by |Δ| (the
+#: entries ``graft --top-frac`` would move; ``attrs["overlap_top_frac"]``).
+MASKS = ("moved", "moved_bf16", "top")
+#: What two runs' moved-entry masks would share by chance (the overlap's baseline).
+OVERLAP_CHANCE = ("independent masks of each tensor's own sizes, each placed uniformly in that tensor: "
+                  "E|A∩B| = Σ_t a_t b_t / n_t and Var|A∩B| = Σ_t a_t b_t (n_t − a_t)(n_t − b_t) / (n_t² (n_t − 1)) "
+                  "(hypergeometric, exact); Jaccard |A∩B| / (|A| + |B| − |A∩B|) at E and at the 95% interval "
+                  "E ± 1.96·√Var (normal approximation, clipped to the possible overlaps)")
 #: (bf16 spacing / 2)² per exponent field (subnormals share exponent 1's spacing; Inf/NaN count nothing)
 _ROUND_BOUND_BF16 = np.array([2.0 ** (2 * (max(e, 1) - 127 - 7 - 1)) if e < 255 else 0.0 for e in range(256)])
 _FLOATS = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
@@ -90,7 +100,7 @@ def _bits(x: np.ndarray) -> np.ndarray:
 
 def tensor_delta_stats(
     base, rls: Sequence, tol: float, chunk: int = STATS_CHUNK, code: str | None = None,
-    rl_codes: Sequence[str] | None = None, rtol: float = 0.0,
+    rl_codes: Sequence[str] | None = None, rtol: float = 0.0, both: np.ndarray | None = None,
 ) -> tuple[float, np.ndarray, np.ndarray]:
     """Statistics of Δ_r = rls[r] − base for one tensor.
 
@@ -101,7 +111,10 @@ def tensor_delta_stats(
     ``dots[r, s] = ⟨Δ_r, Δ_s⟩`` over finite entries; ``n_unchanged`` compares stored bits, or for a run
     stored in another dtype the bits after the upcast (equal values); ``n_erased_bf16`` and ``sumsq_round_bf16``
     are the bf16 probe (:data:`PROBE`); ``n_within_tol`` counts the finite entries with |Δ| ≤ tol + rtol·|W|
-    (``numpy.isclose(W', W, rtol, tol)`` on the upcast values).
+    (``numpy.isclose(W', W, rtol, tol)`` on the upcast values). With ``both`` [run, run, 2] the moved-entry masks'
+    overlaps are added to it: ``both[r, s, 0]`` counts the entries Δ_r and Δ_s both moved (finite, nonzero),
+    ``both[r, s, 1]`` those both would show moved as bf16 copies store them (bf16(W'_r) ≠ bf16(W) for each; a
+    non-float tensor: as [..., 0]); the diagonal is each run's own count.
     Works through the flattened tensor in chunks, so memory stays bounded. The reductions run in numpy
     (single-threaded SIMD; torch's bool reductions are far slower on a shared CPU); dot products
     accumulate in float32 over blocks of 1024 entries and in float64 across blocks.
@@ -131,9 +144,12 @@ def tensor_delta_stats(
     exact = [floats and c != "BF16" for c in rl_codes]
     if floats and not all(exact):
         sums[[r for r in range(k) if not exact[r]], 6] = np.nan
-    if any(exact):
+    rounds = any(exact) or (both is not None and floats)  # base's bf16 rounding is needed
+    if rounds:
         bb_buf, rb_buf = np.empty(m, np.uint32), np.empty(m, np.uint32)
         e_buf, same_round, moved = np.empty(m, np.float32), np.empty(m, bool), np.empty(m, bool)
+    if both is not None:
+        mv, mvb = np.empty((k, m), bool), np.empty((k, m), bool)
     for i in range(0, flat_b.size, chunk):
         b_raw = flat_b[i : i + chunk]
         n = b_raw.size
@@ -153,7 +169,7 @@ def tensor_delta_stats(
                 thr[~np.isfinite(thr)] = np.inf
         else:
             thr = tol
-        if any(exact):
+        if rounds:
             b_round = round_bf16_bits(b if work is np.float32 else b.astype(np.float32), bb_buf[:n])
         for r, fr in enumerate(flat_r):
             r_raw = fr[i : i + chunk]
@@ -171,6 +187,9 @@ def tensor_delta_stats(
                 np.equal(r_round, b_round, out=same_round[:n])
             elif floats:  # stored in bf16: a bound on the rounding it went through
                 sums[r, 7] += float(np.bincount(np.right_shift(r_raw, 7) & 0xFF, minlength=256) @ _ROUND_BOUND_BF16)
+                if both is not None:  # its values are bf16 already: rounding keeps them
+                    r32 = r_val if work is np.float32 else r_val.astype(np.float32)
+                    np.equal(round_bf16_bits(r32, rb_buf[:n]), b_round, out=same_round[:n])
             if rl_codes[r] != code:  # bits of the upcast values; r_buf is reused by the next run
                 sums[r, 2] += np.count_nonzero(np.equal(_bits(b), _bits(r_val), out=mask[:n]))
             d = np.subtract(r_val, b, out=d_buf[r, :n])
@@ -181,6 +200,12 @@ def tensor_delta_stats(
                 bad = int(n - np.count_nonzero(finite))
                 d[~finite] = 0.0
                 ss = _dot(d, d)
+            if both is not None:  # moved (finite, nonzero); and still moved once both sides are rounded to bf16
+                np.not_equal(d, 0, out=mv[r, :n])
+                if floats:
+                    np.logical_and(mv[r, :n], np.logical_not(same_round[:n], out=mvb[r, :n]), out=mvb[r, :n])
+                else:
+                    mvb[r, :n] = mv[r, :n]
             if exact[r]:  # moved (finite, nonzero) and equal once both sides are rounded to bf16
                 np.not_equal(d, 0, out=moved[:n])
                 sums[r, 6] += np.count_nonzero(np.logical_and(same_round[:n], moved[:n], out=moved[:n]))
@@ -202,6 +227,14 @@ def tensor_delta_stats(
                 v = _dot(d_buf[r, :n], d_buf[s, :n])
                 dots[r, s] += v
                 dots[s, r] += v
+        if both is not None:
+            for r in range(k):
+                for s in range(r, k):
+                    for j, masks in enumerate((mv, mvb)):
+                        c = np.count_nonzero(masks[r, :n] & masks[s, :n]) if s != r else np.count_nonzero(masks[r, :n])
+                        both[r, s, j] += c
+                        if s != r:
+                            both[s, r, j] += c
     return sumsq_base, sums, dots
 
 
@@ -242,6 +275,34 @@ def summarise(
     return out
 
 
+def jaccard_overlap(both: np.ndarray, numel: np.ndarray, member: np.ndarray) -> dict[str, np.ndarray]:
+    """The Jaccard overlap of runs' moved-entry masks over sets of tensors, beside chance (:data:`OVERLAP_CHANCE`).
+
+    ``both [run, run2, tensor, mask]`` (:data:`MASKS`), ``numel [tensor]``, ``member [set, tensor]``; every array
+    returned is ``[run, run2, set, mask]``: ``jaccard`` (NaN where neither run moved anything),
+    ``jaccard_chance`` and its interval ``jaccard_chance_low`` / ``_high``."""
+    a = np.einsum("rrtp->rtp", both)  # each run's own moved count per tensor
+    m = member.astype(np.float64)
+    inter = np.einsum("rstp,gt->rsgp", both, m)
+    size = np.einsum("rtp,gt->rgp", a, m)
+    n = numel[None, None, :, None]
+    e_t = a[:, None] * a[None, :] / np.maximum(n, 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v_t = np.where(n > 1, e_t * (n - a[:, None]) * (n - a[None, :]) / (n * np.maximum(n - 1, 1)), 0.0)
+        expect, var = np.einsum("rstp,gt->rsgp", e_t, m), np.einsum("rstp,gt->rsgp", v_t, m)
+        sizes = size[:, None] + size[None, :]  # |A| + |B|
+        total = (m @ numel)[None, None, :, None]
+        low_bound, high_bound = np.maximum(0.0, sizes - total), np.minimum(size[:, None], size[None, :])
+
+        def jac(i):
+            return np.where(sizes - i > 0, i / (sizes - i), np.nan)
+
+        spread = 1.96 * np.sqrt(var)
+        return {"jaccard": jac(inter), "jaccard_chance": jac(expect),
+                "jaccard_chance_low": jac(np.clip(expect - spread, low_bound, high_bound)),
+                "jaccard_chance_high": jac(np.clip(expect + spread, low_bound, high_bound))}
+
+
 def _pool(values: np.ndarray, member: np.ndarray, op: str) -> np.ndarray:
     """Reduce the last axis of ``values`` over tensors, per key: ``member[k, n]`` marks membership."""
     if op == "max":
@@ -261,6 +322,9 @@ class TensorSums:
     numel: np.ndarray
     sums: np.ndarray
     dots: np.ndarray
+    both: np.ndarray | None = None
+    """With two runs or more: the moved-entry masks' overlaps [run, run2, tensor, mask] (moved, moved_bf16), the
+    diagonal each run's own moved count (:func:`tensor_delta_stats`)."""
 
     @property
     def total_sumsq(self) -> np.ndarray:
@@ -302,12 +366,14 @@ def stream_sums(base: Checkpoint, rls: Sequence[Checkpoint], names: Sequence[str
     k, n = len(rls), len(names)
     sumsq_base, numel = np.zeros(n), np.zeros(n)
     sums, dots = np.zeros((k, n, len(SUMS))), np.zeros((k, k, n))
+    both = np.zeros((k, k, n, 2)) if k > 1 else None
 
     def one(j: int):
         name = names[j]
         b = base.array(name)
         return j, b.size, tensor_delta_stats(b, [r.array(name) for r in rls], tol, code=base.metas[name].code,
-                                             rl_codes=[r.metas[name].code for r in rls], rtol=rtol)
+                                             rl_codes=[r.metas[name].code for r in rls], rtol=rtol,
+                                             both=None if both is None else both[:, :, j])
 
     # numpy releases the GIL in every reduction: two threads keep two cores busy. Largest tensors
     # first, so the last one to finish is small.
@@ -316,7 +382,7 @@ def stream_sums(base: Checkpoint, rls: Sequence[Checkpoint], names: Sequence[str
         for j, count, (sb, s, d) in pool.map(one, order):
             sumsq_base[j], numel[j], sums[:, j], dots[..., j] = sb, count, s, d
             on_tensor(names[j], base.metas[names[j]].nbytes * (1 + k))
-    return TensorSums(list(names), sumsq_base, numel, sums, dots)
+    return TensorSums(list(names), sumsq_base, numel, sums, dots, both)
 
 
 def run_distance(s: TensorSums, run: int, judged: Sequence[str]) -> PairDistance:
@@ -352,9 +418,10 @@ def scope_metrics(s: TensorSums, places: TensorPlaces) -> dict[str, dict[str, np
 CELL_METRICS = ("share", "rel_delta", "fro_delta", "frac_unchanged")
 
 
-def anatomy_arrays(s: TensorSums, places: TensorPlaces, scopes: dict[str, dict[str, np.ndarray]]
-                   ) -> dict[str, tuple[tuple[str, ...], np.ndarray]]:
-    """The labelled arrays of a ``delta`` result: the sums, and every metric of every scope."""
+def anatomy_arrays(s: TensorSums, places: TensorPlaces, scopes: dict[str, dict[str, np.ndarray]],
+                   both: np.ndarray | None = None) -> dict[str, tuple[tuple[str, ...], np.ndarray]]:
+    """The labelled arrays of a ``delta`` result: the sums, every metric of every scope, and with two runs or more
+    the overlaps of their masks ``both [run, run2, tensor, mask]`` (:data:`MASKS`) per group and in all."""
     sums = s.sums
     data: dict[str, tuple[tuple[str, ...], np.ndarray]] = {
         "tensor_group": (("tensor",), places.group_of),
@@ -369,6 +436,12 @@ def anatomy_arrays(s: TensorSums, places: TensorPlaces, scopes: dict[str, dict[s
         "sumsq_round_bf16": (("run", "tensor"), sums[..., 7]),
         "dot_delta": (("run", "run2", "tensor"), s.dots),
     }
+    if both is not None:  # two runs or more: how far their masks coincide, per group and in all
+        data["n_both"] = (("run", "run2", "tensor", "mask"), both)
+        for prefix, dim, member in (("group_", "group", np.stack([places.group_of == g for g in places.groups])),
+                                    ("total_", "all", np.ones((1, len(s.names)), bool))):
+            for name, values in jaccard_overlap(both, s.numel, member).items():
+                data[f"{prefix}{name}"] = (("run", "run2", dim, "mask"), values)
     for prefix, scope, dims in (("", "tensor", ("tensor",)), ("group_", "group", ("group",)),
                                 ("total_", "total", ("all",))):
         for metric, values in scopes[scope].items():
@@ -428,6 +501,7 @@ def delta_anatomy(
     workers: int = 2,
     force_pair: bool = False,
     rtol: float = 0.0,
+    top_frac: float | None = None,
 ) -> Result:
     """Stream every tensor of ``base`` and each RL checkpoint once; return the labelled anatomy.
 
@@ -437,7 +511,9 @@ def delta_anatomy(
     records this base as its parent (:func:`graftkit.weights.judge_pair`) or ``force_pair`` (then a note says
     which); the figures of every run, and how it was accepted, are in ``attrs["fine_tune"]``. A run
     bit-identical to the base is named in ``attrs["identical"]`` and stated in one note.
-    ``n_within_tol`` counts |Δ| ≤ tol + rtol·|W| (:data:`conventions`)."""
+    ``n_within_tol`` counts |Δ| ≤ tol + rtol·|W| (:data:`conventions`). With two runs or more, the overlaps of
+    their moved-entry masks (and with ``top_frac`` of their top-fraction masks: one more read) per group
+    (:func:`jaccard_overlap`)."""
     pair_notes: list[str] = []
     for lab, r in zip(labels, rls):
         # one clear error (e.g. a vocabulary mismatch), not a shape error mid-way
@@ -455,6 +531,10 @@ def delta_anatomy(
             identical[lab] = identical_sentence(lab, str(base.path), len(s.names), bitwise)
             pair_notes.append(identical[lab])
     places = tensor_places(s.names, tax)
+    both, left_out = s.both, []
+    if both is not None and top_frac:  # the runs' top fractions: a second read of every tensor
+        top, left_out = top_overlap(base, rls, s.names, top_frac)
+        both = np.concatenate([both, top[..., None]], axis=-1)
     coords = {
         "run": np.array(labels, dtype=object),
         "run2": np.array(labels, dtype=object),
@@ -462,11 +542,13 @@ def delta_anatomy(
         "group": np.array(places.groups, dtype=object),
         "layer": np.arange(places.n_layers),
         "all": np.array(["all"], dtype=object),
+        **({"mask": np.array(MASKS[:both.shape[-1]], dtype=object)} if both is not None else {}),
     }
     attrs = {
         "tol": tol,
         "rtol": rtol,
-        "conventions": conventions(tol, rtol),
+        "conventions": {**conventions(tol, rtol), **({"overlap_chance": OVERLAP_CHANCE} if both is not None else {})},
+        **({"overlap_top_frac": top_frac, "overlap_left_out": left_out} if both is not None and top_frac else {}),
         "identical": identical,
         "delta_dtype": "float32 (float64 when either tensor is float64), both upcast exactly before subtracting",
         "pair_notes": pair_notes,
@@ -475,7 +557,7 @@ def delta_anatomy(
         "tied_embeddings": tax.tied,
         **(provenance or {}),
     }
-    return Result(DELTA, coords, anatomy_arrays(s, places, scope_metrics(s, places)), attrs)
+    return Result(DELTA, coords, anatomy_arrays(s, places, scope_metrics(s, places), both), attrs)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -509,9 +591,15 @@ class DeltaConfig(ReadOptions, RunOption):
     force_pair: bool = False
     """Analyse a pair that is no fine-tune (RL moved most matrices by their own norm or more, or points
     elsewhere); refused by default. Not --force, which elsewhere replaces an output folder (graft)."""
+    top_frac: float = 0.01
+    """With two runs or more: also the overlap of each run's top fraction of every tensor's entries by |Δ| (those
+    graft --top-frac would move; one more read of the checkpoints); 0 skips it."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not 0 <= self.top_frac <= 1:
+            raise GraftkitError(f"--top-frac {self.top_frac:g} is not a fraction in [0, 1]",
+                                "pass e.g. --top-frac 0.01, or 0 to skip the top-fraction overlap")
         if not self.rl:
             raise GraftkitError("no RL checkpoint given", "pass --from RL (repeatable)")
         for flag, value in (("--tol", self.tol), ("--rtol", self.rtol)):
@@ -627,7 +715,34 @@ class DeltaResult(View):
                                        for k, v in f.items()} for lab, f in self.fine_tune.items()}}
         if len(self.runs) > 1:
             payload["cosine"] = {"total": self.cosine_total(), "groups": self.cosine_groups(), "runs": self.runs}
+        if self.has("total_jaccard"):
+            payload["overlap"] = {"pairs": self.overlap(), "chance": self.conventions.get("overlap_chance"),
+                                  "top_frac": self.attrs.get("overlap_top_frac"),
+                                  "left_out": self.attrs.get("overlap_left_out", [])}
         return payload
+
+    def overlap(self) -> list[dict]:
+        """Per pair of runs and per group (then ``all``): the Jaccard overlap of their moved-entry masks at each
+        precision, beside chance with its interval (:func:`jaccard_overlap`); empty with one run."""
+        if not self.has("total_jaccard"):
+            return []
+        res, runs = self.result, self.runs
+        masks = [str(x) for x in res.coords["mask"]]
+        rows = []
+
+        def num(x) -> float | None:
+            return float(x) if np.isfinite(x) else None
+
+        for i in range(len(runs)):
+            for j in range(i + 1, len(runs)):
+                for prefix, names in (("group_", self.groups), ("total_", ["all"])):
+                    for g, name in enumerate(names):
+                        cell = {p: {key: num(res[f"{prefix}{arr}"][i, j, g, q]) for key, arr in
+                                    (("jaccard", "jaccard"), ("chance", "jaccard_chance"),
+                                     ("chance_low", "jaccard_chance_low"), ("chance_high", "jaccard_chance_high"))}
+                                for q, p in enumerate(masks)}
+                        rows.append({"runs": [runs[i], runs[j]], "group": name, **cell})
+        return rows
 
     @property
     def runs(self) -> list[str]:
@@ -805,7 +920,8 @@ def run_delta(cfg: DeltaConfig, on_progress: OnProgress = no_progress) -> DeltaR
     prov = {"base": describe(b), "base_path": str(b.path), "runs": [describe(r) for r in rls], "config": cfg.as_dict(),
             "steps": [checkpoint_step(p) for p in paths]}
     res = delta_anatomy(b, rls, labels, tax, cfg.tol, provenance=prov, force_pair=cfg.force_pair,
-                        on_tensor=lambda name, nbytes: on_progress("delta", nbytes, total, "bytes"), rtol=cfg.rtol)
+                        on_tensor=lambda name, nbytes: on_progress("delta", nbytes, total, "bytes"), rtol=cfg.rtol,
+                        top_frac=cfg.top_frac or None)
     results = run_layout(cfg.run).results
     default = trajectory_path(results, result_labels([cfg.rl[0]])[0]) if cfg.all_checkpoints else \
         delta_path(results, labels)
@@ -815,3 +931,32 @@ def run_delta(cfg: DeltaConfig, on_progress: OnProgress = no_progress) -> DeltaR
         if (run := trainer_run(Path(p))) is not None and run.state is not None:
             write_curves(run.root, "trainer", results)
     return DeltaResult(res, written)
+
+
+def overlap_tables(overlap: dict | None) -> list:
+    """What ``graftkit delta`` prints of several runs' mask overlaps (``--json``'s ``overlap``): per pair of runs and
+    group, the Jaccard overlap of the entries each moved (as stored, and as bf16 stores them) and of each run's top
+    fraction by |Δ|, each beside what independent masks of the same sizes would share; then its key."""
+    from ..core.tables import Table
+
+    if not overlap or not overlap["pairs"]:
+        return []
+
+    def j(x) -> str:
+        return "—" if x is None else f"{x:.4f}"
+
+    def chance(c: dict) -> str:
+        return "—" if c["chance"] is None else f"{c['chance']:.4f} [{j(c['chance_low'])}, {j(c['chance_high'])}]"
+
+    heads = {"moved": "moved", "moved_bf16": "moved (bf16)", "top": f"top {overlap['top_frac'] or 0:g}"}
+    columns = {"runs": lambda r: " · ".join(r["runs"]), "group": lambda r: r["group"]}
+    for mask, head in heads.items():
+        if mask in overlap["pairs"][0]:
+            columns[head] = lambda r, m=mask: j(r[m]["jaccard"])
+            columns[f"{head}: chance"] = lambda r, m=mask: chance(r[m])
+    return [Table("overlap of the runs' masks (Jaccard |A∩B| / |A∪B|), beside independent masks of the same sizes",
+                  columns, overlap["pairs"], left=("runs", "group")),
+            "moved: Δ ≠ 0 as stored; moved (bf16): bf16(W_rl) ≠ bf16(W_base); top F: each tensor's fraction F of "
+            "entries by |Δ|; chance: the expected overlap [95% interval] of masks placed independently and uniformly "
+            "in each tensor; —: neither run has an entry there",
+            *(f"top-fraction overlap left out {line}" for line in overlap.get("left_out") or ())]

@@ -181,6 +181,33 @@ def sparsify(plan: GraftPlan, base: Checkpoint, rl: Checkpoint) -> GraftPlan:
                    sparsity=sparsity_summary(cuts, sizes, spec.top_frac, spec.top_scope))
 
 
+def top_overlap(base: Checkpoint, rls: Sequence[Checkpoint], names: Sequence[str], frac: float
+                ) -> tuple[np.ndarray, list[str]]:
+    """How far runs' top-``frac`` masks coincide: ``[run, run2, tensor]`` counts of the entries both select (each
+    tensor's own top fraction by |Δ|, as ``graft --top-frac`` selects it; the diagonal each run's own count), and
+    the tensors left out (not floating point, or a non-finite delta: counted 0). One read of every tensor."""
+    import numpy as np
+
+    check_fraction(frac, "tensor")
+    k = len(rls)
+    both = np.zeros((k, k, len(names)))
+    left_out = []
+    for t, n in enumerate(names):
+        b = base.read(n)
+        try:
+            keys = [delta_key(b, r.read(n), n) for r in rls]
+        except GraftkitError as e:
+            left_out.append(f"{n}: {e.message}")
+            continue
+        size = keys[0].numel()
+        masks = [mask_of(key, top_fraction(lambda _, key=key: key, {n: size}, frac)[n]) for key in keys]
+        for i in range(k):
+            for j in range(i, k):
+                c = int((masks[i] & masks[j]).sum())
+                both[i, j, t] = both[j, i, t] = c
+    return both, left_out
+
+
 def sparsity_summary(cuts: Mapping[str, Cut], sizes: Mapping[str, int], frac: float, scope: str) -> dict:
     """What a top-fraction graft selected, as a command reports it."""
     n = sum(sizes[k] for k in cuts)
@@ -193,4 +220,4 @@ def sparsity_summary(cuts: Mapping[str, Cut], sizes: Mapping[str, int], frac: fl
 
 
 __all__ = ["Cut", "RANKING", "SCOPES", "check_fraction", "delta_key", "mask_of", "masked_value", "sparsify",
-           "sparsity_summary", "top_fraction"]
+           "sparsity_summary", "top_fraction", "top_overlap"]

@@ -159,3 +159,24 @@ class RankResult(View):
         return [{"tensor": str(n), "group": str(res["tensor_group"][t]),
                  **{m: float(res["value"][t, k]) for m, k in zip(shown, mi)}}
                 for t, n in enumerate(res.coords["tensor"]) if res["tensor_layer"][t] < 0]
+
+
+def principal_tables(label: str, rows: Sequence[dict] | None) -> list:
+    """What ``graftkit rank --what delta`` prints of :meth:`RankResult.principal`: per group, where Δ lies against
+    W's top-k singular directions, each share beside its exact chance, and the W/W′ top-k subspace overlap."""
+    from ..core.tables import Table
+    from .metrics import DELTA_TOPK
+
+    if not rows:
+        return []
+
+    def pct(key: str):
+        return lambda r: f"{100 * r[key]:.2f}%"
+
+    return [Table(f"{label}: where Δ lies against W's top-{DELTA_TOPK} singular directions (means over the matrices "
+                  "RL moved; chance: a random Δ's share, exact)",
+                  {"group": lambda r: r["group"], "matrices": lambda r: str(r["matrices"]),
+                   "left share": pct("delta_energy_top8"), "chance": pct("delta_energy_top8_chance"),
+                   "right share": pct("delta_energy_top8_right"), "chance ": pct("delta_energy_top8_right_chance"),
+                   "W/W′ top-k overlap": lambda r: f"{r['subspace_overlap_top8']:.4f}"},
+                  rows, left=("group",))]

@@ -250,7 +250,7 @@ def test_graft_dry_run_lists_and_writes_nothing(cli, world):
     j = _strict(r.stdout)
     assert (tree(cli.cwd), tree(world["root"])) == before
     assert j["dry_run"] is True and j["spec"] == {"groups": ["attn", "mlp"], "layers": "late", "alpha": 1.0,
-                                                   "reverse": False}
+                                                   "reverse": False, "top_frac": None, "top_scope": "tensor"}
     late = {i for i in range(pair.n_layers) if 3 * i // pair.n_layers == 2}
     want = {}
     for n in pair.names:

@@ -395,3 +395,66 @@ def test_a_different_architecture_is_an_error(runs, tmp_path):
     deeper = open_checkpoint(P.save_base(tmp_path / "deep", P.tiny_model("qwen3", N_LAYERS + 1)))
     with pytest.raises(GraftkitError, match="only in RL: model.layers.4"):
         delta_anatomy(R.base, [deeper], ["x"], R.tax)
+
+
+def test_runs_sharing_a_mask_overlap_fully_and_independent_masks_at_chance(tmp_path, monkeypatch):
+    """Planted: run b moves exactly run a's entries (twice as far: the same |Δ| order), run c an independent mask of
+    the same density. a·b read Jaccard 1 for the moved entries and for the top fraction; a·c read within the
+    chance interval, which holds the exact expectation Σ a_t b_t / n_t."""
+    model = P.tiny_model("qwen3", 2)
+    base = P.save_base(tmp_path / "base", model)
+    g = torch.Generator().manual_seed(5)
+    names = [n for n, p in model.named_parameters() if p.dim() == 2]
+    masks = {"a": {n: torch.rand(dict(model.named_parameters())[n].shape, generator=g) < 0.3 for n in names}}
+    masks["c"] = {n: torch.rand(m.shape, generator=g) < 0.3 for n, m in masks["a"].items()}
+    values = {n: 0.01 + torch.rand(m.shape, generator=g) for n, m in masks["a"].items()}
+    runs = {}
+    for lab, mask, scale in (("a", masks["a"], 1.0), ("b", masks["a"], 2.0), ("c", masks["c"], 1.0)):
+        deltas = {n: scale * values[n] * mask[n] for n in names}
+        runs[lab] = P.save_rl(tmp_path / lab, P.apply_deltas(model, deltas), base)
+    from graftkit.graft.anatomy import DeltaResult
+
+    res = DeltaResult(read_result(write_result(tmp_path / "d.h5", delta_anatomy(
+        open_checkpoint(base), [open_checkpoint(runs[k]) for k in "abc"], list("abc"), open_checkpoint(base).taxonomy(),
+        top_frac=0.05))))
+    rows = {(tuple(r["runs"]), r["group"]): r for r in res.overlap()}
+    for mask in ("moved", "moved_bf16", "top"):
+        assert rows[("a", "b"), "all"][mask]["jaccard"] == pytest.approx(1.0), mask
+    ac = rows[("a", "c"), "all"]["moved"]
+    # the expectation, from the planted masks themselves
+    inter = sum(float(masks["a"][n].sum() * masks["c"][n].sum() / masks["a"][n].numel()) for n in names)
+    size_a, size_c = (sum(int(masks[k][n].sum()) for n in names) for k in "ac")
+    assert ac["chance"] == pytest.approx(inter / (size_a + size_c - inter), rel=1e-9)
+    assert ac["chance_low"] < ac["chance"] < ac["chance_high"]
+    assert abs(ac["jaccard"] - ac["chance"]) < ac["chance_high"] - ac["chance_low"], ac  # two half-widths
+    real = sum(int((masks["a"][n] & masks["c"][n]).sum()) for n in names)
+    assert ac["jaccard"] == pytest.approx(real / (size_a + size_c - real), rel=1e-12)
+    # the same through the command's config, and in its --json
+    from graftkit.graft.anatomy import DeltaConfig, run_delta
+
+    monkeypatch.setenv("GRAFTKIT_RUNS", str(tmp_path / "runs"))
+    d = run_delta(DeltaConfig(rl=tuple(runs[k] for k in "abc"), base=base, save=tmp_path / "cli.h5", top_frac=0.05))
+    j = d.as_json(0.0)["overlap"]
+    assert j["top_frac"] == 0.05 and j["pairs"] == res.overlap() and j["left_out"] == []
+
+
+def test_the_chance_interval_of_an_overlap_covers_independent_masks_at_its_level():
+    """Independent masks of fixed sizes in three tensors, drawn 400 times: the 95% interval of
+    :func:`jaccard_overlap` holds the drawn Jaccard in 93-97.5% of draws, and its centre is the mean."""
+    from graftkit.graft.anatomy import jaccard_overlap
+
+    rng = np.random.default_rng(0)
+    numel, sizes = np.array([500, 2000, 120]), [(60, 300), (900, 250), (30, 40)]
+    inside, drawn = 0, []
+    for _ in range(400):
+        both = np.zeros((2, 2, 3, 1))
+        for t, (n, (a, b)) in enumerate(zip(numel, sizes)):
+            A, B = np.zeros(n, bool), np.zeros(n, bool)
+            A[rng.choice(n, a, replace=False)] = True
+            B[rng.choice(n, b, replace=False)] = True
+            both[:, :, t, 0] = [[a, (A & B).sum()], [(A & B).sum(), b]]
+        o = {k: v[0, 1, 0, 0] for k, v in jaccard_overlap(both, numel, np.ones((1, 3), bool)).items()}
+        inside += o["jaccard_chance_low"] <= o["jaccard"] <= o["jaccard_chance_high"]
+        drawn.append(o["jaccard"])
+    assert 0.93 <= inside / 400 <= 0.975, inside
+    assert abs(np.mean(drawn) - o["jaccard_chance"]) < 3 * np.std(drawn) / np.sqrt(400)

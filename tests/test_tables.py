@@ -256,7 +256,7 @@ def test_delta_tables(cli, pairs, which, extra):
     runs = list(j["runs"])
     moved = [lab for lab in runs if not j["runs"][lab]["identical"]]
     assert moved == [lab for lab in runs if lab != "copy"]  # the copy of the base, and only it, did not move
-    assert len(tables) == 2 * len(moved) + (len(runs) > 1)
+    assert len(tables) == 2 * len(moved) + 2 * (len(runs) > 1)  # with several runs: cosine, then overlap
     labels = delta_labels(j["tol"], j["rtol"])  # the tolerance column names its tolerance
     assert labels["frac_within_tol"].header == ("|Δ|≤0+0.05|W|" if which == "relative" else f"|Δ|≤{j['tol']:g}")
     for k, lab in enumerate(moved):
@@ -289,7 +289,22 @@ def test_delta_tables(cli, pairs, which, extra):
         assert j["runs"]["copy"]["precision"]["moved"] is False and j["runs"]["rl"]["precision"]["moved"] is True
         assert all(v["share"] == 0 for v in j["runs"]["copy"]["groups"].values())
     if len(runs) > 1:
-        cos = tables[-1]
+        over = tables[-1]  # the overlap table: each cell the JSON's Jaccard (or chance [interval]) for its row
+        pairs = {(flat(" · ".join(r["runs"])), r["group"]): r for r in j["overlap"]["pairs"]}
+        assert len(over.rows) == len(pairs)
+        heads = {"moved": "moved", "moved (bf16)": "moved_bf16", f"top {j['overlap']['top_frac']:g}": "top"}
+        for row in over.rows:
+            want = pairs[flat(row["runs"]), row["group"]]
+            for head, mask in heads.items():
+                value, chance = want[mask]["jaccard"], want[mask]
+                assert (row[head] == "—") if value is None else close(row[head], value), (row, head)
+                shown = re.fullmatch(r"(\S+) \[(\S+), (\S+)\]", row[f"{head}: chance"])
+                if chance["chance"] is None:
+                    assert row[f"{head}: chance"] == "—"
+                    continue
+                assert shown and all(close(x, chance[k]) for x, k in zip(shown.groups(),
+                                                                         ("chance", "chance_low", "chance_high")))
+        cos = tables[-2]
         assert cos.headers == ["run", *runs] and cos.column("run") == runs
         for a, row in enumerate(cos.rows):
             for b, lab in enumerate(runs):
