@@ -39,6 +39,7 @@ from .train.configs import GRPOConfig, SFTConfig, SweepConfig
 from .demo import run_study
 from .study.pipeline import StudyConfig
 from .figures.commands import ReportConfig, ResultsConfig, run_report, run_results
+from .graft.path import TrajectoryConfig, run_trajectory
 from .graft.commands import GraftConfig, GraftExperiments, run_graft, sweep_tables, trajectory_tables
 from .core.tables import points as _pts
 from .rank.commands import CoupleConfig, RankConfig, run_couple, run_rank
@@ -229,6 +230,19 @@ def _delta_tables(d: DeltaResult, top: int, seconds: float) -> None:
         _specs(overlap_tables(d.as_json(seconds).get("overlap")))
     _notes(n for n in d.notes if n not in said)
     out.print(f"saved {escape(str(d.path))} ({seconds:.1f} s)")
+
+
+@command(app, TrajectoryConfig, "trajectory")
+def trajectory(cfg: TrajectoryConfig, as_json: bool):
+    """How a run's weights moved from the SFT base, checkpoint by checkpoint: norms, directions, the straight-line
+    fit of the path, sparsity at fp32 and bf16 (with --tasks, KL from SFT at every step)."""
+    with Bars() as bars:
+        got = run_trajectory(cfg, bars)
+    if as_json:
+        return _print_json(got.as_json())
+    _specs(got.tables())
+    _notes(got.as_json()["notes"])
+    out.print(f"saved {escape(str(got.delta.path))} ({got.seconds:.1f} s)")
 
 
 # --------------------------------------------------------------------------------------------- graft

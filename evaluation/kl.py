@@ -512,7 +512,7 @@ def run_kl(cfg: KLConfig, on_progress: OnProgress = no_progress) -> KLRun | KLTr
     (recording its ``step`` and ``trainer_run``). Returns the :class:`KLTrajectory`."""
     from ..agent.engine import resolve_engine
     from ..weights import base_of, checkpoint_of, checkpoints_of
-    from ..weights.runs import checkpoint_step
+    from ..weights.runs import recorded_step
 
     t0 = time.perf_counter()
     # a trainer's output_dir: its last checkpoint, or with --all-checkpoints every one in step order
@@ -525,10 +525,10 @@ def run_kl(cfg: KLConfig, on_progress: OnProgress = no_progress) -> KLRun | KLTr
     shared: dict = {}  # the SFT policy, its rollouts and description: one for every step
     runs = []
     for path, label in zip(models, labels):
-        step = {"step": checkpoint_step(path), "trainer_run": str(Path(cfg.model))}
+        step = {"step": recorded_step(path), "trainer_run": str(Path(cfg.model))}
         runs.append(_kl_step(cfg.replace(model=path, base=base), engine, shared, _labelled(on_progress, label),
                              time.perf_counter(), step))
-    return KLTrajectory(Path(cfg.model), tuple(checkpoint_step(p) for p in models), tuple(runs),
+    return KLTrajectory(Path(cfg.model), tuple(recorded_step(p) for p in models), tuple(runs),
                         {"total": time.perf_counter() - t0})
 
 

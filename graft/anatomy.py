@@ -907,7 +907,7 @@ def run_delta(cfg: DeltaConfig, on_progress: OnProgress = no_progress) -> DeltaR
     from ..results.store import write_result
     from ..train.commands import write_curves
     from ..weights import base_of, checkpoints_of, describe, open_pair, shared_vocab
-    from ..weights.runs import checkpoint_step, trainer_run
+    from ..weights.runs import checkpoint_step, recorded_step, trainer_run
 
     paths = [m for p in cfg.rl for m in checkpoints_of(p, all_checkpoints=cfg.all_checkpoints, flag="--from")]
     b, rls = open_pair(base_of(paths[0], cfg.base), paths, no_pickle=cfg.no_pickle,
@@ -918,7 +918,7 @@ def run_delta(cfg: DeltaConfig, on_progress: OnProgress = no_progress) -> DeltaR
     labels = result_labels(paths)
     total = b.nbytes * (1 + len(rls))
     prov = {"base": describe(b), "base_path": str(b.path), "runs": [describe(r) for r in rls], "config": cfg.as_dict(),
-            "steps": [checkpoint_step(p) for p in paths]}
+            "steps": [(recorded_step if cfg.all_checkpoints else checkpoint_step)(p) for p in paths]}
     res = delta_anatomy(b, rls, labels, tax, cfg.tol, provenance=prov, force_pair=cfg.force_pair,
                         on_tensor=lambda name, nbytes: on_progress("delta", nbytes, total, "bytes"), rtol=cfg.rtol,
                         top_frac=cfg.top_frac or None)

@@ -42,7 +42,7 @@ from ..results.store import write_result
 from ..verifiable.format import FORMAT_FIX, MOSTLY_UNPARSED, PromptOption
 from ..weights.commands import ReadOptions
 from ..weights.resolve import base_of, checkpoint_of, checkpoints_of
-from ..weights.runs import checkpoint_step
+from ..weights.runs import recorded_step
 from . import attribution as attr
 from . import experiments as X
 from .plan import GraftSpec
@@ -848,7 +848,7 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
         base_path = base_of(models[-1], cfg.base)
         paths = dict(zip(result_labels(models), models))
         labels = {k: k for k in paths}
-        steps = {k: checkpoint_step(p) for k, p in paths.items()}
+        steps = {k: recorded_step(p) for k, p in paths.items()}
     else:
         cfg = cfg.replace(rl=checkpoint_of(cfg.rl, "--from"),  # a trainer's output_dir: its last checkpoint
                           vs=checkpoint_of(cfg.vs, "--vs") if cfg.vs is not None else None)

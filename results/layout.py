@@ -57,8 +57,6 @@ BASE, SFT, SFT_ADAPTER, SFT_B = "base", "sft", "sft-adapter", "sft-b"
 SFT_STAGE1, SFT_CONTROL = "sft-stage1", "sft-control"
 #: Folder of ``graftkit graft`` exports.
 GRAFTS = "grafts"
-#: Suffix of the folder beside an RL run's output that holds its resumable checkpoints.
-CHECKPOINTS = ".checkpoints"
 #: The file in the runs root naming the current run.
 CURRENT = ".current"
 #: The suffix of every result file.
@@ -143,12 +141,6 @@ class RunLayout:
 def run_layout(run: str | os.PathLike | None = None) -> RunLayout:
     """The layout of ``run`` (its ``--run``), else of the current run (:func:`current_run`)."""
     return RunLayout(current_run(run))
-
-
-def rl_checkpoints(out: str | os.PathLike) -> Path:
-    """The folder of an RL run's resumable checkpoints: ``<out>.checkpoints``, beside its output folder (so
-    the output folder holds a finished policy only)."""
-    return Path(str(Path(out)) + CHECKPOINTS)
 
 
 # ------------------------------------------------------------------------------------- result kinds

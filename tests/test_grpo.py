@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from graftkit.core.errors import GraftkitError
-from graftkit.results.layout import rl_checkpoints
+from graftkit.weights.runs import rl_checkpoints
 from graftkit.train.grpo import GRPOConfig, latest_checkpoint, run_grpo
 from graftkit.train.sft import SFTConfig, run_sft
 from graftkit.weights import open_checkpoint, recorded_base

@@ -20,8 +20,8 @@ ALLOWED = {
     "agent": {"webenv", "weights", "verifiable"},
     # the trainers, and the training commands that write their results
     "train": {"agent", "webenv", "weights", "verifiable", "results", "stats"},
-    # delta writes a trainer run's curves (train's writer) beside its movement
-    "graft": {"weights", "agent", "stats", "results", "rank", "verifiable", "train"},
+    # delta writes a trainer run's curves (train's writer) beside its movement; trajectory joins each step's KL
+    "graft": {"weights", "agent", "stats", "results", "rank", "verifiable", "train", "evaluation"},
     "rank": {"weights", "agent", "stats", "results"},
     # the eval/headroom commands (they write results, which agent may not)
     "evaluation": {"agent", "webenv", "weights", "stats", "results", "verifiable"},

@@ -16,6 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from graftkit.results import layout as L  # noqa: E402
+from graftkit.weights.runs import CHECKPOINTS, rl_checkpoints  # noqa: E402
 from graftkit.results.layout import (  # noqa: E402
     NAMES,
     RunLayout,
@@ -32,7 +33,6 @@ from graftkit.results.layout import (  # noqa: E402
     rank_path,
     result_files,
     result_path,
-    rl_checkpoints,
     study_delta_path,
     sweep_kl_path,
     sweep_path,
@@ -303,8 +303,9 @@ def test_the_study_reads_and_skips_by_the_layout(tmp_path):
 HEADS = {t.split("{")[0] for t in NAMES.values() if "{" in t} | {L.PARTIAL}
 #: A string that is a whole result file name or a pattern of them.
 RESULT_FILE = re.compile(r"[\w*+.'-]+\.h5")
-#: Names of the run folder that only the layout spells.
-FOLDER_NAMES = {L.RESULTS, L.REPORT, L.STUDY, L.CHECKPOINTS, L.CURRENT, L.SFT_ADAPTER, L.GRAFTS}
+#: Names of the run folder that only the layout spells (and the suffix of an RL run's checkpoint folder, which
+#: weights/runs.py spells: the readers of training runs find a graftkit run's steps by it).
+FOLDER_NAMES = {L.RESULTS, L.REPORT, L.STUDY, CHECKPOINTS, L.CURRENT, L.SFT_ADAPTER, L.GRAFTS}
 #: Strings that look like result names and are none, each with why.
 ALLOWED = {
     ("results/store.py", 'f"graftkit-result-{os.getpid()}-{id(result)}.h5"'): "an in-memory HDF5 image's name",

@@ -56,7 +56,7 @@ from ..core.errors import GraftkitError
 from ..agent.tasks import make_task_env
 from ..webenv.items import SPLIT_RULE, NoItems, draw
 from ..core.devices import TRAINING_CONVENTION, autocast, dtype_name, resolve_device, training_dtype
-from ..results.layout import rl_checkpoints
+from ..weights.runs import rl_checkpoints
 from ..weights import load_model, read_tensors, save_model
 from ..weights.hf import save_adapter, save_dtype
 from ..weights.writer import check_output_room

@@ -21,7 +21,7 @@ from ..core.files import require
 from .checkpoint import A_MODEL, Checkpoint, _read_json, open_checkpoint
 from .lora import apply_lora, is_lora_folder
 from .pair import open_one, parent_record
-from .runs import trainer_run
+from .runs import recorded_step, rl_checkpoints, trainer_run
 
 #: What a base path may be, for the error that names a missing one.
 A_BASE = "the base model: an HF folder or a .safetensors file"
@@ -30,9 +30,14 @@ A_BASE = "the base model: an HF folder or a .safetensors file"
 def checkpoints_of(path: str | os.PathLike, *, all_checkpoints: bool = False, flag: str | None = None) -> list[Path]:
     """The checkpoints ``path`` names: itself when it holds weights (or is a file); for a trainer ``output_dir``
     its last ``checkpoint-N`` by step number, or with ``all_checkpoints`` every one in step order (the
-    training trajectory). A missing path, or ``all_checkpoints`` on a folder that is no trainer run, is an error."""
+    training trajectory; for a graftkit RL policy, the ``step-N`` folders of ``<policy>.checkpoints`` and then
+    the policy). A missing path, or ``all_checkpoints`` on a folder that is no trainer run, is an error."""
     path = require(path, flag, A_MODEL)
     run = trainer_run(path)
+    if run is None and all_checkpoints and (own := trainer_run(rl_checkpoints(path))) is not None:
+        # a graftkit RL run's policy: the step folders of its checkpoints beside it, then the policy itself
+        last = recorded_step(path)
+        return [p for _, p in own.checkpoints] + ([path] if last is None or last > own.checkpoints[-1][0] else [])
     if run is None:
         if all_checkpoints and not path.is_file():
             raise GraftkitError(f"{path} is not a trainer output_dir (no checkpoint-N folders with weights)",

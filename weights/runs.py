@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +66,30 @@ class TrainerRun:
 
     def step_of(self, path: Path) -> int | None:
         return next((s for s, p in self.checkpoints if p == Path(path)), None)
+
+
+#: Suffix of the folder beside a graftkit RL run's output that holds its resumable checkpoints (``step-N``).
+CHECKPOINTS = ".checkpoints"
+
+
+def rl_checkpoints(out: str | os.PathLike) -> Path:
+    """The folder of a graftkit RL run's resumable checkpoints: ``<out>.checkpoints``, beside its output folder (so
+    the output folder holds a finished policy only)."""
+    return Path(str(Path(out)) + CHECKPOINTS)
+
+
+def recorded_step(path: Path) -> int | None:
+    """The optimiser step of one checkpoint of a trajectory: N of its step folder, else the ``step`` its
+    graftkit.json records (a graftkit policy, the last step of its run), else None."""
+    step = checkpoint_step(path)
+    if step is not None:
+        return step
+    record = Path(path) / "graftkit.json"
+    try:
+        step = json.loads(record.read_text()).get("step") if record.is_file() else None
+    except (OSError, ValueError):
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def checkpoint_step(path: Path) -> int | None:
