@@ -105,7 +105,7 @@ def group_shares(runs: Sequence[tuple[str, Result, int]]) -> go.Figure:
             hovertemplate="%{fullData.name} · %{x}<br>share %{y:.4f}%<br>‖Δ‖_F/‖W‖_F %{customdata[0]}"
                           "<br>‖Δ‖_F %{customdata[1]}<extra></extra>",
         ))
-    fig.update_layout(barmode="group")
+    fig.update_layout(barmode="group", scattermode="group")
     return base_layout(fig, "Where the weights moved: share per parameter group",
                        "share of the run's total squared movement Σ‖Δ‖²_F; each run's bars sum to 100%",
                        "parameter group", LABELS["share"].axis, legend_title="RL run")
@@ -161,6 +161,72 @@ def movement_over_steps(label: str, res: Result) -> go.Figure | None:
     return base_layout(fig, f"Where the weights moved, when — {esc(label)}", "relative change of each parameter "
                        "group from the base, at each saved checkpoint", "optimiser step", LABELS["rel_delta"].axis,
                        legend_title="parameter group")
+
+
+def path_geometry(label: str, res: Result) -> go.Figure | None:
+    """The shape of a run's weight path (graftkit trajectory: graft/path.py): per parameter group and in all,
+    cos(Δ_t, Δ_T) at each checkpoint, and in all the cosine between successive updates; the subtitle gives the R² of
+    a straight line through the path beside a random walk's (None unless the result is a trajectory)."""
+    from ..graft.path import delta_path
+
+    steps = trajectory_steps(res)
+    d = DeltaResult.from_result(res)
+    if steps is None or not d.has("dot_delta"):
+        return None
+    m = delta_path(d, steps)
+    fig = go.Figure()
+    for j, g in enumerate([*d.groups, "all"]):
+        fig.add_trace(go.Scatter(x=steps, y=m[g]["cos_to_final"], mode="lines+markers", name=esc(f"cos(Δ_t, Δ_T) {g}"),
+                                 marker_color=colour(j), line={"width": 3 if g == "all" else 1.5},
+                                 hovertemplate=f"{esc(g)}<br>step %{{x}}<br>cos(Δ_t, Δ_T) %{{y:.3f}}<br>R² of a line "
+                                               f"{m[g]['r2']:.3f} (a random walk {m[g]['r2_random_walk']:.3f})"
+                                               "<extra></extra>"))
+    fig.add_trace(go.Scatter(x=steps, y=m["all"]["update_cos"], mode="lines+markers", name="cos(u_t, u_t−1) all",
+                             line={"dash": "dash", "color": "#222"},
+                             hovertemplate="step %{x}<br>cos between this update and the last %{y:.3f}<extra></extra>"))
+    step_axis(fig, steps)
+    return base_layout(fig, f"The shape of the weight path — {esc(label)}",
+                       f"straight-line fit of the whole path: R² {m['all']['r2']:.3f}, a random walk of the same "
+                       f"update sizes {m['all']['r2_random_walk']:.3f}; 1 = along one line", "optimiser step",
+                       "cosine", legend_title="measure")
+
+
+def mask_overlap(res: Result) -> go.Figure | None:
+    """Per pair of runs of a delta result (two runs or more), the Jaccard overlap over all tensors of the entries
+    each moved (as stored, as bf16 stores them) and of their top fractions by |Δ|, each beside what independent masks
+    of the same sizes would share (a black tick with its 95% interval); None with one run."""
+    d = DeltaResult.from_result(res)
+    rows = [r for r in d.overlap() if r["group"] == "all"]
+    if not rows:
+        return None
+    pairs = esc_all(" · ".join(r["runs"]) for r in rows)
+    masks = [m for m in ("moved", "moved_bf16", "top") if m in rows[0]]
+    names = {"moved": "moved entries", "moved_bf16": "moved as bf16 stores them",
+             "top": f"top {d.attrs.get('overlap_top_frac', 0):g} by |Δ|"}
+
+    def val(x):
+        return np.nan if x is None else x
+
+    fig = go.Figure()
+    for k, m in enumerate(masks):
+        fig.add_trace(go.Bar(x=pairs, y=[val(r[m]["jaccard"]) for r in rows], name=esc(names[m]), offsetgroup=k,
+                             marker_color=colour(k),
+                             customdata=[[val(r[m]["chance"]), val(r[m]["chance_low"]), val(r[m]["chance_high"])]
+                                         for r in rows],
+                             hovertemplate="%{x}<br>Jaccard %{y:.4f}<br>independent masks: %{customdata[0]:.4f} "
+                                           "[%{customdata[1]:.4f}, %{customdata[2]:.4f}]<extra></extra>"))
+        chance = np.array([val(r[m]["chance"]) for r in rows], dtype=np.float64)
+        low = np.array([val(r[m]["chance_low"]) for r in rows], dtype=np.float64)
+        high = np.array([val(r[m]["chance_high"]) for r in rows], dtype=np.float64)
+        fig.add_trace(go.Scatter(x=pairs, y=chance, mode="markers", offsetgroup=k, showlegend=k == 0,
+                                 name="independent masks (95%)", marker={"symbol": "line-ew-open", "size": 22,
+                                                                         "color": "#222", "line": {"width": 2}},
+                                 error_y={"type": "data", "symmetric": False, "array": high - chance,
+                                          "arrayminus": chance - low, "color": "#222"}, hoverinfo="skip"))
+    fig.update_layout(barmode="group", scattermode="group")
+    return base_layout(fig, "Do runs move the same entries?", "Jaccard |A∩B| / |A∪B| of two runs' masks over every "
+                       "tensor; black ticks: independent masks of each tensor's sizes", "pair of runs",
+                       "Jaccard overlap", legend_title="mask")
 
 
 def layer_movement_over_steps(label: str, res: Result) -> go.Figure | None:

@@ -277,6 +277,53 @@ def kl_reproduced(label: str, res: Result) -> go.Figure | None:
                        height=max(320, 140 + 26 * n), legend_title="fraction (whose rollouts)")
 
 
+def sparsity_curve(label: str, res: Result) -> go.Figure | None:
+    """A ``--sweep sparsity``: against the fraction F of the grafted groups' entries moved (the largest |Δ|; log
+    axis), the success change from the base with its 95% interval and, with KL, the fraction of RL's behavioural
+    change reproduced on each side's rollouts; dotted, RL's own success change. None for any other sweep."""
+    v = SweepResult.from_result(res)
+    frac = v.array("config_top_frac")
+    if v.sweep != "sparsity" or frac is None:
+        return None
+    roles = v.strings("config_role")
+    rows = [i for i, r in enumerate(roles) if r == "graft"]
+    order = sorted(rows, key=lambda i: frac[i])
+    x = [100 * float(frac[i]) for i in order]
+    two = v.has_kl and v.array("diff_vs_base") is not None  # success on the left axis, KL on the right
+    fig = make_subplots(specs=[[{"secondary_y": True}]]) if two else go.Figure()
+    if v.array("diff_vs_base") is not None:
+        s = _scale(v, "diff_vs_base")
+        e, lo, hi = bounds(v.array("diff_vs_base"), v.bound_names)
+        fig.add_trace(go.Scatter(x=x, y=[s * e[i] for i in order], mode="lines+markers", name="success change vs base",
+                                 error_y={**interval_error(e[order], lo[order], hi[order], s), "color": colour(0)},
+                                 marker={"color": colour(0), "size": 9},
+                                 customdata=[[esc(v.configs[i])] for i in order],
+                                 hovertemplate="%{customdata[0]}<br>top %{x:.3g}% of entries<br>%{y:+.1f} points"
+                                               "<extra></extra>"))
+        rl = next((i for i, r in enumerate(roles) if r == "rl"), None)
+        if rl is not None:
+            fig.add_hline(y=s * e[rl], line={"color": "#444", "width": 1, "dash": "dot"})
+    if v.has_kl:
+        for k, side in enumerate(v.sides):
+            name = KL_SIDES.get(side, (f"reproduced ({side}'s rollouts)",))[0]
+            e, lo, hi = np.array([v.reproduced(v.configs[i], side) for i in order], dtype=np.float64).reshape(-1, 3).T
+            trace = go.Scatter(x=x, y=100 * e, mode="lines+markers", name=esc(name),
+                               error_y={**interval_error(e, lo, hi, 100.0), "color": colour(k + 1)},
+                               marker={"color": colour(k + 1), "symbol": "diamond", "size": 9},
+                               hovertemplate="top %{x:.3g}% of entries<br>reproduced %{y:.1f}%<extra></extra>")
+            fig.add_trace(trace, secondary_y=True) if two else fig.add_trace(trace)
+    fig.update_xaxes(type="log")
+    scope = v.strings("config_top_scope")
+    where = "each tensor's" if any(scope[i] == "tensor" for i in rows if frac[i] < 1) else "all the groups'"
+    base_layout(fig, f"How much of the change a fraction of the movement carries — {esc(label)}",
+                f"grafting only the largest |Δ| entries ({where} top F); dotted: RL's own success change",
+                "entries grafted, % (log scale)", "success change (percentage points)" if v.array("diff_vs_base")
+                is not None else "reproduced (% of RL's behavioural change)", legend_title="measure")
+    if two:
+        fig.update_yaxes(title_text="reproduced (% of RL's behavioural change)", secondary_y=True)
+    return fig
+
+
 def _kl_measures(v: SweepResult) -> list[tuple[str, str]]:
     """The KL attribution arrays a sweep stores, ``(array, name)``, in the order of the success figure (a group
     effect of kind shapley is the Shapley values again, so left out beside them)."""

@@ -15,7 +15,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from ..rank.coupling import CouplingResult
-from ..rank.metrics import MEASURES
+from ..rank.metrics import DELTA_TOPK, MEASURES
 from ..rank.results import RankResult
 from ..results.layout import RANK_ACTIVATIONS, RANK_DELTA, RANK_WEIGHTS
 from ..results.store import Result
@@ -97,6 +97,40 @@ def rank_by_layer(kind: str, results: Sequence[tuple[str, Result]]) -> go.Figure
 # Coupling
 
 _STAT_NAMES = {"spearman": "Spearman ρ", "pearson": "Pearson r"}
+
+
+def principal_directions(results: Sequence[tuple[str, Result]]) -> go.Figure | None:
+    """Per RL delta (a ``rank-delta`` result each), the mean share of ‖Δ‖² in W's top-k left and right singular
+    subspaces over the matrices RL moved, each beside the exact share of a random Δ (a hollow marker), and the
+    top-k subspace overlap of W and W′ on hover (:meth:`RankResult.principal`, group "all"); None when no result
+    holds the measures."""
+    rows = []
+    for label, res in results:
+        got = {r["group"]: r for r in RankResult.from_result(res).principal()}
+        if "all" in got:
+            rows.append((label, got["all"]))
+    if not rows:
+        return None
+    labels = esc_all(label for label, _ in rows)
+    fig = go.Figure()
+    for k, (side, name) in enumerate((("delta_energy_top8", "left (output) subspace"),
+                                      ("delta_energy_top8_right", "right (input) subspace"))):
+        fig.add_trace(go.Bar(x=labels, y=[100 * r[side] for _, r in rows], name=f"Δ's share, {name}",
+                             marker_color=colour(k), offsetgroup=k,
+                             customdata=[[100 * r[f"{side}_chance"], r["subspace_overlap_top8"], r["matrices"]]
+                                         for _, r in rows],
+                             hovertemplate="%{x}<br>%{y:.2f}% of ‖Δ‖² (a random Δ: %{customdata[0]:.2f}%)<br>"
+                                           "top-k overlap of W and W′: %{customdata[1]:.4f}<br>mean over "
+                                           "%{customdata[2]} moved matrices<extra></extra>"))
+        fig.add_trace(go.Scatter(x=labels, y=[100 * r[f"{side}_chance"] for _, r in rows], mode="markers",
+                                 name=f"a random Δ, {name}", offsetgroup=k,
+                                 marker={"symbol": "line-ew-open", "size": 26, "color": "#222",
+                                         "line": {"width": 2}}, hoverinfo="skip"))
+    base_layout(fig, "Where RL moved W: along or off its principal directions",
+                f"share of ‖Δ‖² in the top-{DELTA_TOPK} singular subspaces of the base weights, mean over the moved matrices; black ticks: a random "
+                "direction's share (exact)", "RL run", "share of ‖Δ‖² (%)", legend_title="")
+    fig.update_layout(barmode="group", scattermode="group")
+    return fig
 
 
 def _what(res: Result) -> str:

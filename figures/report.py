@@ -58,8 +58,8 @@ from ..graft.anatomy import DeltaResult
 from ..graft.experiments import SweepResult
 from ..stats import Comparison
 from ..core.files import write_atomic
-from ..results.layout import (COUPLING, DELTA, EVAL, FINDINGS, GRAFT_DISSOCIATION, GRAFT_SWEEP, HEADROOM, KL, RANK_KINDS,
-                              REPORT, TRAIN_GRPO, TRAIN_KINDS, TRAIN_SFT, TRAIN_TRAINER, result_labels)
+from ..results.layout import (COUPLING, DELTA, EVAL, FINDINGS, GRAFT_DISSOCIATION, GRAFT_SWEEP, HEADROOM, KL, RANK_DELTA,
+                              RANK_KINDS, REPORT, TRAIN_GRPO, TRAIN_KINDS, TRAIN_SFT, TRAIN_TRAINER, result_labels)
 from ..results.store import DamagedResult, Result, scan_results
 from . import anatomy, curves, grafts, kl, rank, success, summary
 from ._common import decode_key, fmt
@@ -456,7 +456,13 @@ def _anatomy(sec: Section, items: list[Loaded]) -> None:
                                   "of the training run (delta --all-checkpoints): where the weights moved, when; "
                                   "the run's own logged curves are under Training curves."),
                                  (anatomy.layer_movement_over_steps(label, item.result),
-                                  "‖Δ‖_F of each decoder layer's tensors from the base at every saved checkpoint.")):
+                                  "‖Δ‖_F of each decoder layer's tensors from the base at every saved checkpoint."),
+                                 (anatomy.path_geometry(label, item.result),
+                                  "The shape of the weight path (graftkit trajectory): cos(Δ_t, Δ_T) of each group's "
+                                  "delta at every checkpoint with the final one, the cosine between successive "
+                                  "updates, and in the subtitle the R² of a straight line through the path (the base "
+                                  "at step 0 included, pooled over entries) beside the R² a random walk of the same "
+                                  "update sizes gets.")):
                     if fig is not None:
                         sec.panels.append(Panel(fig, cap, (item.path,)))
             # a run bit-identical to its base: one line, not heatmaps of zeros and undefined ratios
@@ -481,6 +487,14 @@ def _anatomy(sec: Section, items: list[Loaded]) -> None:
                 sec.panels.append(Panel(anatomy.anatomy_heatmaps(runs, "rel_delta"),
                                         f"Relative change ‖Δ‖_F/‖W‖_F of {whose} weights per decoder layer × "
                                         "parameter group, pooled over the cell's tensors.", (item.path,)))
+            fig = anatomy.mask_overlap(item.result)
+            if fig is not None:
+                sec.panels.append(Panel(fig, "Whether runs move the same entries: the Jaccard overlap of two runs' "
+                                             "masks over every tensor — the entries each moved, as stored and as "
+                                             "bf16 copies would store them, and each run's top fraction of every "
+                                             "tensor by |Δ| — beside independent masks of each tensor's own sizes "
+                                             "(expectation and 95% interval); per group in graftkit delta's table "
+                                             "and --json.", (item.path,)))
             fig = anatomy.top_tensors_by_run(runs)
             if fig is not None:
                 sec.panels.append(Panel(fig, f"The tensors with the largest share of {whose} squared weight "
@@ -538,6 +552,11 @@ def _grafts(sec: Section, items: list[Loaded]) -> None:
                                                   "The Shapley values sum to v(all swept groups) − v(∅): the swept "
                                                   "groups the subtitle names, which is the whole RL model only when "
                                                   "they are everything RL moved."),
+        "sparsity": (grafts.sparsity_curve, "grafting only the fraction F of the swept groups' entries that moved the "
+                                            "most (graft --top-frac F, --sweep sparsity): the success change from "
+                                            "the base and the fraction of RL's behavioural change (KL) reproduced, "
+                                            "each with its 95% interval, against F; the dotted line is RL's own "
+                                            "success change."),
         "interaction": (grafts.interaction_heatmap, "pairwise interaction of grafting two groups together."),
         "movement": (grafts.movement_vs_effect, "how much each group moved (share of squared movement) against what "
                                                 "it did to success; movement is not effect."),
@@ -636,6 +655,15 @@ def _rank(sec: Section, items: list[Loaded]) -> None:
                                     f"Rank of the {target} per layer, one line per checkpoint; the menu picks the "
                                     "measure and the subtitle states its convention as recorded.",
                                     tuple(x.path for x in ok)))
+            if kind == RANK_DELTA:
+                fig = rank.principal_directions([(x.label, x.result) for x in ok])
+                if fig is not None:
+                    sec.panels.append(Panel(fig, "Where each RL delta lies against the base weights' principal "
+                                                 "directions: the share of ‖Δ‖² in W's top-8 left and right "
+                                                 "singular subspaces, mean over the matrices RL moved, beside the "
+                                                 "share a random Δ of the same shape puts there (exact: k/rows, "
+                                                 "k/columns); the hover gives the top-8 subspace overlap of W and "
+                                                 "W′ (rank --what delta).", tuple(x.path for x in ok)))
 
 
 def _coupling(sec: Section, items: list[Loaded]) -> None:

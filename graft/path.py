@@ -206,6 +206,13 @@ def _num(x) -> float | None:
     return float(x) if x is not None and np.isfinite(x) else None
 
 
+def delta_path(d: DeltaResult, steps: Sequence[int]) -> dict[str, dict]:
+    """The path measures of a delta taken over a run's checkpoints at ``steps`` (:func:`path_measures`), per group
+    and in all, from its stored inner products ``dot_delta``."""
+    dots = np.asarray(d.result["dot_delta"], dtype=np.float64)
+    return {g: path_measures(G, steps) for g, G in group_grams(dots, d.tensor_group, d.groups).items()}
+
+
 def run_trajectory(cfg: TrajectoryConfig, on_progress: OnProgress = no_progress) -> Trajectory:
     """The delta of every checkpoint of ``cfg.rl`` against one base (one pass: ``delta --all-checkpoints``, whose
     result it writes), the path measures from its inner products, and with ``cfg.tasks`` KL at every step
@@ -232,8 +239,7 @@ def run_trajectory(cfg: TrajectoryConfig, on_progress: OnProgress = no_progress)
     base = base_of(paths[-1], cfg.base)
     d = run_delta(DeltaConfig(rl=(cfg.rl,), all_checkpoints=True, base=base, save=cfg.save, top_frac=0, run=cfg.run,
                               no_pickle=cfg.no_pickle, unknown=cfg.unknown, config=cfg.config), on_progress)
-    dots = np.asarray(d.result["dot_delta"], dtype=np.float64)
-    measures = {g: path_measures(G, steps) for g, G in group_grams(dots, d.tensor_group, d.groups).items()}
+    measures = delta_path(d, steps)
     kl = None
     if cfg.tasks is not None:
         kl = run_kl(KLConfig(model=cfg.rl, base=base, all_checkpoints=True, tasks=cfg.tasks, seeds=cfg.seeds,
@@ -241,5 +247,5 @@ def run_trajectory(cfg: TrajectoryConfig, on_progress: OnProgress = no_progress)
     return Trajectory(Path(cfg.rl), d, tuple(steps), measures, kl, time.perf_counter() - t0)
 
 
-__all__ = ["CONVENTIONS", "Trajectory", "TrajectoryConfig", "group_grams", "path_measures", "run_trajectory",
-           "with_origin"]
+__all__ = ["CONVENTIONS", "Trajectory", "TrajectoryConfig", "delta_path", "group_grams", "path_measures",
+           "run_trajectory", "with_origin"]

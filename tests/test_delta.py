@@ -436,6 +436,17 @@ def test_runs_sharing_a_mask_overlap_fully_and_independent_masks_at_chance(tmp_p
     d = run_delta(DeltaConfig(rl=tuple(runs[k] for k in "abc"), base=base, save=tmp_path / "cli.h5", top_frac=0.05))
     j = d.as_json(0.0)["overlap"]
     assert j["top_frac"] == 0.05 and j["pairs"] == res.overlap() and j["left_out"] == []
+    # the report's figure draws the overlaps over all tensors, and chance beside each
+    from graftkit.figures.anatomy import mask_overlap
+
+    fig = mask_overlap(read_result(tmp_path / "d.h5"))
+    bars = [t for t in fig.data if t.type == "bar"]
+    ticks = [t for t in fig.data if t.type == "scatter"]
+    total = [r for r in res.overlap() if r["group"] == "all"]
+    assert list(bars[0].x) == [" · ".join(r["runs"]) for r in total]
+    for trace, tick, mask in zip(bars, ticks, ("moved", "moved_bf16", "top")):
+        assert list(trace.y) == pytest.approx([r[mask]["jaccard"] for r in total])
+        assert list(tick.y) == pytest.approx([r[mask]["chance"] for r in total])
 
 
 def test_the_chance_interval_of_an_overlap_covers_independent_masks_at_its_level():

@@ -205,7 +205,8 @@ def test_sparsity_sweep_and_eval_of_a_top_fraction_graft(tmp_path, monkeypatch):
     def cli(*args):
         return runner.invoke(app, ["graft", "--from", str(policies["rl"]), *map(str, args), *common])
 
-    r = cli("--sweep", "sparsity", "--groups", "attn", "--fracs", "0.5,0.01,1", "--top-scope", "global", "--json")
+    r = cli("--sweep", "sparsity", "--groups", "attn", "--fracs", "0.5,0.01,1", "--top-scope", "global", "--metric",
+            "both", "--json")
     assert r.exit_code == 0, r.output
     j = json.loads(r.stdout)
     sw = SweepResult.read(j["files"]["A"])
@@ -213,9 +214,27 @@ def test_sparsity_sweep_and_eval_of_a_top_fraction_graft(tmp_path, monkeypatch):
     assert sw.configs == want
     assert sw.array("config_top_frac").tolist() == [1.0, 1.0, 0.01, 0.5, 1.0]
     assert sw.strings("config_top_scope") == ["tensor", "tensor", "global", "global", "tensor"]
-    again = cli("--sweep", "sparsity", "--groups", "attn", "--fracs", "0.5,0.01,1", "--top-scope", "global", "--json")
+    again = cli("--sweep", "sparsity", "--groups", "attn", "--fracs", "0.5,0.01,1", "--top-scope", "global", "--metric",
+                "both", "--json")
     assert again.exit_code == 0, again.output
     assert json.loads(again.stdout)["resumed"]["A"] == sorted(want)
+
+    # the report's curve draws what the sweep holds: each fraction's success change and reproduced fraction
+    from graftkit.figures.grafts import sparsity_curve
+    from graftkit.figures.report import load_run, plan_report
+    from graftkit.results.store import read_result
+
+    fig = sparsity_curve("rl", read_result(j["files"]["A"]))
+    success, kl_rl = fig.data[0], fig.data[1]
+    grafts = [c for c in sw.configs if c not in ("∅ (base)", "all (rl)")]
+    fracs = dict(zip(sw.configs, sw.array("config_top_frac")))
+    diffs = {r["config"]: r["diff_vs_base"][0] for r in j["runs"]["A"]["configs"]}
+    assert list(success.x) == pytest.approx(sorted(100 * fracs[c] for c in grafts))
+    order = sorted(grafts, key=fracs.get)
+    assert list(success.y) == pytest.approx([100 * diffs[c] for c in order])
+    assert list(kl_rl.y) == pytest.approx([100 * sw.reproduced(c, "rl")[0] for c in order])
+    panels = [pn for sec in plan_report(load_run(tmp_path / "runs")) for pn in sec.panels]
+    assert any("--sweep sparsity" in pn.caption for pn in panels)
 
     one = cli("--eval", "--groups", "attn", "--top-frac", "0.01", "--top-scope", "global", "--json")
     assert one.exit_code == 0, one.output

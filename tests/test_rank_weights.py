@@ -164,6 +164,12 @@ def test_cli(tmp_path, monkeypatch):
         for m in ("delta_energy_top8", "delta_energy_top8_chance", "delta_energy_top8_right",
                   "delta_energy_top8_right_chance", "subspace_overlap_top8"):
             assert row[m] == pytest.approx(v[rows, metrics.index(m)].mean(), rel=1e-12), (g, m)
+    from graftkit.figures.rank import principal_directions
+
+    fig = principal_directions([("rl", saved)])
+    left, right = (t for t in fig.data if t.type == "bar")
+    assert list(left.y) == pytest.approx([100 * by_group["all"]["delta_energy_top8"]])
+    assert list(right.y) == pytest.approx([100 * by_group["all"]["delta_energy_top8_right"]])
     shown = runner.invoke(app, ["rank", "--what", "delta"])
     assert shown.exit_code == 0, shown.output
     for row in rl["principal"]:  # each group's line shows its own values

@@ -122,6 +122,18 @@ def test_trajectory_of_a_straight_run_and_a_turning_one(runs, tmp_path, monkeypa
         row = next(x for x in shown.stdout.splitlines() if x.strip("│ ").startswith(g + " "))
         assert f"{m['r2']:.3f}" in row and f"{m['r2_random_walk']:.3f}" in row
 
+    # the report draws the path from the result the command wrote
+    from graftkit.figures.report import load_run, plan_report
+    from graftkit.figures.anatomy import path_geometry
+    from graftkit.results.store import read_result
+
+    fig = path_geometry("turn", read_result(t["result_file"]))
+    whole = next(tr for tr in fig.data if tr.name == "cos(Δ_t, Δ_T) all")
+    assert list(whole.x) == [2, 4, 6] and list(whole.y) == pytest.approx([r["cos_to_final"] for r in t["steps"]])
+    assert f"R² {t['groups']['all']['r2']:.3f}" in fig.layout.title.text
+    panels = [pn.caption for sec in plan_report(load_run(tmp_path / "runs")) for pn in sec.panels]
+    assert any(c.startswith("The shape of the weight path") for c in panels)
+
     bad = cli.invoke(app, ["trajectory", "--from", str(runs["line"]), "--seeds", "3"])
     assert bad.exit_code == 2 and "no --tasks was given" in bad.stderr
     alone = cli.invoke(app, ["trajectory", "--from", str(runs["base"])])
