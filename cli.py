@@ -39,6 +39,7 @@ from .train.configs import GRPOConfig, SFTConfig, SweepConfig
 from .demo import run_study
 from .study.pipeline import StudyConfig
 from .figures.commands import ReportConfig, ResultsConfig, run_report, run_results
+from .graft.forgetting import ForgettingConfig, run_forgetting
 from .graft.path import TrajectoryConfig, run_trajectory
 from .graft.commands import GraftConfig, GraftExperiments, run_graft, sweep_tables, trajectory_tables
 from .core.tables import points as _pts
@@ -230,6 +231,17 @@ def _delta_tables(d: DeltaResult, top: int, seconds: float) -> None:
         _specs(overlap_tables(d.as_json(seconds).get("overlap")))
     _notes(n for n in d.notes if n not in said)
     out.print(f"saved {escape(str(d.path))} ({seconds:.1f} s)")
+
+
+@command(app, ForgettingConfig, "forgetting")
+def forgetting(cfg: ForgettingConfig, as_json: bool):
+    """Does KL on the trained task predict forgetting on the others, better than ‖Δ‖, moved entries or Δ's rank?
+    Across the run's RL runs, with intervals."""
+    got = run_forgetting(cfg)
+    if as_json:
+        return _print_json(got.as_json())
+    _specs(got.tables())
+    out.print(f"saved {escape(str(got.path))}")
 
 
 @command(app, TrajectoryConfig, "trajectory")

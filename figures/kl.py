@@ -382,3 +382,40 @@ def caption_conventions(res: Result) -> str:
 
 __all__ = ["caption_conventions", "kl_by_model", "kl_means", "kl_over_steps", "kl_per_task", "kl_top", "kl_trajectory",
            "kl_trajectories", "parse_rates", "pooled", "side_names", "steps_of", "still_steps", "summary", "top_rows", "trajectory_point"]
+
+
+def forgetting(res: Result) -> go.Figure:
+    """Does KL predict forgetting (graft/forgetting.py)? One panel per predictor: each RL run's forgetting (success
+    change on the tasks it did not train on, with its paired 95% interval) against the predictor, the panel titled
+    with the predictor's R² [95%] across the runs fit (hollow: a run left out of the fits)."""
+    from ..graft.forgetting import PREDICTORS, ForgettingResult
+
+    v = ForgettingResult.from_result(res)
+    rows, fits = v.rows(), {f["predictor"]: f for f in v.fits()}
+    fitted = np.asarray(v.result["fitted"], dtype=bool)
+    names = [p for p in PREDICTORS if p in v.predictors]
+    titles = [f"R² {_iv(*[np.nan if x is None else x for x in fits[p]['r2']], '.3f')}" for p in names]
+    fig = make_subplots(rows=1, cols=len(names), subplot_titles=titles, shared_yaxes=True)
+    f = np.array([[np.nan if x is None else x for x in r["forgetting"]] for r in rows], dtype=np.float64)
+    colours = run_colours([r["run"] for r in rows])  # by regime, in the rows' order
+    for c, p in enumerate(names, start=1):
+        x = np.array([np.nan if r[p] is None else r[p] for r in rows], dtype=np.float64)
+        fig.add_trace(go.Scatter(
+            x=x, y=100 * f[:, 0], mode="markers", name=esc(PREDICTORS[p]), showlegend=False,
+            error_y=interval_error(f[:, 0], f[:, 1], f[:, 2], 100.0),
+            marker={"size": 10, "color": list(colours),
+                    "symbol": ["circle" if ok else "circle-open" for ok in fitted]},
+            text=esc_all(r["run"] for r in rows),
+            hovertemplate="%{text}<br>" + esc(p) + " %{x:.4g}<br>forgetting %{y:+.1f} points<extra></extra>"),
+            row=1, col=c)
+        fig.update_xaxes(title_text=esc(PREDICTORS[p]), title_font={"size": 11}, row=1, col=c)
+    fig.add_hline(y=0, line={"color": "#999", "width": 1})
+    best = v.attrs.get("best")
+    base_layout(fig, "Does KL predict forgetting?", "success change on the tasks each run did not train on (95% paired "
+                f"intervals) against how far it moved; best predictor by R²: {esc(best or '—')}", "",
+                "forgetting: success change (percentage points)", height=460)
+    fig.update_layout(margin={"t": 120})
+    fig.update_xaxes(title_font={"size": 11})
+    for c in range(len(names)):  # base_layout titles the first x axis; each panel names its own predictor
+        fig.layout[f"xaxis{c + 1 if c else ''}"].title.text = esc(PREDICTORS[names[c]])
+    return fig

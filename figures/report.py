@@ -58,8 +58,8 @@ from ..graft.anatomy import DeltaResult
 from ..graft.experiments import SweepResult
 from ..stats import Comparison
 from ..core.files import write_atomic
-from ..results.layout import (COUPLING, DELTA, EVAL, FINDINGS, GRAFT_DISSOCIATION, GRAFT_SWEEP, HEADROOM, KL, RANK_DELTA,
-                              RANK_KINDS, REPORT, TRAIN_GRPO, TRAIN_KINDS, TRAIN_SFT, TRAIN_TRAINER, result_labels)
+from ..results.layout import (COUPLING, DELTA, EVAL, FINDINGS, FORGETTING, GRAFT_DISSOCIATION, GRAFT_SWEEP, HEADROOM,
+                              KL, RANK_DELTA, RANK_KINDS, REPORT, TRAIN_GRPO, TRAIN_KINDS, TRAIN_SFT, TRAIN_TRAINER, result_labels)
 from ..results.store import DamagedResult, Result, scan_results
 from . import anatomy, curves, grafts, kl, rank, success, summary
 from ._common import decode_key, fmt
@@ -687,6 +687,17 @@ def _coupling(sec: Section, items: list[Loaded]) -> None:
 
 
 #: The report's sections, in the page's order.
+def _forgetting(sec: Section, items: list[Loaded]) -> None:
+    for item in items:
+        _guard(sec, item, lambda item=item: sec.panels.append(Panel(
+            kl.forgetting(item.result),
+            "Does KL predict forgetting (graftkit forgetting)? Each RL run's success change on the tasks it did not "
+            "train on (against its SFT parent, identical episodes, 95% paired intervals) against KL(π_RL‖π_SFT) per "
+            "token on the tasks it trained on, ‖Δ‖_F, the fraction of entries moved and the effective rank of Δ; each "
+            "panel's title gives that predictor's R² with its pairs-bootstrap 95% interval over the runs fit (those "
+            "with every predictor; hollow: left out).", (item.path,))))
+
+
 SECTIONS: tuple[SectionSpec, ...] = (
     SectionSpec("summary", "The study at a glance",
                 "no study regimes in this run (runs named <regime>-s<seed> evaluated beside an SFT evaluation, or the "
@@ -711,6 +722,9 @@ SECTIONS: tuple[SectionSpec, ...] = (
                 "activations) to add them", RANK_KINDS, _rank),
     SectionSpec("coupling", "Rank–success coupling", "no coupling results in this run — run `graftkit couple` to add "
                 "them", (COUPLING,), _coupling),
+    SectionSpec("forgetting", "Forgetting", "no forgetting results in this run — run `graftkit forgetting` (it reads "
+                "the eval, kl, delta and rank --what delta results of the run's RL runs and their SFT parents)",
+                (FORGETTING,), _forgetting),
 )
 
 

@@ -159,6 +159,7 @@ BOTH_DIRECTIONS = "both-directions"                         # the both-direction
 TRAIN_SFT, TRAIN_GRPO = "train-sft", "train-grpo"           # train sft, train grpo (train/commands.py TrainingCurves)
 TRAIN_TRAINER = "train-trainer"                             # another trainer's trainer_state.json (delta of its run)
 FINDINGS = "findings"                                       # graftkit demo (study/findings.py FindingsResult)
+FORGETTING = "forgetting"                                   # graftkit forgetting (graft/forgetting.py ForgettingResult)
 
 #: The rank results, by what was ranked (``rank --what``: weights, delta, activations).
 RANK_KINDS: tuple[str, ...] = (RANK_WEIGHTS, RANK_DELTA, RANK_ACTIVATIONS)
@@ -167,7 +168,7 @@ TRAINING: dict[str, str] = {"sft": TRAIN_SFT, "grpo": TRAIN_GRPO, "trainer": TRA
 TRAIN_KINDS: tuple[str, ...] = tuple(TRAINING.values())
 #: Every kind of result.
 KINDS: tuple[str, ...] = (DELTA, EVAL, HEADROOM, KL, GRAFT_SWEEP, GRAFT_DISSOCIATION, *RANK_KINDS, COUPLING,
-                          BOTH_DIRECTIONS, *TRAIN_KINDS, FINDINGS)
+                          BOTH_DIRECTIONS, *TRAIN_KINDS, FINDINGS, FORGETTING)
 
 # ------------------------------------------------------------------------------------- result names
 
@@ -176,6 +177,7 @@ KINDS: tuple[str, ...] = (DELTA, EVAL, HEADROOM, KL, GRAFT_SWEEP, GRAFT_DISSOCIA
 #: before a shorter one of the same prefix.
 NAMES: dict[str, str] = {
     FINDINGS: "findings",                                   # the study's four findings
+    FORGETTING: "forgetting",                               # does KL predict forgetting, across the run's RL runs
     "study-delta": "delta",                                 # the study's delta anatomy of every RL run
     "delta-trajectory": "delta-{label}-trajectory",         # delta --all-checkpoints of one trainer run
     DELTA: "delta-{labels}",                                # delta of RL runs, labels joined by "+"
@@ -357,6 +359,11 @@ def delta_path(results: str | os.PathLike, labels: Sequence[str]) -> Path:
 def trajectory_path(results: str | os.PathLike, label: str) -> Path:
     """``graftkit delta --all-checkpoints`` of the trainer run ``label``."""
     return result_path(results, "delta-trajectory", label=label)
+
+
+def forgetting_path(results: str | os.PathLike) -> Path:
+    """``graftkit forgetting`` of the run."""
+    return result_path(results, FORGETTING)
 
 
 def coupling_path(results: str | os.PathLike, what: str, metric: str) -> Path:

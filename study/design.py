@@ -85,7 +85,8 @@ EMBEDDED_PRESETS: dict[str, dict] = {
     "quick": dict(grpo_recipe=dict(steps=8, checkpoint_every=2), seeds=(0, 1), degrade_seeds=(0, 1),
                   variants=("init-b-degrade",), sft_b_recipe=dict(steps=20), swept_seeds=1, headroom_seeds=(0,),
                   control_seeds=(0,), eval_seeds=6, eval_episodes=1, headroom_k=4, kl_seeds=4,
-                  graft_groups=("embed", "attn", "mlp", "lm_head"), graft_seeds=6, probes=16),
+                  graft_groups=("embed", "attn", "mlp", "lm_head"), graft_seeds=6, sparsity_fracs="0.01,0.1,0.5",
+                  probes=16),
     "full": dict(eval_episodes=4),
 }
 
@@ -134,7 +135,7 @@ PRETRAINED_PRESETS: dict[str, dict] = {
                   sft_b_recipe=dict(_PRETRAINED_SFT_B, steps=20, batch_size=4),
                   grpo_recipe=dict(steps=6, prompts_per_step=2, group_size=4, checkpoint_every=0), seeds=(0,),
                   degrade_seeds=(0,), variants=(), headroom_seeds=(0,), eval_seeds=12, eval_episodes=1, headroom_k=4,
-                  swept_seeds=1, graft_seeds=4, probes=16),
+                  swept_seeds=1, graft_seeds=4, sparsity_fracs="0.01,0.5", probes=16),
     "full": dict(_PRETRAINED, sft_recipe=dict(_PRETRAINED_SFT, steps=480, batch_size=8, warmup=48),
                  sft_b_recipe=dict(_PRETRAINED_SFT_B, steps=60, batch_size=8),
                  grpo_recipe=dict(steps=20, prompts_per_step=4, group_size=8, checkpoint_every=5), seeds=(0, 1, 2),
@@ -166,7 +167,8 @@ DOMAIN_PRESETS: dict[str, dict[str, dict]] = {"arithmetic": {
                   sft_b_recipe=dict(tasks=_ARITHMETIC_TASKS, steps=40),
                   grpo_recipe=dict(steps=12, max_new_tokens=12, checkpoint_every=3), seeds=(0, 1), degrade_seeds=(0, 1),
                   variants=("init-b-degrade",), swept_seeds=1, headroom_seeds=(0,), eval_seeds=10, eval_episodes=2,
-                  headroom_k=4, graft_groups=("embed", "attn", "mlp", "lm_head"), graft_seeds=6, probes=16),
+                  headroom_k=4, graft_groups=("embed", "attn", "mlp", "lm_head"), graft_seeds=6,
+                  sparsity_fracs="0.01,0.1,0.5", probes=16),
     "full": dict(_ARITHMETIC, sft_recipe=dict(_ARITHMETIC_SFT, steps=1500),
                  sft_b_recipe=dict(tasks=_ARITHMETIC_TASKS),
                  grpo_recipe=dict(steps=40, max_new_tokens=12, checkpoint_every=10)),

@@ -30,8 +30,8 @@ from ..core.config import CommandConfig, DeviceOption, OnProgress, no_progress, 
 from ..core.errors import GraftkitError
 from ..evaluation.commands import EvalConfig, HeadroomConfig, run_eval, run_headroom
 from ..results.layout import (SFT, SFT_B, SFT_CONTROL, RunLayout, coupling_path, dissociation_path_of, eval_path,
-                              findings_path, headroom_path, kl_path_of, rank_path, study_delta_path, sweep_path_of,
-                              training_path_of)
+                              findings_path, forgetting_path, headroom_path, kl_path_of, rank_path, study_delta_path,
+                              sweep_path_of, training_path_of, trajectory_path)
 from ..train.configs import GRPOConfig, SFTConfig
 from ..weights import PROVENANCE
 from .design import (CONTROL, COUPLING_METRIC, DOMAIN_PRESETS, DOMAINS, EMBEDDED_PRESETS, EMBEDDED_SFT,  # noqa: F401
@@ -143,6 +143,9 @@ class StudyConfig(DeviceOption):
     when the head is untied; a tied head moves with embed)."""
     graft_seeds: int = opt(25, cli=False)
     """Evaluation seeds of each graft configuration."""
+    sparsity_fracs: str = opt("0.001,0.01,0.05,0.2,0.5,1", cli=False)
+    """Fractions of the sparsity sweep of each swept degrade run: the top F of the graft groups' entries by |Δ|
+    (``graft --sweep sparsity --fracs``)."""
     probes: int = opt(64, cli=False)
     """Probe prompts for activation ranks."""
     rank_weight_layers: str = opt("all", cli=False)
@@ -495,6 +498,12 @@ def _graft_unit(gcfg, on_work: Callable[[int, int], None]) -> None:
     run_graft_experiments(gcfg, _every_16(on_work))
 
 
+def _trajectory_unit(tcfg, on_work: Callable[[int, int], None]) -> None:
+    from ..graft.path import run_trajectory
+
+    run_trajectory(tcfg)
+
+
 def _rank_unit(rcfgs: tuple, on_work: Callable[[int, int], None]) -> None:
     from ..rank.commands import run_rank
 
@@ -739,6 +748,20 @@ def delta_units(st: Study) -> list[Unit]:
                  after=tuple(n for r in runs for n in trained_by(r.name)))]
 
 
+def trajectory_units(st: Study) -> list[Unit]:
+    """The weight path of each swept run over its checkpoints (``graftkit trajectory``), when its recipe saves any."""
+    from ..graft.path import TrajectoryConfig
+
+    if not st.cfg.grpo_recipe.checkpoint_every:
+        return []
+    units = []
+    for run in (*swept_runs(st.cfg, "degrade"), *swept_runs(st.cfg, "collapse")):
+        dest = trajectory_path(st.results, run.name)
+        units.append(Unit(f"trajectory {run.name}", (dest,), partial(_trajectory_unit, TrajectoryConfig(
+            rl=st.rl(run), run=st.root, save=dest)), "its weight path over its checkpoints", after=trained_by(run.name)))
+    return units
+
+
 def trained_by(label: str) -> tuple[str, ...]:
     """The unit that writes policy ``label``: none for the SFT policy, there before any unit runs."""
     return () if label == SFT else (SFT_CONTROL,) if label == SFT_CONTROL else (f"grpo {label}",)
@@ -774,6 +797,10 @@ def graft_units(st: Study) -> list[Unit]:
                   f"factorial over {'+'.join(groups)} = {n_configs} configurations, scored by {cfg.graft_metric}",
                   after=trained_by(run.name))
              for run in (*degrade, *collapse)]
+    units += [Unit(f"sparsity {run.name}", (sweep_path_of(st.results, "sparsity", st.rl(run)),),
+                   partial(_graft_unit, sweep(rl=st.rl(run), sweep="sparsity", fracs=cfg.sparsity_fracs)),
+                   f"the top {cfg.sparsity_fracs} of {'+'.join(groups)}'s entries by |Δ|, scored by {cfg.graft_metric}",
+                   after=trained_by(run.name)) for run in degrade]
     if degrade and collapse:
         a, b = degrade[0], collapse[0]
         units.append(Unit("dissociation", (dissociation_path_of(st.results, st.rl(a), st.rl(b)),),
@@ -915,7 +942,7 @@ def study_units(st: Study) -> list[Unit]:
     headroom, KL, evaluations, ranks and the delta anatomy. A worker that frees up takes the first ready unit of this
     list, so the longest work starts first and no worker waits for a stage to end."""
     return [*sft_control_units(st), *sft_b_units(st), *grpo_units(st), *graft_units(st), *headroom_units(st),
-            *kl_units(st), *eval_units(st), *rank_units(st), *delta_units(st)]
+            *kl_units(st), *eval_units(st), *rank_units(st), *delta_units(st), *trajectory_units(st)]
 
 
 def study_workers(cfg: StudyConfig) -> int:
@@ -954,6 +981,7 @@ def run_stages(cfg: StudyConfig, on_progress: OnProgress = no_progress,
         stage_sft(st)
         st.run_units(study_units(st))
         stage_coupling(st)
+        stage_forgetting(st)
         found = stage_findings(st)
     finally:
         st.close()
@@ -964,6 +992,23 @@ def run_stages(cfg: StudyConfig, on_progress: OnProgress = no_progress,
 
 
 # --------------------------------------------------------------------------------------- coupling
+
+
+def stage_forgetting(st: Study) -> Path:
+    """Does KL on the trained suite predict forgetting on the other, better than ‖Δ‖, moved entries or Δ's rank,
+    across the RL runs (``graftkit forgetting``)? A run folder without enough runs for the fit gets a note."""
+    from ..graft.forgetting import ForgettingConfig, run_forgetting
+
+    dest = forgetting_path(st.results)
+
+    def go():
+        try:
+            run_forgetting(ForgettingConfig(run=st.root, save=dest))
+        except GraftkitError as e:
+            st.notes["forgetting"] = f"no forgetting result: {e.what}"
+
+    st.stage("forgetting", [dest], go, "KL, ‖Δ‖, moved entries and Δ's rank against forgetting across the RL runs")
+    return dest
 
 
 def stage_coupling(st: Study) -> Path:

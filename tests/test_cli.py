@@ -126,7 +126,28 @@ def test_quick_demo_then_graft_and_rank_as_written(tmp_path):
     assert Path(info["report"]).is_file()
     kinds = {read_result(p).kind for p in (tmp_path / "runs" / "d" / "results").glob("*.h5")}
     assert {"train-sft", "train-grpo", "headroom", "eval", "delta", "graft-sweep", "graft-dissociation",
-            "rank-weights", "rank-delta", "rank-activations", "coupling", "findings", "kl"} <= kinds
+            "rank-weights", "rank-delta", "rank-activations", "coupling", "findings", "kl", "forgetting"} <= kinds
+    # the field's questions, as the demo answers them: the sparsity sweep, the weight path, the forgetting fit
+    assert (tmp_path / "runs" / "d" / "results" / "graft-sparsity-degrade-s0.h5").is_file()
+    assert (tmp_path / "runs" / "d" / "results" / "delta-degrade-s0-trajectory.h5").is_file()
+    fg = run("forgetting", tmp_path / "runs" / "d", "--json")
+    assert fg.returncode == 0, fg.stderr
+    fj = _strict(fg.stdout)
+    row = next(r for r in fj["runs"] if r["run"] == "degrade-s0")
+    ev, parent = (read_result(tmp_path / "runs" / "d" / "results" / f"eval-{m}-greedy.h5") for m in ("degrade-s0", "sft"))
+    held = [i for i, t in enumerate(ev.coords["task"]) if t not in row["trained"]]
+    want = ev["success"][held].mean() - parent["success"][held].mean()  # every task plays as many episodes
+    assert row["forgetting"][0] == pytest.approx(float(want)) and row["untrained"] == ["click-button"]
+    from graftkit.evaluation.kl import KLResult
+
+    kl = KLResult.read(tmp_path / "runs" / "d" / "results" / "kl-degrade-s0-vs-sft.h5")
+    t = kl.tasks.index("click-tab")
+    assert row["kl"] == pytest.approx(float(kl.episode_kl("rl")[t].sum() / kl.tokens("rl")[t].sum()))
+    assert fj["best"] in {f["predictor"] for f in fj["fits"]}
+    html = Path(info["report"]).read_text()
+    for heading in ("Forgetting", "The shape of the weight path", "How much of the change a fraction of the movement",
+                    "Where RL moved W: along or off its principal directions", "Do runs move the same entries?"):
+        assert heading in html, heading
     sweeps = [SweepResult.read(p) for p in (tmp_path / "runs" / "d" / "results").glob("graft-factorial-*.h5")]
     assert sweeps and all(sw.has_kl and sw.has_success for sw in sweeps)  # scored by both, after the --vs test too
     # a run stopped mid-way resumes without redoing finished work: drop the last stages' results, rerun

@@ -73,6 +73,8 @@ def trial(tmp_path_factory):
                       "--all-checkpoints", *FORMAT, *EPISODES, *run),
         "eval": _cli(root, "eval", "--model", "out", "--compare", "sft", *FORMAT, *EPISODES, *run),
         "rank": _cli(root, "rank", "--what", "delta", "--model", "out", "--base", "sft", *run),
+        "trajectory": _cli(root, "trajectory", "--from", "out", "--base", "sft", *run),
+        "top": _cli(root, "graft", "--from", "out", "--base", "sft", "--groups", "all", "--top-frac", "0.05", *run),
     }
     out["report"] = _cli(root, "report", "run")
     return root, out
@@ -138,6 +140,27 @@ def test_the_file_is_played_whole_in_the_trainers_format(trial):
     policy = load_policy(root / "out" / "checkpoint-4")
     text = policy.tokenizer.decode(policy.problem_ids(task.conversation(task.problem(0))))
     assert text.startswith(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\nWhat is ")
+
+
+def test_the_fields_questions_on_the_trainers_run(trial):
+    """trajectory, a top-fraction graft and the principal directions on TRL's output_dir as TRL wrote it."""
+    from graftkit.weights import open_checkpoint
+
+    root, out = trial
+    t = out["trajectory"]
+    assert [r["step"] for r in t["steps"]] == [2, 4] and t["steps"][-1]["cos_to_final"] == pytest.approx(1.0)
+    assert 0 <= t["groups"]["all"]["r2"] <= 1 and 0 <= t["groups"]["all"]["r2_random_walk"] <= 1
+    assert all(0 <= r["frac_unchanged_bf16"] <= 1 for r in t["steps"])
+    top = out["top"]
+    sft, rl, grafted = (open_checkpoint(p) for p in (root / "sft", root / "out" / "checkpoint-4", Path(top["out"])))
+    changed = sum(int((grafted.read(n) != sft.read(n)).sum()) for n in sft.metas)
+    assert changed == top["sparsity"]["changed"] <= top["sparsity"]["selected"]
+    for n in sft.metas:  # every entry is base's or RL's, bit for bit
+        g, b, r = grafted.read(n), sft.read(n), rl.read(n)
+        assert bool(((g == b) | (g == r)).all()), n
+    principal = next(iter(out["rank"]["models"].values()))["principal"]
+    every = next(r for r in principal if r["group"] == "all")
+    assert 0 < every["delta_energy_top8"] <= 1 and 0 < every["delta_energy_top8_chance"] < 1
 
 
 def test_every_command_states_what_parsed(trial):

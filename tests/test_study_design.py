@@ -142,6 +142,7 @@ GOLDEN = {'arithmetic-full': {'command': 'demo',
                                     'until': None,
                                     'warmup': 100,
                                     'weight_decay': 0.01},
+                     'sparsity_fracs': '0.001,0.01,0.05,0.2,0.5,1',
                      'suites': {'headroom': ['arithmetic-2'], 'mastered': ['multiples']},
                      'swept_seeds': 3,
                      'threads': 1,
@@ -271,6 +272,7 @@ GOLDEN = {'arithmetic-full': {'command': 'demo',
                                      'until': None,
                                      'warmup': 100,
                                      'weight_decay': 0.01},
+                      'sparsity_fracs': '0.01,0.1,0.5',
                       'suites': {'headroom': ['arithmetic-2'], 'mastered': ['multiples']},
                       'swept_seeds': 1,
                       'threads': 1,
@@ -348,9 +350,9 @@ GOLDEN = {'arithmetic-full': {'command': 'demo',
                    'rank_layers': 'late',
                    'rank_weight_layers': 'all',
                    'regime_calibration': "GRPO runs of the study's SFT policy (seed 0, 40 steps, T 1.5) on the "
-                                         'mastered suite, evaluated on training items (eval --items train, 25 seeds '
-                                         'x 2): lr 1e-4 -> -2 points (94% -> 92%), 2e-3 -> -12 (82%), 1e-2 -> -94 '
-                                         '(0%: no action format left)',
+                                         'mastered suite, evaluated on training items (eval --items train, 25 seeds x '
+                                         '2): lr 1e-4 -> -2 points (94% -> 92%), 2e-3 -> -12 (82%), 1e-2 -> -94 (0%: '
+                                         'no action format left)',
                    'regimes': {'collapse': 0.01, 'degrade': 0.002, 'null': 0.0001},
                    'seeds': [0, 1, 2],
                    'sft': None,
@@ -404,6 +406,7 @@ GOLDEN = {'arithmetic-full': {'command': 'demo',
                                   'until': None,
                                   'warmup': 100,
                                   'weight_decay': 0.01},
+                   'sparsity_fracs': '0.001,0.01,0.05,0.2,0.5,1',
                    'suites': {'control': ['click-tab'], 'headroom': ['click-button'], 'mastered': ['click-tab']},
                    'swept_seeds': 3,
                    'threads': 1,
@@ -462,10 +465,10 @@ GOLDEN = {'arithmetic-full': {'command': 'demo',
                                     'vllm_server': None,
                                     'warmup': 0},
                     'headroom_calibration': 'GRPO from the control SFT policy on click-tab (4 prompts x 8, T 1.0), '
-                                            'greedy success on 50 training items (eval --items train; the control '
-                                            'SFT 18%), seeds 0/1/2: lr 1e-4, 40 steps -> 98%, 96%, 96%; 3e-4, 20 '
-                                            'steps -> 94%, 0% (action format lost), 98%; 3e-4, 40 steps -> seed 1 '
-                                            'loses the format too',
+                                            'greedy success on 50 training items (eval --items train; the control SFT '
+                                            '18%), seeds 0/1/2: lr 1e-4, 40 steps -> 98%, 96%, 96%; 3e-4, 20 steps -> '
+                                            '94%, 0% (action format lost), 98%; 3e-4, 40 steps -> seed 1 loses the '
+                                            'format too',
                     'headroom_k': 4,
                     'headroom_lr': 0.0001,
                     'headroom_seeds': [0],
@@ -481,9 +484,9 @@ GOLDEN = {'arithmetic-full': {'command': 'demo',
                     'rank_layers': 'late',
                     'rank_weight_layers': 'all',
                     'regime_calibration': "GRPO runs of the study's SFT policy (seed 0, 40 steps, T 1.5) on the "
-                                          'mastered suite, evaluated on training items (eval --items train, 25 seeds '
-                                          'x 2): lr 1e-4 -> -2 points (94% -> 92%), 2e-3 -> -12 (82%), 1e-2 -> -94 '
-                                          '(0%: no action format left)',
+                                          'mastered suite, evaluated on training items (eval --items train, 25 seeds x '
+                                          '2): lr 1e-4 -> -2 points (94% -> 92%), 2e-3 -> -12 (82%), 1e-2 -> -94 (0%: '
+                                          'no action format left)',
                     'regimes': {'collapse': 0.01, 'degrade': 0.002, 'null': 0.0001},
                     'seeds': [0, 1],
                     'sft': None,
@@ -537,6 +540,7 @@ GOLDEN = {'arithmetic-full': {'command': 'demo',
                                    'until': None,
                                    'warmup': 100,
                                    'weight_decay': 0.01},
+                    'sparsity_fracs': '0.01,0.1,0.5',
                     'suites': {'control': ['click-tab'], 'headroom': ['click-button'], 'mastered': ['click-tab']},
                     'swept_seeds': 1,
                     'threads': 1,
@@ -609,9 +613,9 @@ GOLDEN = {'arithmetic-full': {'command': 'demo',
                   'quick': False,
                   'rank_layers': 'late',
                   'rank_weight_layers': 'all',
-                  'regime_calibration': 'chosen for full fine-tuning of a 135M model with AdamW before any run of '
-                                        'this study (null: an update below bf16 resolution of most weights; '
-                                        'collapse: 200x null per step), not tuned on its evaluation',
+                  'regime_calibration': 'chosen for full fine-tuning of a 135M model with AdamW before any run of this '
+                                        'study (null: an update below bf16 resolution of most weights; collapse: 200x '
+                                        'null per step), not tuned on its evaluation',
                   'regimes': {'collapse': 0.0002, 'degrade': 2e-05, 'null': 1e-06},
                   'seeds': [0, 1, 2],
                   'sft': None,
@@ -669,6 +673,7 @@ GOLDEN = {'arithmetic-full': {'command': 'demo',
                                  'until': None,
                                  'warmup': 48,
                                  'weight_decay': 0.01},
+                  'sparsity_fracs': '0.001,0.01,0.05,0.2,0.5,1',
                   'suites': {'headroom': ['click-tab-2'],
                              'mastered': ['click-tab', 'click-button', 'click-link', 'enter-text']},
                   'swept_seeds': 2,
@@ -743,8 +748,8 @@ GOLDEN = {'arithmetic-full': {'command': 'demo',
                    'rank_layers': 'late',
                    'rank_weight_layers': 'all',
                    'regime_calibration': 'chosen for full fine-tuning of a 135M model with AdamW before any run of '
-                                         'this study (null: an update below bf16 resolution of most weights; '
-                                         'collapse: 200x null per step), not tuned on its evaluation',
+                                         'this study (null: an update below bf16 resolution of most weights; collapse: '
+                                         '200x null per step), not tuned on its evaluation',
                    'regimes': {'collapse': 0.0002, 'degrade': 2e-05, 'null': 1e-06},
                    'seeds': [0],
                    'sft': None,
@@ -802,6 +807,7 @@ GOLDEN = {'arithmetic-full': {'command': 'demo',
                                   'until': None,
                                   'warmup': 20,
                                   'weight_decay': 0.01},
+                   'sparsity_fracs': '0.01,0.5',
                    'suites': {'headroom': ['click-tab-2'],
                               'mastered': ['click-tab', 'click-button', 'click-link', 'enter-text']},
                    'swept_seeds': 1,
@@ -811,12 +817,12 @@ GOLDEN = {'arithmetic-full': {'command': 'demo',
 
 #: sha256 of ``repr((cfg.as_dict(), grid(cfg)))``: what JSON does not keep (the order of the regimes and the suites)
 #: and the runs of the grid.
-GOLDEN_REPR = {'arithmetic-full': '4977b286ccf9e50de51b58dfae34d9aed48aafade194ff693e98d9ec96aa905f',
- 'arithmetic-quick': '522ccfe6137574ba5820074bf52012157992ccbe9988fd9c1efaad5e6b86249c',
- 'embedded-full': '3a431e4f280df40058d17c8da0f922ff0793de1585cfbf2cf5a19f9615291e2c',
- 'embedded-quick': 'b5c657c1c575e30937537c25959bc691187a0d68297ae2aaa42a8f949f47c2e2',
- 'smollm2-full': '25deb87ef0c6ecfff882595cb84ba890663cb80483b80977fa3171e02631e4d7',
- 'smollm2-quick': '600e0a5207ce63a921ef324751211babb194396f1ce196e9d9d429fe3047f573'}
+GOLDEN_REPR = {'arithmetic-full': 'e48057de62c94d4d3f837d392bb5a603af12ca5a74a08c595c48638774b11ad8',
+ 'arithmetic-quick': '0d5051d7c505dfc2465e564efa1481eab0654232d6ed03e9f6276a632ad4a626',
+ 'embedded-full': '3e7772671245b8353cba38a2389a91b2e3c04dd99e60199f8d9a21e867831991',
+ 'embedded-quick': '5b2e93100c052a6561f1351aa4652d6b979b1929db8e7bc766ea5eb206286bb5',
+ 'smollm2-full': '915fa14f9284546ed8b5c6e5faf6c4b9575e21ba5d6d4458e6a52d2e4a0612e8',
+ 'smollm2-quick': 'b95e02a54f346e9be1cb26165a887b7430b8e749e9c320e554414009e7a9c2ae'}
 
 
 #: Fields that say where the study's runs go, not what they compute (every result is the same whatever they are).
