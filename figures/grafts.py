@@ -289,6 +289,7 @@ def sparsity_curve(label: str, res: Result) -> go.Figure | None:
     rows = [i for i, r in enumerate(roles) if r == "graft"]
     order = sorted(rows, key=lambda i: frac[i])
     x = [100 * float(frac[i]) for i in order]
+    erank = v.array("config_delta_erank")  # the rank of what each fraction grafts, on hover
     two = v.has_kl and v.array("diff_vs_base") is not None  # success on the left axis, KL on the right
     fig = make_subplots(specs=[[{"secondary_y": True}]]) if two else go.Figure()
     if v.array("diff_vs_base") is not None:
@@ -297,9 +298,10 @@ def sparsity_curve(label: str, res: Result) -> go.Figure | None:
         fig.add_trace(go.Scatter(x=x, y=[s * e[i] for i in order], mode="lines+markers", name="success change vs base",
                                  error_y={**interval_error(e[order], lo[order], hi[order], s), "color": colour(0)},
                                  marker={"color": colour(0), "size": 9},
-                                 customdata=[[esc(v.configs[i])] for i in order],
+                                 customdata=[[esc(v.configs[i]), "—" if erank is None or not np.isfinite(erank[i])
+                                              else f"{erank[i]:.4g}"] for i in order],
                                  hovertemplate="%{customdata[0]}<br>top %{x:.3g}% of entries<br>%{y:+.1f} points"
-                                               "<extra></extra>"))
+                                               "<br>effective rank of the grafted Δ %{customdata[1]}<extra></extra>"))
         rl = next((i for i, r in enumerate(roles) if r == "rl"), None)
         if rl is not None:
             fig.add_hline(y=s * e[rl], line={"color": "#444", "width": 1, "dash": "dot"})

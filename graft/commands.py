@@ -28,6 +28,7 @@ extra streaming pass over the matrices before writing (its own pass copies bytes
 from __future__ import annotations
 
 import functools
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
@@ -457,7 +458,11 @@ def sweep_json(v: X.SweepResult, rl_path) -> dict:
     """One run's sweep as JSON: every configuration's success and comparisons, the attribution per group; with
     KL (``--metric kl`` or ``both``) each configuration's ``kl`` and the KL attribution per side (whose rollouts)."""
     groups_, layers, alpha = v.strings("config_groups"), v.strings("config_layers"), v.array("config_alpha")
-    configs = [{"config": c, "groups": groups_[i], "layers": layers[i], "alpha": float(alpha[i])}
+    frac, erank = v.array("config_top_frac"), v.array("config_delta_erank")
+    configs = [{"config": c, "groups": groups_[i], "layers": layers[i], "alpha": float(alpha[i]),
+                **({"top_frac": float(frac[i])} if frac is not None else {}),
+                **({"delta_erank": float(erank[i]) if math.isfinite(erank[i]) else None}
+                   if erank is not None else {})}
                for i, c in enumerate(v.configs)]
     for c in configs if v.has_success else ():
         label = c["config"]
@@ -578,7 +583,9 @@ def sweep_tables(run: dict, label: str, n_seeds: int, episodes: int) -> list:
             {"config": lambda c: c["config"], "success": lambda c: f"{100 * c['success']:.1f}%",
              "vs base [95%]": lambda c: points(c["diff_vs_base"]), "verdict vs base": lambda c: c["verdict_vs_base"],
              "vs RL [95%]": lambda c: points(c["diff_vs_rl"]), "verdict vs RL": lambda c: c["verdict_vs_rl"],
-             "parsed": lambda c: percent(c.get("parsed", float("nan")))},
+             "parsed": lambda c: percent(c.get("parsed", float("nan"))),
+             **({"erank(Δ)": lambda c: "—" if c["delta_erank"] is None else f"{c['delta_erank']:.4g}"}
+                if "delta_erank" in run["configs"][0] else {})},
             run["configs"], left=("config", "verdict vs base", "verdict vs RL")))
         out += unparsed_lines(run) + [f"note: {line}" for line in run.get("coverage", [])]
     attribution = run["attribution"]
@@ -809,21 +816,29 @@ class _Survey:
     """The checkpoints' descriptions (path, fingerprint), the RL runs' by key."""
     placement: dict
     """Where and in what precision the base policy runs."""
+    delta_erank: dict[str, dict[str, float]] = field(default_factory=dict)
+    """A sparsity sweep's: run key → configuration → the effective rank of the delta it grafts
+    (:func:`graftkit.graft.sparse.grafted_delta_erank`)."""
 
 
-def _survey(worker: X.SweepWorker, cfg: GraftConfig, labels: dict[str, str]) -> _Survey:
+def _survey(worker: X.SweepWorker, cfg: GraftConfig, labels: dict[str, str],
+            exps: tuple[X.GraftExperiment, ...] = ()) -> _Survey:
     """On a worker: the movement shares' delta pass, before the policy loads (it also refuses a pair that is no
-    fine-tune), the checkpoints' fingerprints, and the loaded policy's placement."""
+    fine-tune), the checkpoints' fingerprints, the loaded policy's placement, and for a sparsity sweep the rank of
+    the delta each configuration grafts."""
     from ..weights import describe
     from .anatomy import DeltaResult, delta_anatomy
+    from .sparse import grafted_delta_erank
 
-    movement, forced = {}, []
+    movement, forced, eranks = {}, [], {}
     for key, r in worker.rls.items():
         d = DeltaResult(delta_anatomy(worker.base, [r], [labels[key]], worker.tax, force_pair=cfg.force_pair))
         movement[key] = d.group_shares(0)
         forced += [f"{labels[key]}: {x}" if len(worker.rls) > 1 else x for x in d.result.attrs["pair_notes"]]
+        if cfg.kind == "sparsity":
+            eranks[key] = {e.label: grafted_delta_erank(worker.base, r, worker._plan(key, e)) for e in exps}
     return _Survey(movement, tuple(forced), describe(worker.base),
-                   {key: describe(r) for key, r in worker.rls.items()}, worker.placement)
+                   {key: describe(r) for key, r in worker.rls.items()}, worker.placement, eranks)
 
 
 def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progress):
@@ -864,7 +879,7 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
             return {"sweep": cfg.kind, "base": str(base_path), "rl": {k: str(p) for k, p in paths.items()},
                     "groups": list(chosen), "count": len(exps), "experiments": [e.as_dict() for e in exps],
                     "dry_run": True, "notes": read_notes}
-        survey = pool.first(functools.partial(_survey, cfg=cfg, labels=labels))
+        survey = pool.first(functools.partial(_survey, cfg=cfg, labels=labels, exps=tuple(exps)))
         decode = Decode(greedy=not cfg.sample, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
         grid = X.EpisodeGrid(tuple(resolve_tasks(cfg.tasks, cfg.prompt_format)), tuple(seed_list(cfg.seeds)),
                              cfg.episodes, decode, cfg.batch_size, items=cfg.episode_items, whole=cfg.whole_tasks)
@@ -884,7 +899,8 @@ def run_graft_experiments(cfg: GraftConfig, on_progress: OnProgress = no_progres
             trajectory = {"step": steps[key], "trainer_run": str(cfg.rl)} if steps else {}
             run = SweepRun(key, labels[key], _sweep_dest(cfg, key, labels[key]), cfg.kind, tuple(exps), chosen,
                            cfg.layers if cfg.kind not in ("layers", "eval") else "all", grid, survey.movement[key],
-                           {**setup, "rl": survey.rls[key]}, config, cfg.metric, trajectory)
+                           {**setup, "rl": survey.rls[key]}, config, cfg.metric, trajectory,
+                           survey.delta_erank.get(key, {}))
             # success outcomes resume (KL is recomputed: forward passes only)
             done = X.resume_outcomes(run.dest, exps, run.setup) if cfg.metric != "kl" else {}
             resumed[key] = sorted(done)
@@ -945,6 +961,8 @@ class SweepRun:
     trajectory: dict = field(default_factory=dict)
     """With --all-checkpoints: ``step`` (the N of checkpoint-N) and ``trainer_run`` (the output_dir), recorded in
     the result's attrs (not part of ``setup``: a single checkpoint's sweep of the same episodes resumes it)."""
+    delta_erank: dict = field(default_factory=dict)
+    """A sparsity sweep's: configuration → the effective rank of the delta it grafts."""
 
     def result(self, success: dict, *, complete: bool = True, kl=None, played: dict | None = None):
         """The ``graft-sweep`` result of the outcomes in so far (``complete=False``: no comparisons, for the
@@ -954,7 +972,7 @@ class SweepRun:
         return X.sweep_result(self.kind, self.experiments, success, g.tasks, g.seeds, g.episodes, self.groups,
                               layers=self.layers, movement_share=self.movement, compare_configs=complete,
                               attrs={**self.setup, **self.trajectory, "rl_label": self.label, "config": self.config},
-                              metric=self.metric, kl=kl, played=played)
+                              metric=self.metric, kl=kl, played=played, delta_erank=self.delta_erank)
 
 
 def _sweep_one(pool, run: SweepRun, done: dict, width: int, on_progress: OnProgress, local: bool,

@@ -553,6 +553,7 @@ def sweep_result(
     metric: str = "success",
     kl: SweepKL | None = None,
     played: Mapping[str, Played] | None = None,
+    delta_erank: Mapping[str, float] | None = None,
 ) -> Result:
     """The labelled ``graft-sweep`` result: every completed configuration's outcomes, each compared with
     base and RL (:func:`graftkit.stats.compare`; ``compare_configs=False`` leaves NaN, for the partial
@@ -620,6 +621,12 @@ def sweep_result(
         data.update(arrays)
         var_attrs.update(kl_attrs)
         conventions["kl"] = kl_conventions()
+    if delta_erank:  # a sparsity sweep: the rank of what each configuration grafts
+        data["config_delta_erank"] = (("config",), np.array([float(delta_erank.get(e.label, np.nan))
+                                                             for e in configs], dtype=np.float64))
+        var_attrs["config_delta_erank"] = {"convention": "Roy-Vetterli effective rank of the grafted delta "
+                                           "theta_graft - theta_base (sigma from the float64 Gram), mean over the 2-D "
+                                           "tensors the configuration moves; NaN for the base"}
     if movement_share is not None:
         data["movement_share"] = (("group",), np.array([float(movement_share.get(g, 0.0)) for g in groups]))
         var_attrs["movement_share"] = {

@@ -181,6 +181,35 @@ def sparsify(plan: GraftPlan, base: Checkpoint, rl: Checkpoint) -> GraftPlan:
                    sparsity=sparsity_summary(cuts, sizes, spec.top_frac, spec.top_scope))
 
 
+def grafted_delta_erank(base: Checkpoint, rl: Checkpoint, plan: GraftPlan) -> float:
+    """The effective rank (Roy–Vetterli, of σ from the float64 Gram) of the delta a graft adds to the base, θ_graft −
+    θ_base, mean over the 2-D tensors it moves (a sparsified plan: only the entries it selects, scaled by their
+    coefficient); NaN when it moves no matrix. Reads each moved matrix of both once."""
+    import numpy as np
+    import torch
+
+    from ..rank.metrics import erank
+    from ..rank.spectra import singular_values
+    from .splice import splice
+
+    if plan.needs_cuts:
+        raise ValueError("a top-fraction plan must be sparsified first")
+    values = []
+    for n in plan.moved():
+        if len(base.metas[n].shape) != 2:
+            continue
+        b, r = base.read(n), rl.read(n)
+        if n in plan.cuts:
+            v = masked_value(b, r, plan.coef[n], plan.spec.neutral, plan.cuts[n], n)
+        else:
+            v = splice(b, r, plan.coef[n])
+        work = torch.float64 if torch.float64 in (b.dtype, v.dtype) else torch.float32
+        sigma = singular_values(v.to(work) - b.to(work))
+        if sigma.any():
+            values.append(erank(sigma))
+    return float(np.mean(values)) if values else float("nan")
+
+
 def top_overlap(base: Checkpoint, rls: Sequence[Checkpoint], names: Sequence[str], frac: float
                 ) -> tuple[np.ndarray, list[str]]:
     """How far runs' top-``frac`` masks coincide: ``[run, run2, tensor]`` counts of the entries both select (each
@@ -219,5 +248,5 @@ def sparsity_summary(cuts: Mapping[str, Cut], sizes: Mapping[str, int], frac: fl
     return out
 
 
-__all__ = ["Cut", "RANKING", "SCOPES", "check_fraction", "delta_key", "mask_of", "masked_value", "sparsify",
-           "sparsity_summary", "top_fraction", "top_overlap"]
+__all__ = ["Cut", "RANKING", "SCOPES", "check_fraction", "delta_key", "grafted_delta_erank", "mask_of", "masked_value",
+           "sparsify", "sparsity_summary", "top_fraction", "top_overlap"]

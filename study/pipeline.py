@@ -810,13 +810,14 @@ def graft_units(st: Study) -> list[Unit]:
 
 
 def rank_units(st: Study) -> list[Unit]:
-    """Weight and activation ranks of every policy, delta ranks of every RL run against SFT."""
+    """Weight and activation ranks of every policy; delta ranks of every policy trained in the run against the SFT
+    policy it started from: the RL runs, and the control's SFT continuation (an SFT delta beside the RL ones)."""
     from ..rank.commands import RankConfig
 
     cfg, units = st.cfg, []
     for label, path in models(st).items():
         w, a, d = (rank_path(st.results, k, label) for k in ("weights", "activations", "delta"))
-        rl = label not in (SFT, SFT_CONTROL)  # an RL run: its delta from the SFT policy it started from
+        rl = label != SFT  # trained in the run: its delta from the SFT policy it started from
         ranks = (RankConfig(model=(path,), what="weights", layers=cfg.rank_weight_layers, save=w),
                  RankConfig(model=(path,), what="activations", probes=cfg.probes, tasks=cfg.probe_tasks, save=a,
                             **cfg.placement),

@@ -11,6 +11,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _pairs as P  # noqa: E402
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
@@ -214,6 +215,25 @@ def test_sparsity_sweep_and_eval_of_a_top_fraction_graft(tmp_path, monkeypatch):
     assert sw.configs == want
     assert sw.array("config_top_frac").tolist() == [1.0, 1.0, 0.01, 0.5, 1.0]
     assert sw.strings("config_top_scope") == ["tensor", "tensor", "global", "global", "tensor"]
+    # the rank of what each configuration grafts, beside it: the base grafts nothing; a sparser graft, a lower rank
+    # than the whole attention delta's (a planted dense delta: full rank)
+    from graftkit.graft import GraftSpec, plan_graft
+    from graftkit.graft.sparse import grafted_delta_erank
+    from graftkit.weights import open_checkpoint
+
+    erank = dict(zip(sw.configs, sw.array("config_delta_erank")))
+    assert np.isnan(erank["∅ (base)"]) and erank["attn[top 0.01 global]"] < erank["attn"]
+    b_, r_ = open_checkpoint(policies["sft"]), open_checkpoint(policies["rl"])
+    whole = grafted_delta_erank(b_, r_, plan_graft(b_.taxonomy(), GraftSpec(("attn",))))
+    assert erank["attn"] == pytest.approx(whole, rel=1e-12)
+    rows = {c["config"]: c for c in j["runs"]["A"]["configs"]}
+    assert rows["attn"]["delta_erank"] == pytest.approx(whole, rel=1e-12) and rows["∅ (base)"]["delta_erank"] is None
+    shown = cli("--sweep", "sparsity", "--groups", "attn", "--fracs", "0.5,0.01,1", "--top-scope", "global", "--metric",
+                "both")  # resumed: the table of what is stored
+    assert shown.exit_code == 0, shown.output
+    assert "erank(Δ)" in shown.stdout
+    line = next(x for x in shown.stdout.splitlines() if x.strip("│ ").startswith("attn "))
+    assert f"{whole:.4g}" in line
     again = cli("--sweep", "sparsity", "--groups", "attn", "--fracs", "0.5,0.01,1", "--top-scope", "global", "--metric",
                 "both", "--json")
     assert again.exit_code == 0, again.output
