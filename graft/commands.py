@@ -345,7 +345,7 @@ def run_graft(cfg: GraftConfig, on_progress: OnProgress = no_progress):
     from ..weights.writer import check_output_room
     from .export import export_graft
     from .plan import plan_graft
-    from .sparse import sparsify
+    from .plan import sparsify
 
     t0 = time.perf_counter()
     spec = cfg.spec()
@@ -818,7 +818,7 @@ class _Survey:
     """Where and in what precision the base policy runs."""
     delta_erank: dict[str, dict[str, float]] = field(default_factory=dict)
     """A sparsity sweep's: run key → configuration → the effective rank of the delta it grafts
-    (:func:`graftkit.graft.sparse.grafted_delta_erank`)."""
+    (:func:`graftkit.graft.experiments.grafted_delta_erank`)."""
 
 
 def _survey(worker: X.SweepWorker, cfg: GraftConfig, labels: dict[str, str],
@@ -828,7 +828,6 @@ def _survey(worker: X.SweepWorker, cfg: GraftConfig, labels: dict[str, str],
     the delta each configuration grafts."""
     from ..weights import describe
     from .anatomy import DeltaResult, delta_anatomy
-    from .sparse import grafted_delta_erank
 
     movement, forced, eranks = {}, [], {}
     for key, r in worker.rls.items():
@@ -836,7 +835,7 @@ def _survey(worker: X.SweepWorker, cfg: GraftConfig, labels: dict[str, str],
         movement[key] = d.group_shares(0)
         forced += [f"{labels[key]}: {x}" if len(worker.rls) > 1 else x for x in d.result.attrs["pair_notes"]]
         if cfg.kind == "sparsity":
-            eranks[key] = {e.label: grafted_delta_erank(worker.base, r, worker._plan(key, e)) for e in exps}
+            eranks[key] = {e.label: X.grafted_delta_erank(worker.base, r, worker._plan(key, e)) for e in exps}
     return _Survey(movement, tuple(forced), describe(worker.base),
                    {key: describe(r) for key, r in worker.rls.items()}, worker.placement, eranks)
 

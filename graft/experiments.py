@@ -114,6 +114,36 @@ class GraftExperiment:
                    d.get("top_scope", "tensor"))
 
 
+def grafted_delta_erank(base: Checkpoint, rl: Checkpoint, plan: GraftPlan) -> float:
+    """The effective rank (Roy–Vetterli, of σ from the float64 Gram) of the delta a graft adds to the base, θ_graft −
+    θ_base, mean over the 2-D tensors it moves (a sparsified plan: only the entries it selects, scaled by their
+    coefficient); NaN when it moves no matrix. Reads each moved matrix of both once."""
+    import numpy as np
+    import torch
+
+    from ..rank.metrics import erank
+    from ..rank.spectra import singular_values
+    from .sparse import masked_value
+    from .splice import splice
+
+    if plan.needs_cuts:
+        raise ValueError("a top-fraction plan must be sparsified first")
+    values = []
+    for n in plan.moved():
+        if len(base.metas[n].shape) != 2:
+            continue
+        b, r = base.read(n), rl.read(n)
+        if n in plan.cuts:
+            v = masked_value(b, r, plan.coef[n], plan.spec.neutral, plan.cuts[n], n)
+        else:
+            v = splice(b, r, plan.coef[n])
+        work = torch.float64 if torch.float64 in (b.dtype, v.dtype) else torch.float32
+        sigma = singular_values(v.to(work) - b.to(work))
+        if sigma.any():
+            values.append(erank(sigma))
+    return float(np.mean(values)) if values else float("nan")
+
+
 def _ordered(groups) -> tuple[str, ...]:
     bad = [g for g in groups if g not in GROUPS]
     if bad:
@@ -348,7 +378,7 @@ class SweepWorker:
 
     def _plan(self, run: str, e: GraftExperiment) -> GraftPlan:
         """``e``'s plan for RL run ``run`` (a top-fraction graft's entries depend on the run), made once."""
-        from .sparse import sparsify
+        from .plan import sparsify
 
         if (run, e.label) not in self.plans:
             self.plans[run, e.label] = sparsify(plan_graft(self.tax, e.spec()), self.base, self.rls[run])
@@ -990,5 +1020,5 @@ __all__ = [
     "dissociation_result", "expand_sweep", "label_for", "layered_groups", "one_experiment", "plan_sweep",
     "present_groups", "references", "run_graft_sweep", "subset_outcomes", "sweep_result", "SweepResult",
     "DissociationResult", "resume_outcomes", "EpisodeGrid", "SweepUnit", "SweepWorker", "checked_done",
-    "execute_sweep", "plan_units", "play_unit", "kl_unit", "METRICS", "Played", "stored_played",
+    "execute_sweep", "plan_units", "play_unit", "kl_unit", "METRICS", "Played", "stored_played", "grafted_delta_erank",
 ]

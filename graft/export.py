@@ -29,9 +29,9 @@ def _source(ck: Checkpoint, name: str):
 
 def graft_specs(base: Checkpoint, rl: Checkpoint, plan: GraftPlan) -> list[OutSpec]:
     """What to write, in the base's on-disk order (sequential reads); a top-fraction plan has its cuts
-    (:func:`graftkit.graft.sparse.sparsify`)."""
+    (:func:`graftkit.graft.plan.sparsify`)."""
     if plan.needs_cuts:
-        raise ValueError("a top-fraction plan must be sparsified (graftkit.graft.sparse.sparsify) first")
+        raise ValueError("a top-fraction plan must be sparsified (graftkit.graft.plan.sparsify) first")
     # else a mismatched pair could export silently (dtypes: the output is base's, so RL must be cast first)
     check_pair(base, rl, base.taxonomy("keep-base"), dtypes="same")
 

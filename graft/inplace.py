@@ -222,7 +222,7 @@ class InPlaceGraft:
         """Make the model the graft ``plan`` describes, writing only the tensors whose coefficient differs
         from the current graft's (the first call starts from base, c = 0 everywhere)."""
         if plan.needs_cuts:
-            raise ValueError("a top-fraction plan must be sparsified (graftkit.graft.sparse.sparsify) first")
+            raise ValueError("a top-fraction plan must be sparsified (graftkit.graft.plan.sparsify) first")
         stats = SwitchStats()
         missing = sorted(n for n in self.missing if plan.coef.get(n, 0.0) != 0.0 or n in plan.cuts)
         if missing:

@@ -18,13 +18,16 @@ embeddings, selecting ``embed`` also moves a stored ``lm_head`` copy, and the pl
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Mapping
 
 from ..core.errors import GraftkitError
 from ..weights import GROUPS, Taxonomy, band_rule, parse_layers
 from ..weights.taxonomy import DECODER
-from .sparse import Cut
+from .sparse import Cut, check_fraction, delta_key, sparsity_summary, top_fraction
+
+if TYPE_CHECKING:
+    from ..weights import Checkpoint
 
 
 @dataclass(frozen=True)
@@ -46,8 +49,6 @@ class GraftSpec:
     """Where ``top_frac`` counts: each tensor's own entries (tensor) or all selected entries together (global)."""
 
     def __post_init__(self) -> None:
-        from .sparse import check_fraction
-
         bad = [g for g in self.groups if g not in GROUPS]
         if bad:
             raise GraftkitError(f"unknown group(s) {', '.join(bad)}", f"choose from {', '.join(GROUPS)}")
@@ -86,10 +87,10 @@ class GraftPlan:
     notes: tuple[str, ...]
     cuts: Mapping[str, Cut] = field(default_factory=dict)
     """A top-fraction graft's tensors that move in part: ``coef`` on the entries the cut selects, the spec's
-    neutral coefficient on the rest (:func:`graftkit.graft.sparse.sparsify` fills it from the checkpoints)."""
+    neutral coefficient on the rest (:func:`sparsify` fills it from the checkpoints)."""
     sparsity: Mapping | None = None
     """What a top-fraction graft selected (:func:`graftkit.graft.sparse.sparsity_summary`); None before
-    :func:`~graftkit.graft.sparse.sparsify` and for a whole-tensor graft."""
+    :func:`sparsify` and for a whole-tensor graft."""
 
     def moved(self) -> list[str]:
         """Tensors that will not be a bit-exact copy of base."""
@@ -152,3 +153,23 @@ def plan_graft(tax: Taxonomy, spec: GraftSpec) -> GraftPlan:
         else:
             coef[n] = a if n in sel else 0.0
     return GraftPlan(spec, coef, tuple(selected), tuple(notes))
+
+
+def sparsify(plan: GraftPlan, base: Checkpoint, rl: Checkpoint) -> GraftPlan:
+    """``plan`` with its top-fraction cuts chosen from the two checkpoints (a plan without ``top_frac`` as it is):
+    a selected tensor whose every entry is chosen keeps its coefficient, one with none chosen takes the neutral
+    coefficient, and the rest move in part (``plan.cuts``). Reads each selected tensor of both once per pass."""
+    spec = plan.spec
+    if spec.top_frac is None or not plan.needs_cuts:
+        return plan
+    chosen = set(plan.selected)
+    sizes = {n: base.metas[n].numel for n in base.metas if n in chosen}
+    cuts = top_fraction(lambda n: delta_key(base.read(n), rl.read(n), n), sizes, spec.top_frac, spec.top_scope)
+    coef, partial = dict(plan.coef), {}
+    for n, c in cuts.items():
+        if c.selected == 0:
+            coef[n] = spec.neutral
+        elif c.selected < sizes[n]:
+            partial[n] = c
+    return replace(plan, coef=coef, cuts=partial,
+                   sparsity=sparsity_summary(cuts, sizes, spec.top_frac, spec.top_scope))

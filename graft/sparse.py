@@ -20,7 +20,7 @@ high 16 bits, then the low 16 bits of the bin the threshold falls in), one tenso
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from ..core.errors import GraftkitError
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     import torch
 
     from ..weights import Checkpoint
-    from .plan import GraftPlan
 
 SCOPES = ("tensor", "global")
 #: How an entry's movement is ranked (recorded with every top-fraction graft).
@@ -161,55 +160,6 @@ def masked_value(base: torch.Tensor, rl: torch.Tensor, inside: float, outside: f
     return torch.where(mask, splice(base, rl, inside), splice(base, rl, outside))
 
 
-def sparsify(plan: GraftPlan, base: Checkpoint, rl: Checkpoint) -> GraftPlan:
-    """``plan`` with its top-fraction cuts chosen from the two checkpoints (a plan without ``top_frac`` as it is):
-    a selected tensor whose every entry is chosen keeps its coefficient, one with none chosen takes the neutral
-    coefficient, and the rest move in part (``plan.cuts``). Reads each selected tensor of both once per pass."""
-    spec = plan.spec
-    if spec.top_frac is None or not plan.needs_cuts:
-        return plan
-    chosen = set(plan.selected)
-    sizes = {n: base.metas[n].numel for n in base.metas if n in chosen}
-    cuts = top_fraction(lambda n: delta_key(base.read(n), rl.read(n), n), sizes, spec.top_frac, spec.top_scope)
-    coef, partial = dict(plan.coef), {}
-    for n, c in cuts.items():
-        if c.selected == 0:
-            coef[n] = spec.neutral
-        elif c.selected < sizes[n]:
-            partial[n] = c
-    return replace(plan, coef=coef, cuts=partial,
-                   sparsity=sparsity_summary(cuts, sizes, spec.top_frac, spec.top_scope))
-
-
-def grafted_delta_erank(base: Checkpoint, rl: Checkpoint, plan: GraftPlan) -> float:
-    """The effective rank (Roy–Vetterli, of σ from the float64 Gram) of the delta a graft adds to the base, θ_graft −
-    θ_base, mean over the 2-D tensors it moves (a sparsified plan: only the entries it selects, scaled by their
-    coefficient); NaN when it moves no matrix. Reads each moved matrix of both once."""
-    import numpy as np
-    import torch
-
-    from ..rank.metrics import erank
-    from ..rank.spectra import singular_values
-    from .splice import splice
-
-    if plan.needs_cuts:
-        raise ValueError("a top-fraction plan must be sparsified first")
-    values = []
-    for n in plan.moved():
-        if len(base.metas[n].shape) != 2:
-            continue
-        b, r = base.read(n), rl.read(n)
-        if n in plan.cuts:
-            v = masked_value(b, r, plan.coef[n], plan.spec.neutral, plan.cuts[n], n)
-        else:
-            v = splice(b, r, plan.coef[n])
-        work = torch.float64 if torch.float64 in (b.dtype, v.dtype) else torch.float32
-        sigma = singular_values(v.to(work) - b.to(work))
-        if sigma.any():
-            values.append(erank(sigma))
-    return float(np.mean(values)) if values else float("nan")
-
-
 def top_overlap(base: Checkpoint, rls: Sequence[Checkpoint], names: Sequence[str], frac: float
                 ) -> tuple[np.ndarray, list[str]]:
     """How far runs' top-``frac`` masks coincide: ``[run, run2, tensor]`` counts of the entries both select (each
@@ -248,5 +198,5 @@ def sparsity_summary(cuts: Mapping[str, Cut], sizes: Mapping[str, int], frac: fl
     return out
 
 
-__all__ = ["Cut", "RANKING", "SCOPES", "check_fraction", "delta_key", "grafted_delta_erank", "mask_of", "masked_value",
-           "sparsify", "sparsity_summary", "top_fraction", "top_overlap"]
+__all__ = ["Cut", "RANKING", "SCOPES", "check_fraction", "delta_key", "mask_of", "masked_value", "sparsity_summary",
+           "top_fraction", "top_overlap"]

@@ -19,7 +19,8 @@ from typer.testing import CliRunner  # noqa: E402
 from graftkit.cli import app  # noqa: E402
 from graftkit.core.errors import GraftkitError  # noqa: E402
 from graftkit.graft import GraftSpec, InPlaceGraft, export_graft, plan_graft  # noqa: E402
-from graftkit.graft.sparse import delta_key, mask_of, sparsify, top_fraction  # noqa: E402
+from graftkit.graft.plan import sparsify  # noqa: E402
+from graftkit.graft.sparse import delta_key, mask_of, top_fraction  # noqa: E402
 from graftkit.weights import load_model, open_checkpoint  # noqa: E402
 
 FRACS = (1e-3, 0.01, 0.1, 0.5, 0.999, 1.0)
@@ -218,7 +219,7 @@ def test_sparsity_sweep_and_eval_of_a_top_fraction_graft(tmp_path, monkeypatch):
     # the rank of what each configuration grafts, beside it: the base grafts nothing; a sparser graft, a lower rank
     # than the whole attention delta's (a planted dense delta: full rank)
     from graftkit.graft import GraftSpec, plan_graft
-    from graftkit.graft.sparse import grafted_delta_erank
+    from graftkit.graft.experiments import grafted_delta_erank
     from graftkit.weights import open_checkpoint
 
     erank = dict(zip(sw.configs, sw.array("config_delta_erank")))
