@@ -145,7 +145,7 @@ class StudyConfig(DeviceOption):
     """Evaluation seeds of each graft configuration."""
     sparsity_fracs: str = opt("0.001,0.01,0.05,0.2,0.5,1", cli=False)
     """Fractions of the sparsity sweep of each swept degrade run: the top F of the graft groups' entries by |Δ|
-    (``graft --sweep sparsity --fracs``)."""
+    (``graft --sweep sparsity --fracs``); empty: no sparsity sweep."""
     probes: int = opt(64, cli=False)
     """Probe prompts for activation ranks."""
     rank_weight_layers: str = opt("all", cli=False)
@@ -800,7 +800,7 @@ def graft_units(st: Study) -> list[Unit]:
     units += [Unit(f"sparsity {run.name}", (sweep_path_of(st.results, "sparsity", st.rl(run)),),
                    partial(_graft_unit, sweep(rl=st.rl(run), sweep="sparsity", fracs=cfg.sparsity_fracs)),
                    f"the top {cfg.sparsity_fracs} of {'+'.join(groups)}'s entries by |Δ|, scored by {cfg.graft_metric}",
-                   after=trained_by(run.name)) for run in degrade]
+                   after=trained_by(run.name)) for run in (degrade if cfg.sparsity_fracs else ())]
     if degrade and collapse:
         a, b = degrade[0], collapse[0]
         units.append(Unit("dissociation", (dissociation_path_of(st.results, st.rl(a), st.rl(b)),),
