@@ -31,8 +31,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..core.config import OnProgress, RunOption, no_progress, opt
+from ..core.config import DeviceOption, EngineOption, OnProgress, RunOption, no_progress, opt
 from ..core.errors import GraftkitError
+from ..verifiable.format import PromptOption
 from ..weights.commands import ReadOptions
 from .anatomy import DeltaResult
 
@@ -111,8 +112,13 @@ def group_grams(dots: np.ndarray, tensor_group: Sequence[str], groups: Sequence[
 # the command: graftkit trajectory
 
 
+#: The fields of a trajectory's KL measurement, passed to ``graftkit kl --all-checkpoints`` as they are.
+KL_FIELDS = ("tasks", "seeds", "episodes", "items", "max_new_tokens", "system", "template", "answer_format", "device",
+             "dtype", "engine")
+
+
 @dataclass(frozen=True, kw_only=True)
-class TrajectoryConfig(ReadOptions, RunOption):
+class TrajectoryConfig(ReadOptions, RunOption, DeviceOption, EngineOption, PromptOption):
     """``graftkit trajectory``: how a run's weights moved from the SFT base, checkpoint by checkpoint."""
 
     command = "trajectory"
@@ -127,14 +133,23 @@ class TrajectoryConfig(ReadOptions, RunOption):
     """With --tasks: evaluation seeds 0..N-1 of the KL rollouts."""
     episodes: int = 1
     """With --tasks: episodes per seed and task."""
+    items: str = "auto"
+    """With --tasks: which items play (as graftkit kl: auto, heldout, train or all)."""
+    max_new_tokens: int = 32
+    """With --tasks: longest output in tokens (raise it for a reasoning trainer's completions)."""
     save: Optional[Path] = opt(None, flags=("--save",))
     """HDF5 result of the movement (default: RUN/results/delta-<run>-trajectory.h5, as delta --all-checkpoints)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.tasks is None and (self.seeds, self.episodes) != (10, 1):
-            raise GraftkitError("--seeds and --episodes say how KL is measured, and no --tasks was given",
-                                "pass --tasks (e.g. --tasks mastered), or drop --seeds/--episodes")
+        if self.tasks is None:
+            from dataclasses import fields
+
+            defaults = {f.name: f.default for f in fields(self)}
+            given = [f"--{n.replace('_', '-')}" for n in KL_FIELDS if n != "tasks" and getattr(self, n) != defaults[n]]
+            if given:
+                raise GraftkitError(f"{', '.join(given)} say how KL is measured, and no --tasks was given",
+                                    "pass --tasks (e.g. --tasks mastered), or drop " + ", ".join(given))
 
 
 @dataclass(frozen=True)
@@ -242,8 +257,8 @@ def run_trajectory(cfg: TrajectoryConfig, on_progress: OnProgress = no_progress)
     measures = delta_path(d, steps)
     kl = None
     if cfg.tasks is not None:
-        kl = run_kl(KLConfig(model=cfg.rl, base=base, all_checkpoints=True, tasks=cfg.tasks, seeds=cfg.seeds,
-                             episodes=cfg.episodes, run=cfg.run), on_progress)
+        kl = run_kl(KLConfig(model=cfg.rl, base=base, all_checkpoints=True, run=cfg.run,
+                             **{n: getattr(cfg, n) for n in KL_FIELDS}), on_progress)
     return Trajectory(Path(cfg.rl), d, tuple(steps), measures, kl, time.perf_counter() - t0)
 
 

@@ -73,7 +73,7 @@ def trial(tmp_path_factory):
                       "--all-checkpoints", *FORMAT, *EPISODES, *run),
         "eval": _cli(root, "eval", "--model", "out", "--compare", "sft", *FORMAT, *EPISODES, *run),
         "rank": _cli(root, "rank", "--what", "delta", "--model", "out", "--base", "sft", *run),
-        "trajectory": _cli(root, "trajectory", "--from", "out", "--base", "sft", *run),
+        "trajectory": _cli(root, "trajectory", "--from", "out", "--base", "sft", *FORMAT, *EPISODES, *run),
         "top": _cli(root, "graft", "--from", "out", "--base", "sft", "--groups", "all", "--top-frac", "0.05", *run),
     }
     out["report"] = _cli(root, "report", "run")
@@ -151,6 +151,9 @@ def test_the_fields_questions_on_the_trainers_run(trial):
     assert [r["step"] for r in t["steps"]] == [2, 4] and t["steps"][-1]["cos_to_final"] == pytest.approx(1.0)
     assert 0 <= t["groups"]["all"]["r2"] <= 1 and 0 <= t["groups"]["all"]["r2_random_walk"] <= 1
     assert all(0 <= r["frac_unchanged_bf16"] <= 1 for r in t["steps"])
+    # KL at every step, in the trainer's format: the estimates kl --all-checkpoints gives on the same rollouts
+    assert [r["kl_per_token"][0] for r in t["steps"]] == pytest.approx(
+        [r["rl"]["kl_per_token"][0] for r in out["kl"]["trajectory"]], rel=1e-9)
     top = out["top"]
     sft, rl, grafted = (open_checkpoint(p) for p in (root / "sft", root / "out" / "checkpoint-4", Path(top["out"])))
     changed = sum(int((grafted.read(n) != sft.read(n)).sum()) for n in sft.metas)

@@ -134,8 +134,8 @@ def test_trajectory_of_a_straight_run_and_a_turning_one(runs, tmp_path, monkeypa
     panels = [pn.caption for sec in plan_report(load_run(tmp_path / "runs")) for pn in sec.panels]
     assert any(c.startswith("The shape of the weight path") for c in panels)
 
-    bad = cli.invoke(app, ["trajectory", "--from", str(runs["line"]), "--seeds", "3"])
-    assert bad.exit_code == 2 and "no --tasks was given" in bad.stderr
+    bad = cli.invoke(app, ["trajectory", "--from", str(runs["line"]), "--seeds", "3", "--answer-format", "boxed"])
+    assert bad.exit_code == 2 and "--seeds, --answer-format say how KL is measured, and no --tasks" in bad.stderr
     alone = cli.invoke(app, ["trajectory", "--from", str(runs["base"])])
     assert alone.exit_code == 2 and "no checkpoints of a run to follow" in alone.stderr, alone.output
     assert "--all-checkpoints" not in alone.stderr  # a flag trajectory does not have
