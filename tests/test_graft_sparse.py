@@ -191,6 +191,7 @@ def test_graft_top_frac_from_the_command_line(pair, tmp_path, monkeypatch):
         assert err.startswith("error:") and "\n" not in err and needle in err, err
 
 
+@pytest.mark.slow
 def test_sparsity_sweep_and_eval_of_a_top_fraction_graft(tmp_path, monkeypatch):
     """``--sweep sparsity`` grafts the groups' top F entries at each F of ``--fracs`` (F = 1: the groups' whole
     graft), records F and the scope per configuration, and resumes by label; ``--eval --top-frac`` is one of them."""
