@@ -238,10 +238,7 @@ def forgetting(cfg: ForgettingConfig, as_json: bool):
     """Does KL on the trained task predict forgetting on the others, better than ‖Δ‖, moved entries or Δ's rank?
     Across the run's RL runs, with intervals."""
     got = run_forgetting(cfg)
-    if as_json:
-        return _print_json(got.as_json())
-    _specs(got.tables())
-    out.print(f"saved {escape(str(got.path))}")
+    _print_json(got.as_json()) if as_json else _specs(got.tables())
 
 
 @command(app, TrajectoryConfig, "trajectory")
@@ -250,11 +247,7 @@ def trajectory(cfg: TrajectoryConfig, as_json: bool):
     fit of the path, sparsity at fp32 and bf16 (with --tasks, KL from SFT at every step)."""
     with Bars() as bars:
         got = run_trajectory(cfg, bars)
-    if as_json:
-        return _print_json(got.as_json())
-    _specs(got.tables())
-    _notes(got.as_json()["notes"])
-    out.print(f"saved {escape(str(got.delta.path))} ({got.seconds:.1f} s)")
+    _print_json(got.as_json()) if as_json else _specs(got.tables())
 
 
 # --------------------------------------------------------------------------------------------- graft

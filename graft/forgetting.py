@@ -235,6 +235,7 @@ class ForgettingResult(View):
                 "result_file": str(self.path)}
 
     def tables(self) -> list:
+        """What ``graftkit forgetting`` prints: the runs, the fits, the rule, what was left out, where it was saved."""
         from ..core.tables import Table, bounds_text
 
         j = self.as_json()
@@ -253,11 +254,47 @@ class ForgettingResult(View):
                       "Spearman ρ [95%]": lambda r: bounds_text(r["spearman"], spec="+.2f"),
                       "best − this R² [95%]": lambda r: bounds_text(r["best_minus_this"], spec="+.3f")},
                      j["fits"], left=("predictor",))
-        return [runs, fits, f"rule: {j['rule']}", *(f"left out: {x}" for x in j["left_out"])]
+        return [runs, fits, f"rule: {j['rule']}", *(f"left out: {x}" for x in j["left_out"]), f"saved {self.path}"]
 
 
 def _num(x) -> float | None:
     return float(x) if x is not None and np.isfinite(x) else None
+
+
+def forgetting_result(rows: list[dict], labels: Sequence[str], cfg: ForgettingConfig, run_dir: Path,
+                      left_out: Sequence[str] = ()) -> Result:
+    """The ``forgetting`` result of per-run ``rows`` (key, parent, trained, untrained, forgetting as (estimate, low,
+    high), values: each predictor's value or NaN), named by ``labels``: each predictor fit across the runs with
+    every predictor's value (at least 3)."""
+    x = np.array([[r["values"][p] for p in PREDICTORS] for r in rows], dtype=np.float64)
+    y = np.array([r["forgetting"][0] for r in rows], dtype=np.float64)
+    complete = np.isfinite(x).all(1)  # every predictor is fit on the same runs, so their R² compare
+    if complete.sum() < 3:
+        raise GraftkitError(f"{int(complete.sum())} RL run(s) have every predictor's result; the fit needs at least 3",
+                            "create the missing results named here: " + "; ".join(left_out[:4]))
+    fit, boot = r2_and_spearman(x[complete], y[complete], cfg.level, cfg.n_boot, cfg.seed)
+    best, lead = best_predictor(fit, boot, cfg.level)
+    names = list(PREDICTORS)
+    return Result(FORGETTING,
+                  {"run": np.array(labels, dtype=object), "predictor": np.array(names, dtype=object),
+                   "stat": np.array(STATS, dtype=object), "bound": np.array(BOUNDS, dtype=object)},
+                  {"forgetting": (("run", "bound"), np.array([r["forgetting"] for r in rows], dtype=np.float64)),
+                   "predictor_value": (("run", "predictor"), x),
+                   "fit": (("predictor", "stat", "bound"), fit),
+                   "best_lead": (("predictor", "bound"), lead),
+                   "n_runs": (("predictor",), np.full(len(names), int(complete.sum()), dtype=np.int64)),
+                   "fitted": (("run",), complete.astype(np.int8))},
+                  {"run_folder": str(run_dir), "best": None if best is None else names[best], "rule": RULE,
+                   "parents": {lab: Path(r["parent"]).name for lab, r in zip(labels, rows)},
+                   "trained": {lab: r["trained"] for lab, r in zip(labels, rows)},
+                   "untrained": {lab: r["untrained"] for lab, r in zip(labels, rows)},
+                   "models": {lab: r["key"] for lab, r in zip(labels, rows)},
+                   "conventions": {"forgetting": "success(run) - success(parent) on the evaluated tasks the run did not "
+                                                 "train on, greedy, identical episodes; interval: paired bootstrap",
+                                   **PREDICTORS, "r2": "Pearson r^2 of forgetting on the predictor across runs; "
+                                   "pairs-bootstrap percentile interval", "spearman": "Spearman rho, pairs bootstrap",
+                                   "level": cfg.level, "n_boot": cfg.n_boot, "seed": cfg.seed},
+                   "left_out": list(left_out), "config": cfg.as_dict()})
 
 
 def run_forgetting(cfg: ForgettingConfig, on_progress: OnProgress = no_progress) -> ForgettingResult:
@@ -315,39 +352,10 @@ def run_forgetting(cfg: ForgettingConfig, on_progress: OnProgress = no_progress)
                             "they did not train on; the fit needs at least 3",
                             "evaluate each RL run and its SFT parent on tasks beyond the trained ones (graftkit eval "
                             "--tasks all), then rerun" + ("; " + "; ".join(left_out[:3]) if left_out else ""))
-    labels = result_labels([Path(r["key"]) for r in rows])
-    x = np.array([[r["values"][p] for p in PREDICTORS] for r in rows], dtype=np.float64)
-    y = np.array([r["forgetting"][0] for r in rows], dtype=np.float64)
-    complete = np.isfinite(x).all(1)  # every predictor is fit on the same runs, so their R² compare
-    if complete.sum() < 3:
-        raise GraftkitError(f"{int(complete.sum())} RL run(s) have every predictor's result; the fit needs at least 3",
-                            "create the missing results named here: " + "; ".join(left_out[:4]))
-    fit, boot = r2_and_spearman(x[complete], y[complete], cfg.level, cfg.n_boot, cfg.seed)
-    best, lead = best_predictor(fit, boot, cfg.level)
-    names = list(PREDICTORS)
-    res = Result(FORGETTING,
-                 {"run": np.array(labels, dtype=object), "predictor": np.array(names, dtype=object),
-                  "stat": np.array(STATS, dtype=object), "bound": np.array(BOUNDS, dtype=object)},
-                 {"forgetting": (("run", "bound"), np.array([r["forgetting"] for r in rows], dtype=np.float64)),
-                  "predictor_value": (("run", "predictor"), x),
-                  "fit": (("predictor", "stat", "bound"), fit),
-                  "best_lead": (("predictor", "bound"), lead),
-                  "n_runs": (("predictor",), np.full(len(names), int(complete.sum()), dtype=np.int64)),
-                  "fitted": (("run",), complete.astype(np.int8))},
-                 {"run_folder": str(run_dir), "best": None if best is None else names[best], "rule": RULE,
-                  "parents": {lab: Path(r["parent"]).name for lab, r in zip(labels, rows)},
-                  "trained": {lab: r["trained"] for lab, r in zip(labels, rows)},
-                  "untrained": {lab: r["untrained"] for lab, r in zip(labels, rows)},
-                  "models": {lab: r["key"] for lab, r in zip(labels, rows)},
-                  "conventions": {"forgetting": "success(run) - success(parent) on the evaluated tasks the run did not "
-                                                "train on, greedy, identical episodes; interval: paired bootstrap",
-                                  **PREDICTORS, "r2": "Pearson r^2 of forgetting on the predictor across runs; "
-                                  "pairs-bootstrap percentile interval", "spearman": "Spearman rho, pairs bootstrap",
-                                  "level": cfg.level, "n_boot": cfg.n_boot, "seed": cfg.seed},
-                  "left_out": left_out, "config": cfg.as_dict()})
+    res = forgetting_result(rows, result_labels([Path(r["key"]) for r in rows]), cfg, run_dir, left_out)
     dest = write_result(cfg.save or forgetting_path(results), res, flag="--save" if cfg.save else None)
     return ForgettingResult(res, dest)
 
 
-__all__ = ["ForgettingConfig", "ForgettingResult", "PREDICTORS", "best_predictor", "r2_and_spearman",
-           "run_forgetting"]
+__all__ = ["ForgettingConfig", "ForgettingResult", "PREDICTORS", "best_predictor", "forgetting_result",
+           "r2_and_spearman", "run_forgetting"]

@@ -113,8 +113,8 @@ def group_grams(dots: np.ndarray, tensor_group: Sequence[str], groups: Sequence[
 
 
 #: The fields of a trajectory's KL measurement, passed to ``graftkit kl --all-checkpoints`` as they are.
-KL_FIELDS = ("tasks", "seeds", "episodes", "items", "max_new_tokens", "system", "template", "answer_format", "device",
-             "dtype", "engine")
+KL_FIELDS = ("tasks", "seeds", "episodes", "items", "max_new_tokens", "n_boot", "system", "template", "answer_format",
+             "device", "dtype", "engine")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,6 +137,8 @@ class TrajectoryConfig(ReadOptions, RunOption, DeviceOption, EngineOption, Promp
     """With --tasks: which items play (as graftkit kl: auto, heldout, train or all)."""
     max_new_tokens: int = 32
     """With --tasks: longest output in tokens (raise it for a reasoning trainer's completions)."""
+    n_boot: int = 10_000
+    """With --tasks: bootstrap resamples of each KL interval (as graftkit kl)."""
     save: Optional[Path] = opt(None, flags=("--save",))
     """HDF5 result of the movement (default: RUN/results/delta-<run>-trajectory.h5, as delta --all-checkpoints)."""
 
@@ -189,7 +191,8 @@ class Trajectory:
                 "extrapolate": "graftkit graft --from RUN --groups all --alpha A (A > 1: further along Δ_T)"}
 
     def tables(self) -> list:
-        """What ``graftkit trajectory`` prints (from :meth:`as_json`): a row per step, then the path's fit per group."""
+        """What ``graftkit trajectory`` prints (from :meth:`as_json`): a row per step, the path's fit per group, the
+        notes and where the result was saved."""
         from ..core.tables import Table, bounds_text
 
         j = self.as_json()
@@ -214,7 +217,8 @@ class Trajectory:
                       left=("checkpoint",)),
                 Table("the path's straight-line fit per group (the base at step 0 included; R² pooled over entries)",
                       fit, list(j["groups"]), left=("group",)),
-                f"extrapolate along the last delta: {j['extrapolate']}"]
+                f"extrapolate along the last delta: {j['extrapolate']}", *(f"note: {n}" for n in j["notes"]),
+                f"saved {self.delta.path} ({self.seconds:.1f} s)"]
 
 
 def _num(x) -> float | None:

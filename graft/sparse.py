@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 from ..core.errors import GraftkitError
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from ..weights import Checkpoint

@@ -38,3 +38,62 @@ def test_r2_is_pearsons_squared_and_undefined_fits_say_so():
     assert best == 0 and np.isnan(lead[1]).all()
     none, _ = best_predictor(np.full((2, 2, 3), np.nan), np.full((10, 2), np.nan), 0.9)
     assert none is None
+
+
+def _planted_rows(n: int = 6) -> list[dict]:
+    """Runs whose forgetting is −0.5·KL exactly; the last lacks its rank (left out of the fits)."""
+    rng = np.random.default_rng(2)
+    rows = []
+    for i in range(n):
+        kl = float(rng.uniform(0.01, 0.2))
+        f = -0.5 * kl
+        rows.append({"key": f"/runs/r{i}", "parent": "/runs/sft", "trained": ["click-tab"],
+                     "untrained": ["click-button", "focus-text"], "forgetting": (f, f - 0.05, f + 0.05),
+                     "values": {"kl": kl, "fro_delta": float(rng.uniform(1, 2)), "moved": float(rng.uniform(0.5, 1)),
+                                "erank_delta": float("nan") if i == n - 1 else float(rng.uniform(3, 9))}})
+    return rows
+
+
+def test_the_result_fits_the_runs_with_every_predictor_and_the_figure_shows_them(tmp_path):
+    """forgetting_result fits each predictor on the runs that have all four (a run without its rank is listed,
+    hollow, and left out), names the planted one best; the report's figure draws each run's stored values."""
+    from graftkit.figures import kl as kl_figures
+    from graftkit.graft.forgetting import PREDICTORS, ForgettingConfig, ForgettingResult, forgetting_result
+    from graftkit.results.store import read_result, write_result
+
+    rows = _planted_rows()
+    labels = [f"r{i}" for i in range(len(rows))]
+    res = forgetting_result(rows, labels, ForgettingConfig(n_boot=500), tmp_path, ["r5: no erank_delta"])
+    v = ForgettingResult(read_result(write_result(tmp_path / "forgetting.h5", res)), tmp_path / "forgetting.h5")
+    assert v.attrs["best"] == "kl" and list(v.result["fitted"]) == [1, 1, 1, 1, 1, 0]
+    x = np.array([[r["values"][p] for p in PREDICTORS] for r in rows])
+    y = np.array([r["forgetting"][0] for r in rows])
+    for fit in v.fits():
+        j = list(PREDICTORS).index(fit["predictor"])
+        assert fit["runs"] == 5
+        assert fit["r2"][0] == pytest.approx(np.corrcoef(x[:5, j], y[:5])[0, 1] ** 2)
+    assert v.fits()[0]["r2"][0] == pytest.approx(1.0)
+    printed = v.tables()
+    assert "left out: r5: no erank_delta" in printed and "(best: kl)" in printed[1].title
+    fig = kl_figures.forgetting(v.result)
+    assert len(fig.data) == len(PREDICTORS)
+    for trace, p in zip(fig.data, PREDICTORS):
+        j = list(PREDICTORS).index(p)
+        np.testing.assert_allclose(np.asarray(trace.x, dtype=float), x[:, j], equal_nan=True)
+        np.testing.assert_allclose(np.asarray(trace.y, dtype=float), 100 * y)
+        assert list(trace.marker.symbol) == ["circle"] * 5 + ["circle-open"]
+    titles = [a.text for a in fig.layout.annotations]
+    assert titles[0] == "R² 1.000 [1.000, 1.000]", titles
+
+
+def test_too_few_runs_is_one_line(tmp_path):
+    from graftkit.core.errors import GraftkitError
+    from graftkit.graft.forgetting import ForgettingConfig, forgetting_result, run_forgetting
+
+    rows = _planted_rows(3)
+    with pytest.raises(GraftkitError, match="the fit needs at least 3"):
+        forgetting_result(rows, ["a", "b", "c"], ForgettingConfig(n_boot=100), tmp_path, ["c: no erank_delta"])
+    (tmp_path / "results").mkdir()
+    with pytest.raises(GraftkitError, match="0 RL run") as e:
+        run_forgetting(ForgettingConfig(run=tmp_path))
+    assert "graftkit eval" in str(e.value) and "\n" not in str(e.value)

@@ -1,7 +1,7 @@
 """GRPO learns what it must, and a broken GRPO does not.
 
-The positive control of the study (``study/design.py`` CONTROL, with its HEADROOM_RECIPE): a micro policy fine-tuned on click-tab
-with a planted position bias (its demonstrator sends 60% of its clicks to the first tab), so its greedy policy
+The positive control of the study (``study/design.py`` CONTROL, with its HEADROOM_RECIPE): the shipped micro policy
+fine-tuned on click-tab with a planted position bias (its demonstrator sends 60% of its clicks to the first tab), so its greedy policy
 clicks the first tab and fails on most items while sampling still reaches the target. GRPO on training items
 must remove the bias: greedy success on held-out items (never a prompt) rises credibly (a paired bootstrap
 interval over items excluding zero). The same test fails for a trainer whose advantage sign is flipped, whose
@@ -27,7 +27,7 @@ from graftkit.agent import load_policy
 from graftkit.agent.evaluate import evaluate
 from graftkit.agent.rollout import Decode, rollout
 from graftkit.stats import paired_bootstrap
-from graftkit.study.design import HEADROOM_RECIPE
+from graftkit.study.design import CONTROL, EMBEDDED_SFT, HEADROOM_RECIPE
 from graftkit.train import grpo as G
 from graftkit.train.configs import GRPOConfig, SFTConfig
 from graftkit.train.sft import run_sft
@@ -41,12 +41,16 @@ HELD_OUT_SEEDS = list(range(40))  # 40 held-out click-tab items, one episode eac
 
 @pytest.fixture(scope="module")
 def biased_sft(tmp_path_factory):
-    """A micro policy trained on click-tab demonstrations, 60% of whose first clicks go to the first tab. (Every
-    test of this module holds on the policies of 100 and 150 steps; on one of 120 steps whose last 20 batches came
-    from a window of 20, the wrong-tokens trainer gained +37.5 points [+22, +55] on held-out items: a control
-    near its edge on some draws of the policy.)"""
+    """The study's positive-control policy, as the study trains it (study/pipeline.py sft_control_units): the shipped
+    SFT policy trained further on click-tab demonstrations whose demonstrator sends 60% of its clicks to the first
+    tab (CONTROL). Measured on this policy: greedy 52.5% on the held-out items; GRPO as it is 100% (+47.5 points
+    [+32, +63]) after 20 steps and after 40; flipped advantage −30 points, no-op optimiser ±0, wrong tokens −22.5
+    (20 steps) and −27.5 (40). (A policy trained from scratch for 100 steps, 22.5% greedy, did not move under GRPO
+    at this learning rate: its training success stayed at 20–60% for 40 steps.)"""
     out = tmp_path_factory.mktemp("biased") / "sft"
-    return run_sft(SFTConfig(out=out, tasks="click-tab", decoys=("click-tab=0.6",), steps=100, threads=1, seed=0))
+    return run_sft(SFTConfig(out=out, init=EMBEDDED_SFT, tasks="click-tab",
+                             decoys=(f"click-tab={CONTROL['decoy']}",), steps=int(CONTROL["steps"]), lr=CONTROL["lr"],
+                             threads=1, seed=0))
 
 
 def _greedy(path) -> np.ndarray:
@@ -57,7 +61,7 @@ def _greedy(path) -> np.ndarray:
 
 def _grpo(init, out, **kw):
     cfg = GRPOConfig(init=str(init), out=str(out), tasks="click-tab", steps=kw.pop("steps", 20),
-                     lr=HEADROOM_RECIPE["lr"], temperature=HEADROOM_RECIPE["temperature"], prompts_per_step=4,
+                     lr=kw.pop("lr", HEADROOM_RECIPE["lr"]), temperature=HEADROOM_RECIPE["temperature"], prompts_per_step=4,
                      group_size=8, seed=0, **kw)
     return G.run_grpo(cfg, force=True)
 
@@ -133,7 +137,7 @@ def test_grpo_learns_where_reward_is_reachable(biased_sft, tmp_path, monkeypatch
 def _overfit(init, tasks: str, out, steps: int, pool: int = 4, **kw) -> tuple[float, float, float, float]:
     """(greedy, sampled) success on the pool's items before and after GRPO on ``item_pool`` of them."""
     cfg = GRPOConfig(init=str(init), out=str(out), tasks=tasks, steps=steps, item_pool=pool, prompts_per_step=4,
-                     group_size=8, temperature=1.0, seed=0, **kw)
+                     group_size=8, temperature=1.0, seed=kw.pop("seed", 0), **kw)
     jobs = list(dict.fromkeys((t, seed, 0) for t, seed, _ in G._prompts(cfg, 0)))  # the pool's items, once each
     per_item = 32 // len(jobs)  # 32 samples in all: 8 per item of a pool of 4, 32 of a pool of 1
 
@@ -151,8 +155,8 @@ def _overfit(init, tasks: str, out, steps: int, pool: int = 4, **kw) -> tuple[fl
 @ON_BIASED
 def test_grpo_overfits_a_few_web_items(biased_sft, tmp_path):
     """At the control's learning rate (HEADROOM_RECIPE): measured on training seeds 0/1/2, greedy 1.0 on every one
-    and sampled 94-97% after 40 steps. At 3e-4 two of those three seeds lose the action format (sampled 19%, 0%),
-    as HEADROOM_CALIBRATION records for the control."""
+    and sampled 97-100% after 40 steps (from 50-75% greedy and 53-75% sampled). At 3e-4 the control's policy loses
+    the action format on some seeds, as HEADROOM_CALIBRATION records."""
     g0, s0, g1, s1 = _overfit(biased_sft, "click-tab", tmp_path / "rl", steps=40, lr=HEADROOM_RECIPE["lr"])
     assert g0 < 1.0 and s0 < 0.8 and g1 == 1.0 and s1 >= 0.8, (g0, s0, g1, s1)
 

@@ -52,6 +52,7 @@ LABELS = ("sft", "degrade-s0", "grpo-lora-checkpoint-6", "init-b-degrade", "kl0.
 #: Fields of every kind of name, one example each (over LABELS where a field is a label).
 EXAMPLES = {
     "findings": [{}],
+    "forgetting": [{}],
     "study-delta": [{}],
     "delta-trajectory": [{"label": lab} for lab in LABELS],
     "delta": [{"labels": "+".join(LABELS[:k])} for k in (1, 2, 3)],
@@ -497,17 +498,19 @@ def test_the_kinds_are_the_views_and_the_names():
     from graftkit.evaluation.kl import KLResult
     from graftkit.graft.anatomy import DeltaResult
     from graftkit.graft.experiments import DissociationResult, SweepResult
+    from graftkit.graft.forgetting import ForgettingResult
     from graftkit.rank.coupling import CouplingResult
     from graftkit.rank.results import RankResult
     from graftkit.study.findings import FindingsResult
     from graftkit.train.commands import TrainingCurves
 
     viewed = {k for v in (DeltaResult, KLResult, SweepResult, DissociationResult, CouplingResult, RankResult,
-                          FindingsResult, TrainingCurves) for k in v.KINDS} | {EvalResult.kind, HeadroomResult.kind}
+                          FindingsResult, TrainingCurves, ForgettingResult) for k in v.KINDS} | {EvalResult.kind,
+                                                                                              HeadroomResult.kind}
     assert viewed == set(L.KINDS) - {L.BOTH_DIRECTIONS}  # joined into a coupling result before it is written
     assert len(set(L.KINDS)) == len(L.KINDS) and set(L.TRAINING.values()) == set(L.TRAIN_KINDS)
     assert {k for k in NAMES if k in L.KINDS} == {L.FINDINGS, L.DELTA, L.EVAL, L.HEADROOM, L.GRAFT_DISSOCIATION,
-                                                   L.GRAFT_SWEEP, L.KL, L.COUPLING}
+                                                   L.GRAFT_SWEEP, L.KL, L.COUPLING, L.FORGETTING}
 
 
 def test_the_kind_scan_sees_kinds_spelled_elsewhere(tmp_path):

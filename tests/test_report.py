@@ -27,7 +27,7 @@ EVIL = "<script>alert(1)</script><img src=x onerror=\"window.__pwned=1\">"
 EVIL_DIR = "run<img src=x onerror=window.__pwned=1><script>alert(1)"  # a folder name cannot hold '/'
 BOUND = np.array(["estimate", "low", "high"], dtype=object)
 ALL_SECTIONS = ("summary", "findings", "training", "success", "headroom", "kl", "anatomy", "grafts", "rank",
-                "coupling")
+                "coupling", "forgetting")
 #: The sections of a run of arbitrary results (write_run): every one but the study's summary.
 PLAIN = ALL_SECTIONS[1:]
 
@@ -160,6 +160,15 @@ def write_run(run: Path, evil: bool = False, kinds: tuple[str, ...] | None = Non
             "rank-activations", {"layer": np.arange(4), "metric": metrics},
             {"value": (("layer", "metric"), rng.random((4, 2))), "n_tokens": (("layer",), np.full(4, 64))},
             {"model": {"path": sft_path}, "conventions": conv}))
+    if want("forgetting"):
+        from graftkit.graft.forgetting import ForgettingConfig, forgetting_result
+
+        planted = [{"key": str(run / f"r{i}"), "parent": sft_path, "trained": ["click-button"],
+                    "untrained": ["enter-text" + tag], "forgetting": (-0.1 * i, -0.1 * i - 0.05, -0.1 * i + 0.05),
+                    "values": {"kl": 0.02 * i + 0.01, "fro_delta": 1.0 + i % 2, "moved": 0.9, "erank_delta": 4.0 + i}}
+                   for i in range(4)]
+        write_result(res_dir / "forgetting.h5", forgetting_result(
+            planted, ["r0", "r1" + tag, "r2", "r3"], ForgettingConfig(n_boot=200), run))
     if want("coupling"):
         runs = _s("r1", "r2" + tag, "r3", "r4")
         corr = np.zeros((3, 2, 3)) + [0.5, 0.1, 0.9]
@@ -340,6 +349,7 @@ def test_every_section_present_with_its_figures(full_run):
                    "Behavioural change each graft reproduces (KL)", "Attribution of the behavioural change (KL)"],
         "rank": ["Rank by layer — weights", "Rank by layer — RL delta", "Rank by layer — activations"],
         "coupling": ["Rank–success coupling by layer", "Late-layer rank vs success", "Both directions"],
+        "forgetting": ["Does KL predict forgetting?"],
     }
     for key, want in expected.items():
         html_ = _section(page, key)
@@ -362,7 +372,7 @@ def test_absent_sections_say_which_command_adds_them(tmp_path):
     for key, command in (("summary", "graftkit demo"), ("findings", "graftkit demo"),
                          ("success", "graftkit eval"), ("headroom", "graftkit headroom"), ("kl", "graftkit kl"),
                          ("anatomy", "graftkit delta"), ("grafts", "graftkit graft"), ("rank", "graftkit rank"),
-                         ("coupling", "graftkit couple")):
+                         ("coupling", "graftkit couple"), ("forgetting", "graftkit forgetting")):
         html_ = _section(page, key)
         assert "class='absent'" in html_ and f"<code>{command}" in html_, key
         assert "class='graph'" not in html_

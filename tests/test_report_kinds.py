@@ -175,6 +175,15 @@ def _coupling(root: Path) -> list[tuple[dict, Result]]:
     return [({"what": "weights", "metric": "erank"}, coupling_result(c, b))]
 
 
+def _forgetting(root: Path) -> list[tuple[dict, Result]]:
+    from graftkit.graft.forgetting import ForgettingConfig, forgetting_result
+
+    rows = [{"key": f"/runs/r{i}", "parent": "/runs/sft", "trained": ["click-tab"], "untrained": ["click-button"],
+             "forgetting": (-0.1 * i, -0.2 * i, 0.0), "values": {"kl": 0.1 * i, "fro_delta": 1.0 + i, "moved": 0.5,
+                                                              "erank_delta": 3.0 - i}} for i in range(3)]
+    return [({}, forgetting_result(rows, ["r0", "r1", "r2"], ForgettingConfig(n_boot=100), root))]
+
+
 def _train(root: Path) -> list[tuple[dict, Result]]:
     """SFT and GRPO curves from a train_log.jsonl, and a Trainer's trainer_state.json that logged one step."""
     import shutil
@@ -205,6 +214,7 @@ BUILDERS = {
     "findings": _findings, "study-delta": _study_delta, "delta-trajectory": _trajectory, "delta": _delta,
     "eval": _eval, "headroom": _headroom, "graft-dissociation": _dissociation, "graft-sweep-kl": _sweep_kl,
     "graft-sweep": _sweep, "kl": _kl, "rank": _rank, "coupling": _coupling, "train": _train,
+    "forgetting": _forgetting,
 }
 
 

@@ -73,7 +73,9 @@ def trial(tmp_path_factory):
                       "--all-checkpoints", *FORMAT, *EPISODES, *run),
         "eval": _cli(root, "eval", "--model", "out", "--compare", "sft", *FORMAT, *EPISODES, *run),
         "rank": _cli(root, "rank", "--what", "delta", "--model", "out", "--base", "sft", *run),
-        "trajectory": _cli(root, "trajectory", "--from", "out", "--base", "sft", *FORMAT, *EPISODES, *run),
+        # the same KL as kl above (its --n-boot too): trajectory rewrites each step's kl result, bit for bit
+        "trajectory": _cli(root, "trajectory", "--from", "out", "--base", "sft", *FORMAT, *EPISODES, "--n-boot", "400",
+                           *run),
         "top": _cli(root, "graft", "--from", "out", "--base", "sft", "--groups", "all", "--top-frac", "0.05", *run),
     }
     out["report"] = _cli(root, "report", "run")
