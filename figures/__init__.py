@@ -19,7 +19,8 @@ _HOMES = {
         "graft_effects", "group_shares", "headroom_differences", "headroom_rates", "interactions", "kl_attribution",
         "kl_by_model", "kl_over_steps", "kl_per_task", "kl_reproduced", "kl_top", "kl_trajectory", "movement_vs_effect",
         "paired_differences", "rank_by_layer", "study_summary", "success_rates", "sweep_trajectory", "top_tensors",
-        "training_curves"),
+        "training_curves", "movement_over_steps", "layer_movement_over_steps", "path_geometry", "mask_overlap",
+        "sparsity_curve", "principal_directions", "forgetting"),
         "notebook"),
 }
 _SUBMODULES = ("anatomy", "browser", "commands", "curves", "grafts", "kl", "notebook", "rank", "report", "runs",

@@ -28,8 +28,8 @@ import plotly.graph_objects as go
 from ..core.errors import GraftkitError
 from ..evaluation.commands import EvalResult, EvalRun, HeadroomRun
 from ..graft.anatomy import DeltaResult
-from ..results.layout import (COUPLING, DELTA, EVAL, FINDINGS, GRAFT_DISSOCIATION, GRAFT_SWEEP, HEADROOM, KL,
-                              RANK_ACTIVATIONS, RANK_DELTA, RANK_WEIGHTS, TRAIN_GRPO, TRAIN_SFT)
+from ..results.layout import (COUPLING, DELTA, EVAL, FINDINGS, FORGETTING, GRAFT_DISSOCIATION, GRAFT_SWEEP,
+                              HEADROOM, KL, RANK_ACTIVATIONS, RANK_DELTA, RANK_WEIGHTS, TRAIN_GRPO, TRAIN_SFT)
 from ..results.store import Result, View, read_result
 from ..train.commands import TrainingCurves
 from . import anatomy, curves, grafts, kl, rank, success, summary
@@ -46,6 +46,7 @@ PRODUCERS = {
     RANK_WEIGHTS: "graftkit rank", RANK_DELTA: "graftkit rank --what delta",
     RANK_ACTIVATIONS: "graftkit rank --what activations", COUPLING: "graftkit couple",
     TRAIN_SFT: "graftkit train sft", TRAIN_GRPO: "graftkit train grpo", KL: "graftkit kl",
+    FORGETTING: "graftkit forgetting",
 }
 
 
@@ -350,6 +351,44 @@ def top_tensors(result: ResultLike, run: int | str | None = None, n: int = 15,
                      f"no run of {', '.join(lab for lab, _, _ in runs)} has a per-tensor share of movement above zero")
 
 
+def _trajectory_delta(result: ResultLike, label: str | None) -> _Item:
+    x = _one(result, (DELTA,), label)
+    if anatomy.trajectory_steps(x.result) is None:
+        raise GraftkitError(f"{x.name}: not a training run's delta (no checkpoint steps)",
+                            "pass the result `graftkit trajectory` or `delta --all-checkpoints` writes")
+    return x
+
+
+def movement_over_steps(result: ResultLike, label: str | None = None) -> go.Figure:
+    """Relative change of each parameter group from the base at every checkpoint of a training run (the result
+    ``graftkit trajectory`` or ``delta --all-checkpoints`` writes)."""
+    x = _trajectory_delta(result, label)
+    return _optional(x, lambda: anatomy.movement_over_steps(x.label, x.result), "no per-group movement over steps")
+
+
+def layer_movement_over_steps(result: ResultLike, label: str | None = None) -> go.Figure:
+    """‖Δ‖_F of each decoder layer's tensors from the base at every checkpoint of a training run."""
+    x = _trajectory_delta(result, label)
+    return _optional(x, lambda: anatomy.layer_movement_over_steps(x.label, x.result),
+                     "no per-layer movement over steps (a model without decoder layers)")
+
+
+def path_geometry(result: ResultLike, label: str | None = None) -> go.Figure:
+    """The shape of a training run's weight path (``graftkit trajectory``): cos(Δ_t, Δ_T) per group, the cosine
+    between successive updates, and the R² of a straight line through the path beside a random walk's."""
+    x = _trajectory_delta(result, label)
+    return _optional(x, lambda: anatomy.path_geometry(x.label, x.result),
+                     "no inner products of the checkpoints' deltas (rewrite it with `graftkit trajectory`)")
+
+
+def mask_overlap(result: ResultLike) -> go.Figure:
+    """Per pair of runs of a delta result of two runs or more, the Jaccard overlap of the entries each moved (as
+    stored and as bf16 stores them) and of their top fractions by |Δ|, beside independent masks of the same sizes."""
+    x = _one(result, (DELTA,), None)
+    return _optional(x, lambda: anatomy.mask_overlap(x.result),
+                     "no mask overlap (a delta result of two runs or more from one base writes it)")
+
+
 # --------------------------------------------------------------------------------------------------
 # Graft effects and attribution (report section "grafts")
 
@@ -408,6 +447,14 @@ def kl_attribution(results: ResultLike | Sequence[ResultLike], label: str | Sequ
                       "both writes them)")
 
 
+def sparsity_curve(results: ResultLike | Sequence[ResultLike], label: str | Sequence[str] | None = None
+                   ) -> go.Figure:
+    """A ``--sweep sparsity``: the success change and the fraction of RL's behavioural change reproduced against the
+    fraction F of the grafted groups' entries with the largest |Δ|, with 95% intervals."""
+    return _per_sweep(results, (GRAFT_SWEEP,), _labels(label), grafts.sparsity_curve,
+                      "not a sparsity sweep (graft --sweep sparsity writes one)")
+
+
 def sweep_trajectory(results: Sequence[ResultLike]) -> go.Figure:
     """Per swept group, its effect on success and, scored by KL, the fraction of RL's behavioural change it
     reproduces, over the checkpoint steps of each training run among ``results`` — the sweeps ``graft
@@ -443,6 +490,18 @@ def rank_by_layer(results: ResultLike | Sequence[ResultLike], labels: Sequence[s
     return rank.rank_by_layer(kinds[0], [(x.label, x.result) for x in items])
 
 
+def principal_directions(results: ResultLike | Sequence[ResultLike], labels: Sequence[str] | None = None
+                         ) -> go.Figure:
+    """Per RL delta (``rank --what delta`` results), the share of ‖Δ‖² in W's top-k left and right singular
+    subspaces beside a random Δ's exact share, and the subspace overlap of W and W′ on hover."""
+    items = _items(results, (RANK_DELTA,), labels)
+    fig = rank.principal_directions([(x.label, x.result) for x in items])
+    if fig is None:
+        raise GraftkitError(f"{', '.join(x.name for x in items)}: no principal-direction measures",
+                            "rewrite them with `graftkit rank --what delta`")
+    return fig
+
+
 def coupling_by_layer(result: ResultLike, label: str | None = None) -> go.Figure:
     """Per layer, the correlation across checkpoints between rank and success, with bootstrap intervals."""
     x = _one(result, (COUPLING,), label)
@@ -460,6 +519,13 @@ def both_directions(result: ResultLike, label: str | None = None) -> go.Figure:
     x = _one(result, (COUPLING,), label)
     return _optional(x, lambda: rank.both_directions(x.label, x.result),
                  "no both-directions arrays (the run's checkpoints have no recorded SFT parent among them)")
+
+
+def forgetting(result: ResultLike, label: str | None = None) -> go.Figure:
+    """Does KL predict forgetting (``graftkit forgetting``)? Each RL run's success change on the tasks it did not
+    train on against each predictor, the panels titled with the predictor's R² across runs."""
+    x = _one(result, (FORGETTING,), label)
+    return _guarded(x, lambda: kl.forgetting(x.result))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -507,4 +573,5 @@ __all__ = ["ResultLike", "success_rates", "paired_differences", "headroom_rates"
            "kl_per_task", "kl_by_model", "kl_over_steps", "kl_trajectory", "kl_top", "anatomy_heatmap", "group_shares",
            "top_tensors", "graft_effects", "kl_reproduced", "attribution", "kl_attribution", "interactions",
            "sweep_trajectory", "movement_vs_effect", "dissociation", "rank_by_layer", "coupling_by_layer", "coupling_scatter",
-           "both_directions", "study_summary", "training_curves"]
+           "both_directions", "study_summary", "training_curves", "movement_over_steps", "layer_movement_over_steps",
+           "path_geometry", "mask_overlap", "sparsity_curve", "principal_directions", "forgetting"]

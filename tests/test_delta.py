@@ -447,6 +447,11 @@ def test_runs_sharing_a_mask_overlap_fully_and_independent_masks_at_chance(tmp_p
     for trace, tick, mask in zip(bars, ticks, ("moved", "moved_bf16", "top")):
         assert list(trace.y) == pytest.approx([r[mask]["jaccard"] for r in total])
         assert list(tick.y) == pytest.approx([r[mask]["chance"] for r in total])
+    import plotly.io as pio
+
+    from graftkit import figures
+
+    assert pio.to_json(figures.mask_overlap(tmp_path / "d.h5")) == pio.to_json(fig)  # the notebook's is the report's
 
 
 def test_the_chance_interval_of_an_overlap_covers_independent_masks_at_its_level():

@@ -63,6 +63,7 @@ def _notebook_figures(run: Path) -> dict[str, list]:
                    F.kl_attribution(r / "graft-single-rl-kl.h5")],
         "rank": [F.rank_by_layer(_files(run, kind)) for kind in ("rank-weights", "rank-delta", "rank-activations")],
         "coupling": [F.coupling_by_layer(coupling), F.coupling_scatter(coupling), F.both_directions(coupling)],
+        "forgetting": [F.forgetting(r / "forgetting.h5")],
     }
 
 

@@ -247,6 +247,11 @@ def test_sparsity_sweep_and_eval_of_a_top_fraction_graft(tmp_path, monkeypatch):
     from graftkit.results.store import read_result
 
     fig = sparsity_curve("rl", read_result(j["files"]["A"]))
+    import plotly.io as pio
+
+    from graftkit import figures
+
+    assert pio.to_json(figures.sparsity_curve(j["files"]["A"], label="rl")) == pio.to_json(fig)  # the notebook's
     success, kl_rl = fig.data[0], fig.data[1]
     grafts = [c for c in sw.configs if c not in ("∅ (base)", "all (rl)")]
     fracs = dict(zip(sw.configs, sw.array("config_top_frac")))

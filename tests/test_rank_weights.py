@@ -167,6 +167,11 @@ def test_cli(tmp_path, monkeypatch):
     from graftkit.figures.rank import principal_directions
 
     fig = principal_directions([("rl", saved)])
+    import plotly.io as pio
+
+    from graftkit import figures
+
+    assert pio.to_json(figures.principal_directions(saved, labels=["rl"])) == pio.to_json(fig)  # the notebook's
     left, right = (t for t in fig.data if t.type == "bar")
     assert list(left.y) == pytest.approx([100 * by_group["all"]["delta_energy_top8"]])
     assert list(right.y) == pytest.approx([100 * by_group["all"]["delta_energy_top8_right"]])

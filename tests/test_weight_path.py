@@ -128,6 +128,13 @@ def test_trajectory_of_a_straight_run_and_a_turning_one(runs, tmp_path, monkeypa
     from graftkit.results.store import read_result
 
     fig = path_geometry("turn", read_result(t["result_file"]))
+    import plotly.io as pio
+
+    from graftkit import figures
+
+    assert pio.to_json(figures.path_geometry(t["result_file"], label="turn")) == pio.to_json(fig)  # the notebook's
+    for also in (figures.movement_over_steps, figures.layer_movement_over_steps):
+        assert also(t["result_file"]).data
     whole = next(tr for tr in fig.data if tr.name == "cos(Δ_t, Δ_T) all")
     assert list(whole.x) == [2, 4, 6] and list(whole.y) == pytest.approx([r["cos_to_final"] for r in t["steps"]])
     assert f"R² {t['groups']['all']['r2']:.3f}" in fig.layout.title.text
