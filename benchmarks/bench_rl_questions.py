@@ -9,8 +9,10 @@ Each measurement runs in its own process, one thread (OMP/MKL/OPENBLAS_NUM_THREA
 (imports excluded), the processes alternating over ``--repeats``; printed: the minimum wall and CPU seconds of each and
 the ratio of each question to its floor — the same command without the question, which does the reads it needs:
 
-- ``graft --top-frac 0.01`` (per tensor, and ``--top-scope global``) beside ``graft`` of the same groups: the export
-  reads and writes every tensor; the top fraction reads the selected ones once (per tensor) or twice (global) more;
+- ``graft --top-frac 0.01`` (per tensor, and ``--top-scope global``) beside ``graft --alpha 0.5`` of the same
+  groups: both read every tensor of both checkpoints and write every tensor of the graft (a whole graft at α = 1 of
+  every group is the RL tensors as stored, which the export copies without reading the base: no floor for a graft
+  that mixes the two); the top fraction reads the selected ones once (per tensor) or twice (global) more;
 - ``delta`` of two runs with the top-fraction overlap (``--top-frac 0.01``) beside the same with ``--top-frac 0``:
   the one-pass anatomy (the moved-entry overlaps are counted in it) against one more read of every tensor;
 - ``trajectory`` beside ``delta --all-checkpoints`` of the same run: the path measures come from the inner products
@@ -53,7 +55,7 @@ def _work(name: str, sft: str, rl: str, rl2: str, run: str, tmp: str) -> None:
     out = Path(tmp)
     if name.startswith("graft"):
         extra = {"top_frac": 0.01, "top_scope": "global" if name.endswith("global") else "tensor"} \
-            if name != "graft" else {}
+            if name != "graft" else {"alpha": 0.5}
         run_graft(GraftConfig(rl=Path(rl), base=Path(sft), groups="all", out_dir=out / "g", run=out, **extra))
     elif name in ("delta", "delta-overlap"):
         run_delta(DeltaConfig(rl=(Path(rl), Path(rl2)), base=Path(sft), save=out / "d.h5", run=out,

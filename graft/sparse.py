@@ -80,9 +80,8 @@ def delta_key(base: torch.Tensor, rl: torch.Tensor, name: str = "") -> torch.Ten
 def mask_of(key: torch.Tensor, cut: Cut) -> torch.Tensor:
     """The flat boolean mask ``cut`` selects over ``key``."""
     m = key > cut.threshold
-    if cut.ties:
-        eq = key == cut.threshold
-        m |= eq & (eq.cumsum(0) <= cut.ties)
+    if cut.ties:  # the first ``ties`` entries at the threshold, in flat order
+        m[(key == cut.threshold).nonzero().flatten()[:cut.ties]] = True
     return m
 
 
@@ -124,7 +123,7 @@ def _cuts(keys: Callable[[str], "torch.Tensor"], names: Sequence[str], k: int) -
         key = keys(n)
         hi = key >> 16
         inside = torch.bincount(key[hi == b] & 0xFFFF, minlength=_BINS)
-        per[n] = (int((hi > b).sum()), inside)
+        per[n] = (int(torch.count_nonzero(hi > b)), inside)
         lo_hist += inside
     low, above_low = _boundary(lo_hist, k - above_bin)
     threshold, ties_left = (b << 16) | low, k - above_bin - above_low
@@ -167,6 +166,7 @@ def top_overlap(base: Checkpoint, rls: Sequence[Checkpoint], names: Sequence[str
     tensor's own top fraction by |Δ|, as ``graft --top-frac`` selects it; the diagonal each run's own count), and
     the tensors left out (not floating point, or a non-finite delta: counted 0). One read of every tensor."""
     import numpy as np
+    import torch
 
     check_fraction(frac, "tensor")
     k = len(rls)
@@ -180,11 +180,12 @@ def top_overlap(base: Checkpoint, rls: Sequence[Checkpoint], names: Sequence[str
             left_out.append(f"{n}: {e.message}")
             continue
         size = keys[0].numel()
-        masks = [mask_of(key, top_fraction(lambda _, key=key: key, {n: size}, frac)[n]) for key in keys]
+        cuts = [top_fraction(lambda _, key=key: key, {n: size}, frac)[n] for key in keys]
+        masks = [mask_of(key, cut) for key, cut in zip(keys, cuts)]
         for i in range(k):
-            for j in range(i, k):
-                c = int((masks[i] & masks[j]).sum())
-                both[i, j, t] = both[j, i, t] = c
+            both[i, i, t] = cuts[i].selected
+            for j in range(i + 1, k):
+                both[i, j, t] = both[j, i, t] = int(torch.count_nonzero(masks[i] & masks[j]))
     return both, left_out
 
 
