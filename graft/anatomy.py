@@ -51,7 +51,7 @@ from ..weights import Checkpoint, PairDistance, Taxonomy, check_pair, judge_pair
 from ..weights.pair import blocked_dot as _dot, exact_float as _to_float, judged_matrices, upcast_code
 from ..weights.commands import ReadOptions
 from ..weights.taxonomy import DECODER
-from .sparse import top_overlap
+from .sparse import tensor_top_counts
 
 #: Per tensor and run: the sums every aggregate is built from.
 SUMS = ("sumsq_delta", "max_abs_delta", "n_unchanged", "n_within_tol", "n_nonfinite", "dot_base_delta",
@@ -323,8 +323,10 @@ class TensorSums:
     sums: np.ndarray
     dots: np.ndarray
     both: np.ndarray | None = None
-    """With two runs or more: the moved-entry masks' overlaps [run, run2, tensor, mask] (moved, moved_bf16), the
-    diagonal each run's own moved count (:func:`tensor_delta_stats`)."""
+    """With two runs or more: the moved-entry masks' overlaps [run, run2, tensor, mask] (moved, moved_bf16, and with
+    a top fraction top), the diagonal each run's own count (:func:`tensor_delta_stats`, :func:`tensor_top_counts`)."""
+    top_left_out: tuple[str, ...] = ()
+    """The tensors the top-fraction overlap leaves out (not floating point, or a non-finite delta: counted 0)."""
 
     @property
     def total_sumsq(self) -> np.ndarray:
@@ -360,20 +362,29 @@ def tensor_places(names: Sequence[str], tax: Taxonomy) -> TensorPlaces:
 
 def stream_sums(base: Checkpoint, rls: Sequence[Checkpoint], names: Sequence[str], tol: float,
                 on_tensor: Callable[[str, int], None] = lambda name, nbytes: None, workers: int = 2,
-                rtol: float = 0.0) -> TensorSums:
+                rtol: float = 0.0, top_frac: float | None = None) -> TensorSums:
     """Read every tensor of ``names`` once from ``base`` and each RL checkpoint; their :class:`TensorSums`
-    (``n_within_tol``: |Δ| ≤ tol + rtol·|W|)."""
+    (``n_within_tol``: |Δ| ≤ tol + rtol·|W|; with two runs or more and ``top_frac``, the overlap of their
+    top-fraction masks too, from the same read)."""
     k, n = len(rls), len(names)
     sumsq_base, numel = np.zeros(n), np.zeros(n)
     sums, dots = np.zeros((k, n, len(SUMS))), np.zeros((k, k, n))
-    both = np.zeros((k, k, n, 2)) if k > 1 else None
+    top = bool(top_frac) and k > 1
+    both = np.zeros((k, k, n, 3 if top else 2)) if k > 1 else None
+    left_out: list[tuple[int, str]] = []
 
     def one(j: int):
         name = names[j]
-        b = base.array(name)
-        return j, b.size, tensor_delta_stats(b, [r.array(name) for r in rls], tol, code=base.metas[name].code,
-                                             rl_codes=[r.metas[name].code for r in rls], rtol=rtol,
-                                             both=None if both is None else both[:, :, j])
+        b, rs = base.array(name), [r.array(name) for r in rls]
+        code, rl_codes = base.metas[name].code, [r.metas[name].code for r in rls]
+        got = tensor_delta_stats(b, rs, tol, code=code, rl_codes=rl_codes, rtol=rtol,
+                                 both=None if both is None else both[:, :, j, :2])
+        if top:
+            try:
+                both[:, :, j, 2] = tensor_top_counts(b, rs, code, rl_codes, top_frac, name)
+            except GraftkitError as e:
+                left_out.append((j, f"{name}: {e.message}"))
+        return j, b.size, got
 
     # numpy releases the GIL in every reduction: two threads keep two cores busy. Largest tensors
     # first, so the last one to finish is small.
@@ -382,7 +393,7 @@ def stream_sums(base: Checkpoint, rls: Sequence[Checkpoint], names: Sequence[str
         for j, count, (sb, s, d) in pool.map(one, order):
             sumsq_base[j], numel[j], sums[:, j], dots[..., j] = sb, count, s, d
             on_tensor(names[j], base.metas[names[j]].nbytes * (1 + k))
-    return TensorSums(list(names), sumsq_base, numel, sums, dots, both)
+    return TensorSums(list(names), sumsq_base, numel, sums, dots, both, tuple(x for _, x in sorted(left_out)))
 
 
 def run_distance(s: TensorSums, run: int, judged: Sequence[str]) -> PairDistance:
@@ -512,13 +523,13 @@ def delta_anatomy(
     which); the figures of every run, and how it was accepted, are in ``attrs["fine_tune"]``. A run
     bit-identical to the base is named in ``attrs["identical"]`` and stated in one note.
     ``n_within_tol`` counts |Δ| ≤ tol + rtol·|W| (:data:`conventions`). With two runs or more, the overlaps of
-    their moved-entry masks (and with ``top_frac`` of their top-fraction masks: one more read) per group
+    their moved-entry masks (and with ``top_frac`` of their top-fraction masks, from the same read) per group
     (:func:`jaccard_overlap`)."""
     pair_notes: list[str] = []
     for lab, r in zip(labels, rls):
         # one clear error (e.g. a vocabulary mismatch), not a shape error mid-way
         pair_notes += _per_run(labels, check_pair(base, r, tax, dtypes="upcast"), lab)
-    s = stream_sums(base, rls, anatomy_tensors(tax), tol, on_tensor, workers, rtol=rtol)
+    s = stream_sums(base, rls, anatomy_tensors(tax), tol, on_tensor, workers, rtol=rtol, top_frac=top_frac)
     judged = judged_matrices(base)
     fine_tune, identical = {}, {}
     for i, (lab, r) in enumerate(zip(labels, rls)):
@@ -531,10 +542,7 @@ def delta_anatomy(
             identical[lab] = identical_sentence(lab, str(base.path), len(s.names), bitwise)
             pair_notes.append(identical[lab])
     places = tensor_places(s.names, tax)
-    both, left_out = s.both, []
-    if both is not None and top_frac:  # the runs' top fractions: a second read of every tensor
-        top, left_out = top_overlap(base, rls, s.names, top_frac)
-        both = np.concatenate([both, top[..., None]], axis=-1)
+    both, left_out = s.both, list(s.top_left_out)
     coords = {
         "run": np.array(labels, dtype=object),
         "run2": np.array(labels, dtype=object),

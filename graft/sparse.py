@@ -29,12 +29,11 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-    from ..weights import Checkpoint
-
 SCOPES = ("tensor", "global")
 #: How an entry's movement is ranked (recorded with every top-fraction graft).
 RANKING = ("|θ_rl − θ_base| in float32 (float64 tensors: float64, rounded to float32); ties at the threshold "
            "taken in flat row-major order, tensor by tensor in the checkpoint's order")
+FLOAT_CODES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")  # the dtypes --top-frac ranks by |Δ|
 _FINITE = 0x7F800000  # the bit pattern of +inf: every finite non-negative float32 lies below it
 _BINS = 1 << 16
 
@@ -160,33 +159,42 @@ def masked_value(base: torch.Tensor, rl: torch.Tensor, inside: float, outside: f
     return torch.where(mask, splice(base, rl, inside), splice(base, rl, outside))
 
 
-def top_overlap(base: Checkpoint, rls: Sequence[Checkpoint], names: Sequence[str], frac: float
-                ) -> tuple[np.ndarray, list[str]]:
-    """How far runs' top-``frac`` masks coincide: ``[run, run2, tensor]`` counts of the entries both select (each
-    tensor's own top fraction by |Δ|, as ``graft --top-frac`` selects it; the diagonal each run's own count), and
-    the tensors left out (not floating point, or a non-finite delta: counted 0). One read of every tensor."""
+def tensor_top_counts(b_raw: np.ndarray, r_raws: Sequence[np.ndarray], code: str, rl_codes: Sequence[str],
+                      frac: float, name: str = "") -> np.ndarray:
+    """How far runs' top-``frac`` masks of one tensor coincide: ``[run, run2]`` counts of the entries both select
+    (the tensor's own top fraction by |Δ|, as ``graft --top-frac`` selects it; the diagonal each run's own count).
+    ``b_raw`` and ``r_raws`` are the tensor as :meth:`Checkpoint.array` gives it (the delta pass holds them), each
+    upcast exactly as :func:`delta_key` upcasts, so the keys are its keys. A tensor that is not floating point or
+    whose delta is not finite raises, naming it."""
     import numpy as np
     import torch
 
-    check_fraction(frac, "tensor")
-    k = len(rls)
-    both = np.zeros((k, k, len(names)))
-    left_out = []
-    for t, n in enumerate(names):
-        b = base.read(n)
-        try:
-            keys = [delta_key(b, r.read(n), n) for r in rls]
-        except GraftkitError as e:
-            left_out.append(f"{n}: {e.message}")
-            continue
-        size = keys[0].numel()
-        cuts = [top_fraction(lambda _, key=key: key, {n: size}, frac)[n] for key in keys]
-        masks = [mask_of(key, cut) for key, cut in zip(keys, cuts)]
-        for i in range(k):
-            both[i, i, t] = cuts[i].selected
-            for j in range(i + 1, k):
-                both[i, j, t] = both[j, i, t] = int(torch.count_nonzero(masks[i] & masks[j]))
-    return both, left_out
+    from ..weights.pair import exact_float, upcast_code
+
+    if any(c not in FLOAT_CODES for c in (code, *rl_codes)):
+        raise GraftkitError(f"tensor {name} holds {code} values, which --top-frac cannot rank by |Δ|",
+                            "leave its group out of --groups, or graft it whole without --top-frac")
+    work = np.float64 if upcast_code(code, *rl_codes) == "F64" else np.float32
+    flat = b_raw.reshape(-1)
+    n, k = flat.size, len(r_raws)
+    b = exact_float(flat, code, np.empty(n, work))
+    d = np.empty(n, work)
+    masks, counts = [], np.zeros((k, k))
+    for i, (r_raw, c) in enumerate(zip(r_raws, rl_codes)):
+        np.abs(np.subtract(exact_float(r_raw.reshape(-1), c, d), b, out=d), out=d)
+        key = torch.from_numpy(d.astype(np.float32) if work is np.float64 else d).view(torch.int32)
+        bad = int(torch.count_nonzero(key >= _FINITE))
+        if bad:
+            raise GraftkitError(f"tensor {name}: the delta is not finite at {bad} of {n} entries",
+                                "--top-frac ranks finite deltas only: check the checkpoints (graftkit delta counts "
+                                "n_nonfinite), or leave that tensor's group out")
+        cut = _cuts(lambda _n, key=key: key, [name], math.ceil(frac * n))[name]
+        masks.append(mask_of(key, cut))
+        counts[i, i] = cut.selected
+    for i in range(k):
+        for j in range(i + 1, k):
+            counts[i, j] = counts[j, i] = int(torch.count_nonzero(masks[i] & masks[j]))
+    return counts
 
 
 def sparsity_summary(cuts: Mapping[str, Cut], sizes: Mapping[str, int], frac: float, scope: str) -> dict:
@@ -201,4 +209,4 @@ def sparsity_summary(cuts: Mapping[str, Cut], sizes: Mapping[str, int], frac: fl
 
 
 __all__ = ["Cut", "RANKING", "SCOPES", "check_fraction", "delta_key", "mask_of", "masked_value", "sparsity_summary",
-           "top_fraction", "top_overlap"]
+           "tensor_top_counts", "top_fraction"]

@@ -276,3 +276,32 @@ def test_sparsity_sweep_and_eval_of_a_top_fraction_graft(tmp_path, monkeypatch):
         bad = cli(*args)
         assert bad.exit_code == 2, bad.output
         assert needle in bad.stderr and "\n" not in bad.stderr.strip(), bad.stderr
+
+
+def test_top_counts_of_the_delta_pass_are_the_grafts_own_selections():
+    """The overlap of top-fraction masks that delta counts in its one pass (numpy arrays as the pass holds them)
+    selects exactly what graft --top-frac selects from the same checkpoints (torch tensors), in every float dtype,
+    ties included (half the entries do not move; bf16 and fp16 deltas repeat); a tensor it cannot rank raises."""
+    from graftkit.core.errors import GraftkitError
+    from graftkit.graft.sparse import delta_key, mask_of, tensor_top_counts, top_fraction
+    from graftkit.weights import tensor_bits
+
+    g = torch.Generator().manual_seed(3)
+    for dtype, code in ((torch.float32, "F32"), (torch.bfloat16, "BF16"), (torch.float16, "F16"),
+                        (torch.float64, "F64")):
+        base = torch.randn(64, 48, generator=g).to(dtype)
+        runs = [(base.double() + 1e-2 * torch.randn(64, 48, generator=g, dtype=torch.float64)
+                 * (torch.rand(64, 48, generator=g) < 0.5)).to(dtype) for _ in range(3)]
+        keys = [delta_key(base, r) for r in runs]
+        for frac in (0.01, 0.1, 0.37, 0.8, 1.0):
+            masks = [mask_of(k, top_fraction(lambda _n, k=k: k, {"w": k.numel()}, frac)["w"]) for k in keys]
+            want = [[int((masks[i] & masks[j]).sum()) for j in range(3)] for i in range(3)]
+            got = tensor_top_counts(tensor_bits(base), [tensor_bits(r) for r in runs], code, [code] * 3, frac, "w")
+            assert got.tolist() == want, (code, frac)
+    bad = torch.zeros(4, 4)
+    with pytest.raises(GraftkitError, match="tensor w: the delta is not finite at 4 of 16"):
+        tensor_top_counts(tensor_bits(bad), [tensor_bits(bad.clone().index_put_((torch.tensor([0]),), torch.tensor(
+            float("inf")))), tensor_bits(bad)], "F32", ["F32", "F32"], 0.5, "w")
+    ints = torch.zeros(4, 4, dtype=torch.int64)
+    with pytest.raises(GraftkitError, match="tensor w holds I64 values"):
+        tensor_top_counts(tensor_bits(ints), [tensor_bits(ints)] * 2, "I64", ["I64", "I64"], 0.5, "w")
