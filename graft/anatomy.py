@@ -601,7 +601,7 @@ class DeltaConfig(ReadOptions, RunOption):
     elsewhere); refused by default. Not --force, which elsewhere replaces an output folder (graft)."""
     top_frac: float = 0.01
     """With two runs or more: also the overlap of each run's top fraction of every tensor's entries by |Δ| (those
-    graft --top-frac would move; one more read of the checkpoints); 0 skips it."""
+    graft --top-frac would move; counted in the same read); 0 skips it."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
