@@ -14,7 +14,8 @@ the ratio of each question to its floor — the same command without the questio
   every group is the RL tensors as stored, which the export copies without reading the base: no floor for a graft
   that mixes the two); the top fraction reads the selected ones once (per tensor) or twice (global) more;
 - ``delta`` of two runs with the top-fraction overlap (``--top-frac 0.01``) beside the same with ``--top-frac 0``:
-  the one-pass anatomy (the moved-entry overlaps are counted in it) against one more read of every tensor;
+  the one-pass anatomy, the moved-entry and the top-fraction overlaps counted in it (the selection: two
+  histogram passes of each run's keys per tensor);
 - ``trajectory`` beside ``delta --all-checkpoints`` of the same run: the path measures come from the inner products
   the delta pass already sums.
 
