@@ -137,6 +137,28 @@ def _cuts(keys: Callable[[str], "torch.Tensor"], names: Sequence[str], k: int) -
     return out
 
 
+def _tensor_cut(key: torch.Tensor, k: int, name: str) -> tuple[Cut, int]:
+    """:func:`_cuts` of one tensor's keys (the same cut), and how many keys equal its threshold: the count above the
+    boundary bin comes from the histogram, and the boundary bin's few keys are ranked by sorting them. A key that is
+    not finite raises, naming the tensor."""
+    import torch
+
+    hi = key >> 16
+    hist = torch.bincount(hi, minlength=_BINS)
+    bad = int(hist[_FINITE >> 16:].sum())
+    if bad:
+        raise GraftkitError(f"tensor {name}: the delta is not finite at {bad} of {key.numel()} entries",
+                            "--top-frac ranks finite deltas only: check the checkpoints (graftkit delta counts "
+                            "n_nonfinite), or leave that tensor's group out")
+    b, above_bin = _boundary(hist, k)
+    low = (key[hi == b] & 0xFFFF).sort(descending=True).values
+    need = k - above_bin  # 1 ≤ need ≤ the bin's count
+    at = int(low[need - 1])
+    over = above_bin + int(torch.count_nonzero(low > at))
+    threshold = (b << 16) | at
+    return Cut(threshold, k - over, k, k if threshold > 0 else over), int(torch.count_nonzero(low == at))
+
+
 def _boundary(hist: torch.Tensor, k: int) -> tuple[int, int]:
     """The bin holding the k-th largest value of a histogram, and how many values lie in higher bins."""
     import torch
@@ -183,13 +205,9 @@ def tensor_top_counts(b_raw: np.ndarray, r_raws: Sequence[np.ndarray], code: str
     for i, (r_raw, c) in enumerate(zip(r_raws, rl_codes)):
         np.abs(np.subtract(exact_float(r_raw.reshape(-1), c, d), b, out=d), out=d)
         key = torch.from_numpy(d.astype(np.float32) if work is np.float64 else d).view(torch.int32)
-        bad = int(torch.count_nonzero(key >= _FINITE))
-        if bad:
-            raise GraftkitError(f"tensor {name}: the delta is not finite at {bad} of {n} entries",
-                                "--top-frac ranks finite deltas only: check the checkpoints (graftkit delta counts "
-                                "n_nonfinite), or leave that tensor's group out")
-        cut = _cuts(lambda _n, key=key: key, [name], math.ceil(frac * n))[name]
-        masks.append(mask_of(key, cut))
+        cut, at_threshold = _tensor_cut(key, math.ceil(frac * n), name)
+        # every entry at the threshold selected (the usual case): one comparison is the mask
+        masks.append(key >= cut.threshold if cut.ties == at_threshold else mask_of(key, cut))
         counts[i, i] = cut.selected
     for i in range(k):
         for j in range(i + 1, k):

@@ -283,7 +283,7 @@ def test_top_counts_of_the_delta_pass_are_the_grafts_own_selections():
     selects exactly what graft --top-frac selects from the same checkpoints (torch tensors), in every float dtype,
     ties included (half the entries do not move; bf16 and fp16 deltas repeat); a tensor it cannot rank raises."""
     from graftkit.core.errors import GraftkitError
-    from graftkit.graft.sparse import delta_key, mask_of, tensor_top_counts, top_fraction
+    from graftkit.graft.sparse import _cuts, _tensor_cut, delta_key, mask_of, tensor_top_counts, top_fraction
     from graftkit.weights import tensor_bits
 
     g = torch.Generator().manual_seed(3)
@@ -298,6 +298,10 @@ def test_top_counts_of_the_delta_pass_are_the_grafts_own_selections():
             want = [[int((masks[i] & masks[j]).sum()) for j in range(3)] for i in range(3)]
             got = tensor_top_counts(tensor_bits(base), [tensor_bits(r) for r in runs], code, [code] * 3, frac, "w")
             assert got.tolist() == want, (code, frac)
+            for k in keys:  # the one-tensor cut is the histogram's cut, and counts the keys at its threshold
+                n = math.ceil(frac * k.numel())
+                cut, at = _tensor_cut(k, n, "w")
+                assert cut == _cuts(lambda _n, k=k: k, ["w"], n)["w"] and at == int((k == cut.threshold).sum())
     bad = torch.zeros(4, 4)
     with pytest.raises(GraftkitError, match="tensor w: the delta is not finite at 4 of 16"):
         tensor_top_counts(tensor_bits(bad), [tensor_bits(bad.clone().index_put_((torch.tensor([0]),), torch.tensor(
