@@ -199,11 +199,13 @@ def tensor_top_counts(b_raw: np.ndarray, r_raws: Sequence[np.ndarray], code: str
     work = np.float64 if upcast_code(code, *rl_codes) == "F64" else np.float32
     flat = b_raw.reshape(-1)
     n, k = flat.size, len(r_raws)
-    b = exact_float(flat, code, np.empty(n, work))
+    same = work is np.float32 and code == "F32"  # stored as the keys' dtype: no upcast copy
+    b = flat if same else exact_float(flat, code, np.empty(n, work))
     d = np.empty(n, work)
     masks, counts = [], np.zeros((k, k))
     for i, (r_raw, c) in enumerate(zip(r_raws, rl_codes)):
-        np.abs(np.subtract(exact_float(r_raw.reshape(-1), c, d), b, out=d), out=d)
+        r = r_raw.reshape(-1)
+        np.abs(np.subtract(r if same and c == "F32" else exact_float(r, c, d), b, out=d), out=d)
         key = torch.from_numpy(d.astype(np.float32) if work is np.float64 else d).view(torch.int32)
         cut, at_threshold = _tensor_cut(key, math.ceil(frac * n), name)
         # every entry at the threshold selected (the usual case): one comparison is the mask
