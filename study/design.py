@@ -79,7 +79,7 @@ VARIANTS: dict[str, tuple[str, dict, str]] = {
 }
 
 #: The study on the embedded policy: ``full`` is the config's defaults (the study as docs/design.md describes it), ``quick``
-#: the CI-sized study (≈3 minutes on 2 cores: fewer steps, seeds and probes). A trainer's recipe (``grpo_recipe``,
+#: the CI-sized study (1–3 minutes on 2 cores: fewer steps, seeds and probes). A trainer's recipe (``grpo_recipe``,
 #: ``sft_recipe``, ``sft_b_recipe``: a ``train grpo`` or ``train sft`` config) is changed by a mapping of its fields.
 EMBEDDED_PRESETS: dict[str, dict] = {
     "quick": dict(grpo_recipe=dict(steps=8, checkpoint_every=2), seeds=(0, 1), degrade_seeds=(0, 1),

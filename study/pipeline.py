@@ -62,7 +62,7 @@ class StudyConfig(DeviceOption):
     out: str = opt("runs/demo", cli_type=Path)
     """Run folder (finished stages are skipped)."""
     quick: bool = False
-    """The CI-sized study: fewer steps, seeds and probes (≈3 minutes on 2 cores)."""
+    """The CI-sized study: fewer steps, seeds and probes (1–3 minutes on 2 cores)."""
     train_sft: bool = opt(False, flags=("--train-sft",))
     """Train the SFT policy with the study's recipe (two stages, the second until the mastered suite's target)
     instead of starting from the embedded copy of it."""
