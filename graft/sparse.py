@@ -20,6 +20,7 @@ high 16 bits, then the low 16 bits of the bin the threshold falls in), one tenso
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
@@ -137,13 +138,14 @@ def _cuts(keys: Callable[[str], "torch.Tensor"], names: Sequence[str], k: int) -
     return out
 
 
-def _tensor_cut(key: torch.Tensor, k: int, name: str) -> tuple[Cut, int]:
+def _tensor_cut(key: torch.Tensor, k: int, name: str, hi: torch.Tensor | None = None,
+                inbin: torch.Tensor | None = None) -> tuple[Cut, int]:
     """:func:`_cuts` of one tensor's keys (the same cut), and how many keys equal its threshold: the count above the
     boundary bin comes from the histogram, and the boundary bin's few keys are ranked by sorting them. A key that is
-    not finite raises, naming the tensor."""
+    not finite raises, naming the tensor. ``hi`` and ``inbin``: buffers of the key's size for the work."""
     import torch
 
-    hi = key >> 16
+    hi = torch.bitwise_right_shift(key, 16, out=hi) if hi is not None else key >> 16
     hist = torch.bincount(hi, minlength=_BINS)
     bad = int(hist[_FINITE >> 16:].sum())
     if bad:
@@ -151,7 +153,7 @@ def _tensor_cut(key: torch.Tensor, k: int, name: str) -> tuple[Cut, int]:
                             "--top-frac ranks finite deltas only: check the checkpoints (graftkit delta counts "
                             "n_nonfinite), or leave that tensor's group out")
     b, above_bin = _boundary(hist, k)
-    low = (key[hi == b] & 0xFFFF).sort(descending=True).values
+    low = (key[torch.eq(hi, b, out=inbin) if inbin is not None else hi == b] & 0xFFFF).sort(descending=True).values
     need = k - above_bin  # 1 ≤ need ≤ the bin's count
     at = int(low[need - 1])
     over = above_bin + int(torch.count_nonzero(low > at))
@@ -200,21 +202,41 @@ def tensor_top_counts(b_raw: np.ndarray, r_raws: Sequence[np.ndarray], code: str
     flat = b_raw.reshape(-1)
     n, k = flat.size, len(r_raws)
     same = work is np.float32 and code == "F32"  # stored as the keys' dtype: no upcast copy
-    b = flat if same else exact_float(flat, code, np.empty(n, work))
-    d = np.empty(n, work)
+    # the thread's scratch buffers, reused from tensor to tensor (the pass's largest tensor bounds them): fresh
+    # whole-tensor arrays would cost a page fault per page of every one
+    b = flat if same else exact_float(flat, code, _scratch("b", n, torch.float64 if work is np.float64
+                                                             else torch.float32).numpy())
+    d = _scratch("d", n, torch.float64 if work is np.float64 else torch.float32).numpy()
+    hi, inbin = _scratch("hi", n, torch.int32), _scratch("inbin", n, torch.bool)
     masks, counts = [], np.zeros((k, k))
     for i, (r_raw, c) in enumerate(zip(r_raws, rl_codes)):
         r = r_raw.reshape(-1)
         np.abs(np.subtract(r if same and c == "F32" else exact_float(r, c, d), b, out=d), out=d)
         key = torch.from_numpy(d.astype(np.float32) if work is np.float64 else d).view(torch.int32)
-        cut, at_threshold = _tensor_cut(key, math.ceil(frac * n), name)
+        cut, at_threshold = _tensor_cut(key, math.ceil(frac * n), name, hi, inbin)
         # every entry at the threshold selected (the usual case): one comparison is the mask
-        masks.append(key >= cut.threshold if cut.ties == at_threshold else mask_of(key, cut))
+        mask = _scratch(f"mask{i}", n, torch.bool)
+        masks.append(torch.ge(key, cut.threshold, out=mask) if cut.ties == at_threshold else mask_of(key, cut))
         counts[i, i] = cut.selected
+    both = _scratch("both", n, torch.bool)
     for i in range(k):
         for j in range(i + 1, k):
-            counts[i, j] = counts[j, i] = int(torch.count_nonzero(masks[i] & masks[j]))
+            counts[i, j] = counts[j, i] = int(torch.count_nonzero(torch.logical_and(masks[i], masks[j], out=both)))
     return counts
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(name: str, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """This thread's buffer ``name`` of at least ``n`` entries of ``dtype``, its first ``n``."""
+    import torch
+
+    buf = getattr(_SCRATCH, name, None)
+    if buf is None or buf.dtype != dtype or buf.numel() < n:
+        buf = torch.empty(n, dtype=dtype)
+        setattr(_SCRATCH, name, buf)
+    return buf[:n]
 
 
 def sparsity_summary(cuts: Mapping[str, Cut], sizes: Mapping[str, int], frac: float, scope: str) -> dict:
