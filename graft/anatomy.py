@@ -48,7 +48,8 @@ from ..core.errors import GraftkitError
 from ..results.layout import DELTA
 from ..results.store import Result, View
 from ..weights import Checkpoint, PairDistance, Taxonomy, check_pair, judge_pair, pair_distance
-from ..weights.pair import blocked_dot as _dot, exact_float as _to_float, judged_matrices, upcast_code
+from ..weights.pair import (FLOAT_CODES as _FLOATS, blocked_dot as _dot, exact_float as _to_float, judged_matrices,
+                            upcast_code)
 from ..weights.commands import ReadOptions
 from ..weights.taxonomy import DECODER
 from .sparse import tensor_top_counts
@@ -76,7 +77,6 @@ OVERLAP_CHANCE = ("independent masks of each tensor's own sizes, each placed uni
                   "E ± 1.96·√Var (normal approximation, clipped to the possible overlaps)")
 #: (bf16 spacing / 2)² per exponent field (subnormals share exponent 1's spacing; Inf/NaN count nothing)
 _ROUND_BOUND_BF16 = np.array([2.0 ** (2 * (max(e, 1) - 127 - 7 - 1)) if e < 255 else 0.0 for e in range(256)])
-_FLOATS = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
 
 
 def round_bf16_bits(x: np.ndarray, out: np.ndarray) -> np.ndarray:

@@ -34,7 +34,6 @@ SCOPES = ("tensor", "global")
 #: How an entry's movement is ranked (recorded with every top-fraction graft).
 RANKING = ("|θ_rl − θ_base| in float32 (float64 tensors: float64, rounded to float32); ties at the threshold "
            "taken in flat row-major order, tensor by tensor in the checkpoint's order")
-FLOAT_CODES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")  # the dtypes --top-frac ranks by |Δ|
 _FINITE = 0x7F800000  # the bit pattern of +inf: every finite non-negative float32 lies below it
 _BINS = 1 << 16
 
@@ -193,7 +192,7 @@ def tensor_top_counts(b_raw: np.ndarray, r_raws: Sequence[np.ndarray], code: str
     import numpy as np
     import torch
 
-    from ..weights.pair import exact_float, upcast_code
+    from ..weights.pair import FLOAT_CODES, exact_float, upcast_code
 
     if any(c not in FLOAT_CODES for c in (code, *rl_codes)):
         raise GraftkitError(f"tensor {name} holds {code} values, which --top-frac cannot rank by |Δ|",
