@@ -63,17 +63,25 @@ def delta_key(base: torch.Tensor, rl: torch.Tensor, name: str = "") -> torch.Ten
     import torch
 
     if not base.dtype.is_floating_point:
-        raise GraftkitError(f"tensor {name} holds {base.dtype} values, which --top-frac cannot rank by |Δ|",
-                            "leave its group out of --groups, or graft it whole without --top-frac")
+        raise _not_float(name, base.dtype)
     work = torch.float64 if torch.float64 in (base.dtype, rl.dtype) else torch.float32
     d = (rl.to(work) - base.to(work)).abs_().to(torch.float32).reshape(-1)
     key = d.view(torch.int32)
     bad = int((key >= _FINITE).sum())
     if bad:
-        raise GraftkitError(f"tensor {name}: the delta is not finite at {bad} of {key.numel()} entries",
-                            "--top-frac ranks finite deltas only: check the checkpoints (graftkit delta counts "
-                            "n_nonfinite), or leave that tensor's group out")
+        raise _not_finite(name, bad, key.numel())
     return key
+
+
+def _not_float(name: str, dtype) -> GraftkitError:
+    return GraftkitError(f"tensor {name} holds {dtype} values, which --top-frac cannot rank by |Δ|",
+                         "leave its group out of --groups, or graft it whole without --top-frac")
+
+
+def _not_finite(name: str, bad: int, n: int) -> GraftkitError:
+    return GraftkitError(f"tensor {name}: the delta is not finite at {bad} of {n} entries",
+                         "--top-frac ranks finite deltas only: check the checkpoints (graftkit delta counts "
+                         "n_nonfinite), or leave that tensor's group out")
 
 
 def mask_of(key: torch.Tensor, cut: Cut) -> torch.Tensor:
@@ -148,9 +156,7 @@ def _tensor_cut(key: torch.Tensor, k: int, name: str, hi: torch.Tensor | None = 
     hist = torch.bincount(hi, minlength=_BINS)
     bad = int(hist[_FINITE >> 16:].sum())
     if bad:
-        raise GraftkitError(f"tensor {name}: the delta is not finite at {bad} of {key.numel()} entries",
-                            "--top-frac ranks finite deltas only: check the checkpoints (graftkit delta counts "
-                            "n_nonfinite), or leave that tensor's group out")
+        raise _not_finite(name, bad, key.numel())
     b, above_bin = _boundary(hist, k)
     low = (key[torch.eq(hi, b, out=inbin) if inbin is not None else hi == b] & 0xFFFF).sort(descending=True).values
     need = k - above_bin  # 1 ≤ need ≤ the bin's count
@@ -195,8 +201,7 @@ def tensor_top_counts(b_raw: np.ndarray, r_raws: Sequence[np.ndarray], code: str
     from ..weights.pair import FLOAT_CODES, exact_float, upcast_code
 
     if any(c not in FLOAT_CODES for c in (code, *rl_codes)):
-        raise GraftkitError(f"tensor {name} holds {code} values, which --top-frac cannot rank by |Δ|",
-                            "leave its group out of --groups, or graft it whole without --top-frac")
+        raise _not_float(name, code)
     work = np.float64 if upcast_code(code, *rl_codes) == "F64" else np.float32
     flat = b_raw.reshape(-1)
     n, k = flat.size, len(r_raws)
