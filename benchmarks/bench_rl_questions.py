@@ -14,8 +14,8 @@ the ratio of each question to its floor — the same command without the questio
   every group is the RL tensors as stored, which the export copies without reading the base: no floor for a graft
   that mixes the two); the top fraction reads the selected ones once (per tensor) or twice (global) more;
 - ``delta`` of two runs with the top-fraction overlap (``--top-frac 0.01``) beside the same with ``--top-frac 0``:
-  the one-pass anatomy, the moved-entry and the top-fraction overlaps counted in it (the selection: two
-  histogram passes of each run's keys per tensor);
+  the one-pass anatomy and the moved-entry overlap, and the top-fraction overlap (one chunked pass of each run's
+  keys per tensor, keeping the entries above a sampled bound);
 - ``trajectory`` beside ``delta --all-checkpoints`` of the same run: the path measures come from the inner products
   the delta pass already sums.
 

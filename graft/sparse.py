@@ -14,13 +14,15 @@ The selection is exact and depends on the two checkpoints and F alone:
 - at α = 1 a selected entry is RL's value bit for bit and an unselected one base's, so F = 1 is the whole graft.
 
 Memory stays bounded by one tensor: the global threshold comes from two histogram passes over the keys (their
-high 16 bits, then the low 16 bits of the bin the threshold falls in), one tensor's delta at a time.
+high 16 bits, then the low 16 bits of the bin the threshold falls in), one tensor's delta at a time. A tensor's own
+threshold is ranked among its keys at or above a bound :data:`SAMPLE` of its keys place (:func:`_bound`); should
+the bound prove too high, its two histogram passes give it.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
@@ -67,9 +69,8 @@ def delta_key(base: torch.Tensor, rl: torch.Tensor, name: str = "") -> torch.Ten
     work = torch.float64 if torch.float64 in (base.dtype, rl.dtype) else torch.float32
     d = (rl.to(work) - base.to(work)).abs_().to(torch.float32).reshape(-1)
     key = d.view(torch.int32)
-    bad = int((key >= _FINITE).sum())
-    if bad:
-        raise _not_finite(name, bad, key.numel())
+    if key.numel() and int(key.max()) >= _FINITE:  # one reduction; the count only to name it
+        raise _not_finite(name, int((key >= _FINITE).sum()), key.numel())
     return key
 
 
@@ -99,12 +100,17 @@ def top_fraction(keys: Callable[[str], "torch.Tensor"], sizes: Mapping[str, int]
     check_fraction(frac, scope)
     names = list(sizes)
     if scope == "tensor":
-        out = {}
-        for n in names:
-            key = keys(n)
-            out.update(_cuts(lambda _n, key=key: key, [n], math.ceil(frac * sizes[n])))
-        return out
+        return {n: _tensor_cut(keys(n), math.ceil(frac * sizes[n]), n) for n in names}
     return _cuts(keys, names, math.ceil(frac * sum(sizes.values())))
+
+
+def _tensor_cut(key: torch.Tensor, k: int, name: str) -> Cut:
+    """:func:`_cuts` of one tensor's flat keys, found among the keys at or above a sampled bound
+    (:func:`_bound`); the whole tensor's histograms when the bound proves too high."""
+    flat = key.numpy()
+    positions = sample_positions(flat.size)
+    vals = flat[flat >= _bound(flat if positions is None else flat[positions], k, flat.size)]
+    return _cuts(lambda _n: key, [name], k)[name] if vals.size < k else _cut_among(vals, k)[0]
 
 
 def check_fraction(frac: float, scope: str) -> None:
@@ -145,27 +151,6 @@ def _cuts(keys: Callable[[str], "torch.Tensor"], names: Sequence[str], k: int) -
     return out
 
 
-def _tensor_cut(key: torch.Tensor, k: int, name: str, hi: torch.Tensor | None = None,
-                inbin: torch.Tensor | None = None) -> tuple[Cut, int]:
-    """:func:`_cuts` of one tensor's keys (the same cut), and how many keys equal its threshold: the count above the
-    boundary bin comes from the histogram, and the boundary bin's few keys are ranked by sorting them. A key that is
-    not finite raises, naming the tensor. ``hi`` and ``inbin``: buffers of the key's size for the work."""
-    import torch
-
-    hi = torch.bitwise_right_shift(key, 16, out=hi) if hi is not None else key >> 16
-    hist = torch.bincount(hi, minlength=_BINS)
-    bad = int(hist[_FINITE >> 16:].sum())
-    if bad:
-        raise _not_finite(name, bad, key.numel())
-    b, above_bin = _boundary(hist, k)
-    low = (key[torch.eq(hi, b, out=inbin) if inbin is not None else hi == b] & 0xFFFF).sort(descending=True).values
-    need = k - above_bin  # 1 ≤ need ≤ the bin's count
-    at = int(low[need - 1])
-    over = above_bin + int(torch.count_nonzero(low > at))
-    threshold = (b << 16) | at
-    return Cut(threshold, k - over, k, k if threshold > 0 else over), int(torch.count_nonzero(low == at))
-
-
 def _boundary(hist: torch.Tensor, k: int) -> tuple[int, int]:
     """The bin holding the k-th largest value of a histogram, and how many values lie in higher bins."""
     import torch
@@ -196,51 +181,139 @@ def tensor_top_counts(b_raw: np.ndarray, r_raws: Sequence[np.ndarray], code: str
     upcast exactly as :func:`delta_key` upcasts, so the keys are its keys. A tensor that is not floating point or
     whose delta is not finite raises, naming it."""
     import numpy as np
-    import torch
 
-    from ..weights.pair import FLOAT_CODES, exact_float, upcast_code
+    from ..weights.pair import FLOAT_CODES
 
     if any(c not in FLOAT_CODES for c in (code, *rl_codes)):
         raise _not_float(name, code)
-    work = np.float64 if upcast_code(code, *rl_codes) == "F64" else np.float32
-    flat = b_raw.reshape(-1)
-    n, k = flat.size, len(r_raws)
-    same = work is np.float32 and code == "F32"  # stored as the keys' dtype: no upcast copy
-    # the thread's scratch buffers, reused from tensor to tensor (the pass's largest tensor bounds them): fresh
-    # whole-tensor arrays would cost a page fault per page of every one
-    b = flat if same else exact_float(flat, code, _scratch("b", n, torch.float64 if work is np.float64
-                                                             else torch.float32).numpy())
-    d = _scratch("d", n, torch.float64 if work is np.float64 else torch.float32).numpy()
-    hi, inbin = _scratch("hi", n, torch.int32), _scratch("inbin", n, torch.bool)
-    masks, counts = [], np.zeros((k, k))
-    for i, (r_raw, c) in enumerate(zip(r_raws, rl_codes)):
-        r = r_raw.reshape(-1)
-        np.abs(np.subtract(r if same and c == "F32" else exact_float(r, c, d), b, out=d), out=d)
-        key = torch.from_numpy(d.astype(np.float32) if work is np.float64 else d).view(torch.int32)
-        cut, at_threshold = _tensor_cut(key, math.ceil(frac * n), name, hi, inbin)
-        # every entry at the threshold selected (the usual case): one comparison is the mask
-        mask = _scratch(f"mask{i}", n, torch.bool)
-        masks.append(torch.ge(key, cut.threshold, out=mask) if cut.ties == at_threshold else mask_of(key, cut))
-        counts[i, i] = cut.selected
-    both = _scratch("both", n, torch.bool)
-    for i in range(k):
-        for j in range(i + 1, k):
-            counts[i, j] = counts[j, i] = int(torch.count_nonzero(torch.logical_and(masks[i], masks[j], out=both)))
+    n, runs = b_raw.size, len(r_raws)
+    sels = [top_indices(b_raw, r, code, c, frac, name)[1] for r, c in zip(r_raws, rl_codes)]
+    counts = np.diag([float(s.size) for s in sels])
+    mark = np.zeros(n, bool)  # untouched pages are never written: its cost is the selections'
+    for i in range(runs):
+        mark[sels[i]] = True
+        for j in range(i + 1, runs):
+            counts[i, j] = counts[j, i] = np.count_nonzero(mark[sels[j]])
+        mark[sels[i]] = False
     return counts
 
 
-_SCRATCH = threading.local()
+def top_indices(b_raw: np.ndarray, r_raw: np.ndarray, code: str, rl_code: str, frac: float,
+                name: str = "") -> tuple[Cut, np.ndarray]:
+    """The cut of one tensor's top ``frac`` by |Δ| (:func:`top_fraction`'s, per tensor) and the flat indices it
+    selects, ascending, from the tensor as :meth:`Checkpoint.array` gives it in base and RL (dtypes ``code`` and
+    ``rl_code``).
+
+    One pass of cache-sized chunks, with a bound below the threshold: ``|Δ|`` at :data:`SAMPLE` uniform positions
+    (every entry of a smaller tensor) places it, so that the entries at or above it (≈ (F + 5√(F/SAMPLE))·n of
+    them) hold the ⌈F·n⌉ largest with near certainty; the pass keeps those entries and their keys, and the cut is
+    ranked among them. When the bound proves too high (fewer candidates than ⌈F·n⌉) the tensor's keys are ranked
+    whole by :func:`_cuts`. Memory: the candidates (12 bytes each), or the whole keys in that fallback."""
+    import numpy as np
+
+    from ..weights.pair import upcast_code
+
+    work = np.float64 if upcast_code(code, rl_code) == "F64" else np.float32
+    flat_b, flat_r = b_raw.reshape(-1), r_raw.reshape(-1)
+    n = flat_b.size
+    k = math.ceil(frac * n)
+    positions = sample_positions(n)
+    sample = np.concatenate([x.copy() for _, x in _abs_deltas(flat_b, flat_r, code, rl_code, work, positions)])
+    sample[~np.isfinite(sample)] = np.inf  # the pass names them
+    bound = _bound(sample, k, n)
+    idx, vals = [], []
+    for i, d in _abs_deltas(flat_b, flat_r, code, rl_code, work):
+        if not d.max() <= _MAX_FINITE:  # an infinite or NaN |Δ| (NaN fails every comparison)
+            raise _not_finite(name, _count_not_finite(flat_b, flat_r, code, rl_code, work), n)
+        hit = np.flatnonzero(d >= bound)
+        idx.append(hit + i)
+        vals.append(d[hit])
+    idx, vals = np.concatenate(idx), np.concatenate(vals)
+    if idx.size < k:  # the sample misled: rank every key
+        import torch
+
+        key = torch.from_numpy(np.concatenate([d.copy() for _, d in _abs_deltas(flat_b, flat_r, code, rl_code,
+                                                                                  work)])).view(torch.int32)
+        cut = _cuts(lambda _n: key, [name], k)[name]
+        return cut, mask_of(key, cut).numpy().nonzero()[0]
+    cut, chosen = _cut_among(vals, k)
+    return cut, idx[chosen]
 
 
-def _scratch(name: str, n: int, dtype: torch.dtype) -> torch.Tensor:
-    """This thread's buffer ``name`` of at least ``n`` entries of ``dtype``, its first ``n``."""
-    import torch
+def _cut_among(vals: np.ndarray, k: int) -> tuple[Cut, np.ndarray]:
+    """The cut selecting the ``k`` largest of ``vals`` — keys as float32 |Δ| or as their int32 bits, in flat order,
+    holding every key at or above the tensor's k-th largest — and which of ``vals`` it selects: all above the
+    threshold and, of those equal to it, the first."""
+    import numpy as np
 
-    buf = getattr(_SCRATCH, name, None)
-    if buf is None or buf.dtype != dtype or buf.numel() < n:
-        buf = torch.empty(n, dtype=dtype)
-        setattr(_SCRATCH, name, buf)
-    return buf[:n]
+    thr = np.partition(vals, vals.size - k)[vals.size - k]  # the k-th largest
+    chosen = vals > thr
+    over = int(np.count_nonzero(chosen))
+    chosen[np.flatnonzero(vals == thr)[: k - over]] = True
+    threshold = int(np.asarray(thr, vals.dtype).view(np.int32))
+    return Cut(threshold, k - over, k, k if threshold > 0 else over), chosen
+
+
+def _bound(sample: np.ndarray, k: int, n: int):
+    """A key at or below the k-th largest of an ``n``-entry tensor, with near certainty, from ``sample``: its keys
+    at :func:`sample_positions` (all of them when ``n`` ≤ :data:`SAMPLE`: then the k-th largest itself). From a
+    sample of s, the value at rank s·f + 5√(s·f) + 5 from the top, f = k/n: the sample's count above the threshold
+    is binomial with mean ≤ s·f and standard deviation ≤ √(s·f). The smallest key (every entry a candidate) when
+    that rank passes the sample's end."""
+    import numpy as np
+
+    s = sample.size
+    rank = k if s == n else math.ceil(s * k / n + 5 * math.sqrt(s * k / n) + 5)
+    return sample.dtype.type(0) if rank >= s else np.partition(sample, s - rank)[s - rank]
+
+
+SAMPLE = 1 << 16
+"""Entries of a tensor whose keys place the candidate bound of a per-tensor cut (drawn with a fixed seed)."""
+_CHUNK = 1 << 16  # entries per chunk of the candidate pass: its buffers stay in the core's cache
+_MAX_FINITE = 3.4028234663852886e38  # the largest float32
+
+
+def _abs_deltas(flat_b: np.ndarray, flat_r: np.ndarray, code: str, rl_code: str, work,
+                positions: np.ndarray | None = None):
+    """(offset, |Δ| as float32) of each chunk of two flat raw tensors (or of their entries at ``positions``), Δ
+    taken in ``work`` after the exact upcast (:func:`graftkit.weights.pair.exact_float`), as :func:`delta_key`
+    takes it. The arrays yielded are reused from chunk to chunk."""
+    import numpy as np
+
+    from ..weights.pair import exact_float
+
+    if positions is not None:
+        flat_b, flat_r = flat_b[positions], flat_r[positions]
+    m = min(_CHUNK, flat_b.size)
+    b_buf, r_buf = np.empty(m, work), np.empty(m, work)
+    k_buf = r_buf if work is np.float32 else np.empty(m, np.float32)
+    for i in range(0, flat_b.size, _CHUNK):
+        b = exact_float(flat_b[i:i + _CHUNK], code, b_buf)
+        d = r_buf[:b.size]
+        np.abs(np.subtract(exact_float(flat_r[i:i + _CHUNK], rl_code, r_buf), b, out=d), out=d)
+        key = k_buf[:b.size]
+        if key is not d:  # float64 work: |Δ| rounded to float32, as the keys are
+            np.copyto(key, d, casting="same_kind")
+        yield i, key
+
+
+@functools.lru_cache(maxsize=16)
+def sample_positions(n: int) -> np.ndarray | None:
+    """Where a per-tensor cut samples an ``n``-entry tensor's keys (:func:`_bound`): ``SAMPLE`` positions drawn uniformly with a fixed
+    seed, ascending (read-only, shared by the tensors of that size); None (every entry) when ``n`` ≤ ``SAMPLE``."""
+    import numpy as np
+
+    if n <= SAMPLE:
+        return None
+    out = np.sort(np.random.default_rng(0).integers(0, n, SAMPLE))
+    out.flags.writeable = False
+    return out
+
+
+def _count_not_finite(flat_b, flat_r, code, rl_code, work) -> int:
+    import numpy as np
+
+    return sum(int(np.count_nonzero(~np.isfinite(d))) for _, d in _abs_deltas(flat_b, flat_r, code, rl_code, work))
 
 
 def sparsity_summary(cuts: Mapping[str, Cut], sizes: Mapping[str, int], frac: float, scope: str) -> dict:
@@ -255,4 +328,4 @@ def sparsity_summary(cuts: Mapping[str, Cut], sizes: Mapping[str, int], frac: fl
 
 
 __all__ = ["Cut", "RANKING", "SCOPES", "check_fraction", "delta_key", "mask_of", "masked_value", "sparsity_summary",
-           "tensor_top_counts", "top_fraction"]
+           "tensor_top_counts", "top_fraction", "top_indices"]

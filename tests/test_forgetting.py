@@ -75,6 +75,19 @@ def test_the_result_fits_the_runs_with_every_predictor_and_the_figure_shows_them
     assert v.fits()[0]["r2"][0] == pytest.approx(1.0)
     printed = v.tables()
     assert "left out: r5: no erank_delta" in printed and "(best: kl)" in printed[1].title
+    runs, fits = printed[0], printed[1]
+    for i, row in enumerate(runs.rows):  # every printed cell is the planted value it stands for
+        cells = {h: c(row) for h, c in runs.columns.items()}
+        f = rows[i]["forgetting"]
+        assert cells["run"] == f"r{i}" and cells["trained on"] == "click-tab"
+        assert cells["forgetting (points) [95%]"] == f"{100 * f[0]:+.1f} [{100 * f[1]:+.1f}, {100 * f[2]:+.1f}]"
+        for j, p in enumerate(PREDICTORS):
+            assert cells[p] == ("—" if np.isnan(x[i, j]) else f"{x[i, j]:.4g}"), (i, p)
+    for row in fits.rows:
+        j = list(PREDICTORS).index(row["predictor"])
+        cells = {h: c(row) for h, c in fits.columns.items()}
+        assert cells["predictor"] == PREDICTORS[row["predictor"]] and cells["runs"] == "5"
+        assert cells["R² [95%]"].startswith(f"{np.corrcoef(x[:5, j], y[:5])[0, 1] ** 2:.3f} [")
     fig = kl_figures.forgetting(v.result)
     assert len(fig.data) == len(PREDICTORS)
     for trace, p in zip(fig.data, PREDICTORS):

@@ -278,34 +278,62 @@ def test_sparsity_sweep_and_eval_of_a_top_fraction_graft(tmp_path, monkeypatch):
         assert needle in bad.stderr and "\n" not in bad.stderr.strip(), bad.stderr
 
 
-def test_top_counts_of_the_delta_pass_are_the_grafts_own_selections():
+def test_top_counts_of_the_delta_pass_are_the_grafts_own_selections(monkeypatch):
     """The overlap of top-fraction masks that delta counts in its one pass (numpy arrays as the pass holds them)
     selects exactly what graft --top-frac selects from the same checkpoints (torch tensors), in every float dtype,
-    ties included (half the entries do not move; bf16 and fp16 deltas repeat); a tensor it cannot rank raises."""
+    ties included (half the entries do not move; bf16 and fp16 deltas repeat), in a tensor small enough to be its own
+    sample and in one whose candidate bound comes from the sample; a tensor it cannot rank raises."""
     from graftkit.core.errors import GraftkitError
-    from graftkit.graft.sparse import _cuts, _tensor_cut, delta_key, mask_of, tensor_top_counts, top_fraction
+    from graftkit.graft import sparse
     from graftkit.weights import tensor_bits
 
+    ranked_whole = []
+    whole = sparse._cuts  # the histograms' exact cut, the reference
+    monkeypatch.setattr(sparse, "_cuts", lambda *a: ranked_whole.append(1) or whole(*a))
     g = torch.Generator().manual_seed(3)
-    for dtype, code in ((torch.float32, "F32"), (torch.bfloat16, "BF16"), (torch.float16, "F16"),
-                        (torch.float64, "F64")):
-        base = torch.randn(64, 48, generator=g).to(dtype)
-        runs = [(base.double() + 1e-2 * torch.randn(64, 48, generator=g, dtype=torch.float64)
-                 * (torch.rand(64, 48, generator=g) < 0.5)).to(dtype) for _ in range(3)]
-        keys = [delta_key(base, r) for r in runs]
-        for frac in (0.01, 0.1, 0.37, 0.8, 1.0):
-            masks = [mask_of(k, top_fraction(lambda _n, k=k: k, {"w": k.numel()}, frac)["w"]) for k in keys]
-            want = [[int((masks[i] & masks[j]).sum()) for j in range(3)] for i in range(3)]
-            got = tensor_top_counts(tensor_bits(base), [tensor_bits(r) for r in runs], code, [code] * 3, frac, "w")
-            assert got.tolist() == want, (code, frac)
-            for k in keys:  # the one-tensor cut is the histogram's cut, and counts the keys at its threshold
-                n = math.ceil(frac * k.numel())
-                cut, at = _tensor_cut(k, n, "w")
-                assert cut == _cuts(lambda _n, k=k: k, ["w"], n)["w"] and at == int((k == cut.threshold).sum())
+    for shape in ((64, 48), (300, 1000)):  # 3,072 entries; 300,000 > SAMPLE
+        for dtype, code in ((torch.float32, "F32"), (torch.bfloat16, "BF16"), (torch.float16, "F16"),
+                            (torch.float64, "F64")):
+            base = torch.randn(*shape, generator=g).to(dtype)
+            runs = [(base.double() + 1e-2 * torch.randn(*shape, generator=g, dtype=torch.float64)
+                     * (torch.rand(*shape, generator=g) < 0.5)).to(dtype) for _ in range(3)]
+            keys = [sparse.delta_key(base, r) for r in runs]
+            for frac in (0.0001, 0.01, 0.1, 0.37, 0.8, 1.0):
+                cuts = [whole(lambda _n, k=k: k, ["w"], math.ceil(frac * k.numel()))["w"] for k in keys]
+                masks = [sparse.mask_of(k, c) for k, c in zip(keys, cuts)]
+                want = [[int((masks[i] & masks[j]).sum()) for j in range(3)] for i in range(3)]
+                ranked_whole.clear()
+                got = sparse.tensor_top_counts(tensor_bits(base), [tensor_bits(r) for r in runs], code, [code] * 3,
+                                               frac, "w")
+                assert got.tolist() == want, (shape, code, frac)
+                for k, r, c, m in zip(keys, runs, cuts, masks):  # the same cut, and its entries
+                    cut, idx = sparse.top_indices(tensor_bits(base), tensor_bits(r), code, code, frac, "w")
+                    assert cut == c and idx.tolist() == m.nonzero().flatten().tolist(), (shape, code, frac)
+                    assert sparse.top_fraction(lambda _n, k=k: k, {"w": k.numel()}, frac)["w"] == c
+                assert not ranked_whole, "the bound held: no tensor was ranked whole"
+
+    # a sample that misleads (every sampled entry moved far, few others did): the tensor is ranked whole, the
+    # same cut
+    n = 200_000
+    base = torch.zeros(n)
+    rl = 1e-3 * torch.rand(n, generator=g)
+    rl[torch.tensor(sparse.sample_positions(n))] += 10 + torch.rand(sparse.SAMPLE, generator=g)
+    key = sparse.delta_key(base, rl)
+    want = whole(lambda _n: key, ["w"], 10_000)["w"]
+    cut, idx = sparse.top_indices(tensor_bits(base), tensor_bits(rl), "F32", "F32", 0.05, "w")
+    assert ranked_whole and cut == want and idx.tolist() == sparse.mask_of(key, want).nonzero().flatten().tolist()
+    ranked_whole.clear()
+    assert sparse.top_fraction(lambda _n: key, {"w": n}, 0.05)["w"] == want and ranked_whole
+
     bad = torch.zeros(4, 4)
     with pytest.raises(GraftkitError, match="tensor w: the delta is not finite at 4 of 16"):
-        tensor_top_counts(tensor_bits(bad), [tensor_bits(bad.clone().index_put_((torch.tensor([0]),), torch.tensor(
-            float("inf")))), tensor_bits(bad)], "F32", ["F32", "F32"], 0.5, "w")
+        sparse.tensor_top_counts(tensor_bits(bad), [tensor_bits(bad.clone().index_put_(
+            (torch.tensor([0]),), torch.tensor(float("inf")))), tensor_bits(bad)], "F32", ["F32", "F32"], 0.5, "w")
+    nan = rl.clone()
+    nan[150_000] = float("nan")  # in a later chunk, not sampled
+    with pytest.raises(GraftkitError, match=f"tensor w: the delta is not finite at 1 of {n}"):
+        sparse.tensor_top_counts(tensor_bits(base), [tensor_bits(nan), tensor_bits(rl)], "F32", ["F32", "F32"],
+                                 0.01, "w")
     ints = torch.zeros(4, 4, dtype=torch.int64)
     with pytest.raises(GraftkitError, match="tensor w holds I64 values"):
-        tensor_top_counts(tensor_bits(ints), [tensor_bits(ints)] * 2, "I64", ["I64", "I64"], 0.5, "w")
+        sparse.tensor_top_counts(tensor_bits(ints), [tensor_bits(ints)] * 2, "I64", ["I64", "I64"], 0.5, "w")
