@@ -48,9 +48,10 @@ REFERENCE = "#262626"
 #: Runs outside any regime, beside regime runs (by their place among such runs).
 OTHER = ("#8c8c8c", "#17becf", "#bcbd22", "#8c564b", "#e377c2", "#525252")
 #: Shade of a run: > 0 mixes the hue with white by that fraction, < 0 with black. Indices 0–5 are training
-#: seeds (spread light/dark from the pure hue); 6–11 the ``VARIANTS`` in their order, each picked apart from
-#: the seeds of the regime the variant counts in (init-b-degrade beside six degrade seeds: the lightest).
-SHADES = (0.0, 0.42, -0.34, 0.64, -0.55, 0.22, -0.5, 0.5, -0.65, 0.82, 0.0, -0.75)
+#: seeds (spread light/dark from the pure hue); 6–12 the ``VARIANTS`` in their order, each picked apart from
+#: the seeds of the regime the variant counts in (init-b-degrade beside six degrade seeds: the lightest) and
+#: from the other variants of its regime (recipe: -0.5, 0.5, 0.0, -0.75, 0.78).
+SHADES = (0.0, 0.42, -0.34, 0.64, -0.55, 0.22, -0.5, 0.5, -0.65, 0.82, 0.0, -0.75, 0.78)
 #: Shade index of the first variant (a variant's shade: this plus its place in ``VARIANTS``), after the seeds.
 VARIANT_SHADE = 6
 #: Labels of the SFT reference policy (the study's and the usual name).

@@ -68,14 +68,18 @@ REGIME_CALIBRATION = ("GRPO runs of the study's SFT policy (seed 0, 40 steps, T 
 #: One-knob variants of the grid, each a run at a regime's learning rate with one setting changed (the
 #: study's control axes beyond learning rate and seed): name → (regime whose lr it uses, GRPO overrides,
 #: the regime it counts in). Initialisation is a random draw like the training seed, so an init-b run
-#: counts in its learning-rate regime; a KL weight or a clipping range is a fixed change of recipe.
+#: counts in its learning-rate regime; a KL weight, a clipping range or the updates per batch is a fixed
+#: change of recipe. A clipping range binds only off-policy: with one update per batch every ratio is 1 and
+#: any ε trains the same weights, so the clip variants take two updates per batch (μ = 2) and ``mu2``, the
+#: same at the default ε, is the run they differ from by their ε alone.
 VARIANTS: dict[str, tuple[str, dict, str]] = {
     "kl0.04": ("degrade", {"beta": 0.04}, "recipe"),
     "kl0.2": ("degrade", {"beta": 0.2}, "recipe"),
     "init-b-null": ("null", {"init": SFT_B}, "null"),
     "init-b-degrade": ("degrade", {"init": SFT_B}, "degrade"),
-    "clip0.1": ("degrade", {"epsilon": 0.1}, "recipe"),
-    "clip-high0.3": ("degrade", {"epsilon_high": 0.3}, "recipe"),
+    "clip0.1": ("degrade", {"num_iterations": 2, "epsilon": 0.1}, "recipe"),
+    "clip-high0.3": ("degrade", {"num_iterations": 2, "epsilon_high": 0.3}, "recipe"),
+    "mu2": ("degrade", {"num_iterations": 2}, "recipe"),
 }
 
 #: The study on the embedded policy: ``full`` is the config's defaults (the study as docs/design.md describes it), ``quick``

@@ -81,6 +81,27 @@ def test_variants_log_their_statistics(sft, tmp_path):
     assert all(abs(m["verigate_outcome"] + m["verigate_process"] + m["verigate_none"] - 1) < 1e-9 for m in log)
 
 
+def test_a_clipping_range_binds_only_off_policy(tmp_path):
+    """With one update per batch every ratio is 1, so two clipping ranges train the same weights bit for bit (why
+    the study's clip variants take two updates per batch); with two, the second update's ratios leave the tighter
+    range, the clip fractions say so, and the weights differ."""
+    from graftkit.study.design import EMBEDDED_SFT, REGIMES
+
+    def run(name, **kw):  # the study's policy and degrade recipe, where rewards vary within groups
+        out = run_grpo(_cfg(EMBEDDED_SFT, tmp_path / name, tasks=("click-tab",), steps=2, group_size=8,
+                            max_new_tokens=24, lr=REGIMES["degrade"], temperature=1.5, **kw))
+        return _tensors(out), [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+
+    one_wide, _ = run("mu1-wide", epsilon=0.2)
+    one_tight, log = run("mu1-tight", epsilon=0.01, epsilon_high=0.01)
+    assert all(m["grad_norm"] > 0 for m in log)  # there was something to learn
+    assert one_wide == one_tight and all(m["clip_frac_low"] == m["clip_frac_high"] == 0 for m in log)
+    two_wide, _ = run("mu2-wide", epsilon=0.2, num_iterations=2)
+    two_tight, log = run("mu2-tight", epsilon=0.01, epsilon_high=0.01, num_iterations=2)
+    assert two_wide != two_tight and two_wide != one_wide
+    assert any(m["clip_frac_low"] + m["clip_frac_high"] > 0 for m in log)
+
+
 @pytest.mark.parametrize("kw, message", [
     ({"lr": 0.0}, "--lr"), ({"lr": -1e-3}, "--lr"), ({"group_size": 1}, "--group-size"),
     ({"loss": "ppo"}, "unknown --loss"), ({"stages": 3}, "--stages 3 must divide"),

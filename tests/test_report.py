@@ -565,6 +565,19 @@ def test_run_colours_without_a_study_keep_the_palette():
     assert study_order(["x", "collapse-s0", "sft", "null-s1", "null-s0"]) == [2, 4, 3, 1, 0]
 
 
+def test_every_run_of_a_regime_has_its_own_shade():
+    """The six seeds of a regime and every variant counting in it get different shades of its hue (the recipe
+    regime: the KL, clipping and updates-per-batch variants)."""
+    from graftkit.figures.runs import SHADES, shade_of
+    from graftkit.study.design import VARIANTS
+
+    for regime in {r for _, _, r in VARIANTS.values()} | {"degrade"}:
+        seeds = [f"{regime}-s{i}" for i in range(6)] if regime in ("null", "degrade") else []
+        names = seeds + [v for v, (_, _, r) in VARIANTS.items() if r == regime]
+        shades = [SHADES[shade_of(n) % len(SHADES)] for n in names]
+        assert len(set(shades)) == len(shades), (regime, dict(zip(names, shades)))
+
+
 def test_regimes_come_from_the_recorded_study_config_else_the_run_names(study_run):
     from graftkit.figures.runs import Membership, membership, study_in
 
