@@ -819,9 +819,9 @@ GOLDEN = {'arithmetic-full': {'command': 'demo',
 
 #: sha256 of ``repr((cfg.as_dict(), grid(cfg)))``: what JSON does not keep (the order of the regimes and the suites)
 #: and the runs of the grid.
-GOLDEN_REPR = {'arithmetic-full': 'e48057de62c94d4d3f837d392bb5a603af12ca5a74a08c595c48638774b11ad8',
+GOLDEN_REPR = {'arithmetic-full': '38f01a85b168623a27140f4738feae596e7635b4bf89667cf0ab67d87a5e4f67',
  'arithmetic-quick': '0d5051d7c505dfc2465e564efa1481eab0654232d6ed03e9f6276a632ad4a626',
- 'embedded-full': '3e7772671245b8353cba38a2389a91b2e3c04dd99e60199f8d9a21e867831991',
+ 'embedded-full': 'd57cd71632d412c97bde66cbc559fe462abbef79d756fe46e9a5ac35890f14f5',
  'embedded-quick': '5b2e93100c052a6561f1351aa4652d6b979b1929db8e7bc766ea5eb206286bb5',
  'smollm2-full': '915fa14f9284546ed8b5c6e5faf6c4b9575e21ba5d6d4458e6a52d2e4a0612e8',
  'smollm2-quick': '924b15c359c0b49a6bc238282a65e5193790f964cb0f5a36297614fd4149a395'}
