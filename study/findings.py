@@ -21,7 +21,8 @@ Statistics (:mod:`graftkit.stats`), the same in every rule:
 Verdicts: "reproduced", "partly reproduced" (some of a claim's parts hold), "not reproduced", "not
 testable here" (this run's design could not have shown the claim: no headroom to gain, a baseline that
 cannot improve, too few runs in a direction), "not measured" (the results it reads were not produced); the
-positive control (:func:`finding_control`, the row numbered "control") "learns" or "does not learn". A
+positive control (:func:`finding_control`, the row numbered "control") "learns", "does not learn" or is
+"undecided" (too few episodes or runs to tell). A
 statement names every run or the SFT policy trained with decoys.
 
 Behaviour as well as success: where the graft sweeps were scored by KL (``graft --metric both``), finding 3 decides
@@ -52,8 +53,12 @@ from .design import SUITES
 REPRODUCED, PARTLY, NOT_REPRODUCED = "reproduced", "partly reproduced", "not reproduced"
 NOT_TESTABLE, NOT_MEASURED = "not testable here", "not measured"
 #: The positive control's own verdicts (:func:`finding_control`): it is a check of the pipeline, not a claim.
-CONTROL_LEARNS, CONTROL_FAILS = "learns", "does not learn"
-VERDICTS = (REPRODUCED, PARTLY, NOT_REPRODUCED, NOT_TESTABLE, NOT_MEASURED, CONTROL_LEARNS, CONTROL_FAILS)
+CONTROL_LEARNS, CONTROL_FAILS, CONTROL_UNDECIDED = "learns", "does not learn", "undecided"
+VERDICTS = (REPRODUCED, PARTLY, NOT_REPRODUCED, NOT_TESTABLE, NOT_MEASURED, CONTROL_LEARNS, CONTROL_FAILS,
+            CONTROL_UNDECIDED)
+#: The positive control does not learn when its interval rules out a gain of this share of the room its planted
+#: bias leaves (1 − the control SFT policy's greedy success): a working trainer removes the bias.
+CONTROL_MIN_SHARE = 0.5
 
 #: The positive control's suite (``suites["control"]``), the ``suite`` of its runs, and its findings row.
 CONTROL = "control"
@@ -305,8 +310,10 @@ def finding_control(evals: Mapping[str, Result | EvalResult], runs: Sequence[RLR
     own SFT policy, never the study's — on identical episodes of the control suite (:func:`suite_episodes`).
     Estimate: ``regime_interval`` over the control runs (the training seed a random effect, as finding 2's gain).
 
-    Verdict: the interval lies above 0 → "learns" (:data:`CONTROL_LEARNS`); otherwise → "does not learn"
-    (:data:`CONTROL_FAILS`); the control's SFT policy at 100% greedy success on the suite (the bias was not
+    Verdict: the interval lies above 0 → "learns" (:data:`CONTROL_LEARNS`); its upper end below
+    :data:`CONTROL_MIN_SHARE` of the room the bias leaves (1 − p₀, p₀ the control SFT's success) → "does not learn"
+    (:data:`CONTROL_FAILS`); an interval that spans 0 and reaches such a gain → "undecided"
+    (:data:`CONTROL_UNDECIDED`: too few episodes or runs to tell); the control's SFT policy at 100% greedy success on the suite (the bias was not
     planted: nothing to raise) → not testable here; no control run, no evaluation of :data:`SFT_CONTROL` or no
     control suite → not measured. Findings 1 and 2 cite it (:func:`control_learnt`): a null result of a pipeline
     whose own control does not learn says nothing about GRPO.
@@ -338,15 +345,19 @@ def finding_control(evals: Mapping[str, Result | EvalResult], runs: Sequence[RLR
         text += f": at 100% {SFT_CONTROL} leaves nothing to raise (the bias was not planted), so the control is no test"
         verdict = NOT_TESTABLE
     else:
-        verdict = CONTROL_LEARNS if gain.low > 0 else CONTROL_FAILS
-        text += f", and it {verdict}"
+        least = CONTROL_MIN_SHARE * (1 - p0)
+        text += (f", and does not learn when it rules out a gain of {100 * least:.1f} points ({CONTROL_MIN_SHARE:.0%} "
+                 f"of the room the bias leaves)")
+        verdict = CONTROL_LEARNS if gain.low > 0 else CONTROL_FAILS if gain.high < least else CONTROL_UNDECIDED
+        text += (": it is undecided, the interval spans 0 and reaches that gain (too few episodes or runs to tell)"
+                 if verdict == CONTROL_UNDECIDED else f": it {verdict}")
     text += "." + _left_out(left, CONTROL, f"the evaluation of {SFT_CONTROL}") + decoy_note(ctrl, False)
     return Finding(CONTROL, FINDING_CONTROL, text, gain.diff, gain.low, gain.high, verdict)
 
 
 def control_learnt(control: Finding | None) -> bool | None:
     """Whether the pipeline's positive control (:func:`finding_control`) learnt: True (learns), False (does not
-    learn), None (no control finding, or it was not measured or not testable)."""
+    learn), None (no control finding, or it was undecided, not measured or not testable)."""
     if control is None:
         return None
     return True if control.verdict == CONTROL_LEARNS else False if control.verdict == CONTROL_FAILS else None

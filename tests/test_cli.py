@@ -121,7 +121,7 @@ def test_quick_demo_then_graft_and_rank_as_written(tmp_path):
     assert [f["number"] for f in info["findings"]] == ["control", 1, 2, 3, 4]  # the positive control first
     for f in info["findings"]:
         assert f["verdict"] in ("reproduced", "partly reproduced", "not reproduced", "not testable here", "not measured",
-                                "learns", "does not learn"), f
+                                "learns", "does not learn", "undecided"), f
         assert f["statement"]
     assert Path(info["report"]).is_file()
     kinds = {read_result(p).kind for p in (tmp_path / "runs" / "d" / "results").glob("*.h5")}

@@ -16,9 +16,10 @@ from graftkit.agent.rollout import Decode
 from graftkit.core.errors import GraftkitError
 from graftkit.evaluation.commands import EvalResult, eval_result
 from graftkit.study.findings import (
-    CONTROL_FAILS, CONTROL_LEARNS, KL_INERT_MARGIN, MIN_RUNS_PER_DIRECTION, NOT_MEASURED, NOT_REPRODUCED,
-    NOT_TESTABLE, PARTLY, REPRODUCED, VERDICTS, Finding, FindingsResult, RLRun, control_learnt, finding_1, finding_2,
-    finding_3, finding_4, finding_control, findings_result, suite_episodes,
+    CONTROL_FAILS, CONTROL_LEARNS, CONTROL_MIN_SHARE, CONTROL_UNDECIDED, KL_INERT_MARGIN, MIN_RUNS_PER_DIRECTION,
+    NOT_MEASURED, NOT_REPRODUCED, NOT_TESTABLE, PARTLY, REPRODUCED, VERDICTS, Finding, FindingsResult, RLRun,
+    control_learnt, control_note, finding_1, finding_2, finding_3, finding_4, finding_control, findings_result,
+    suite_episodes,
 )
 from graftkit.graft.experiments import BASE_LABEL, RL_LABEL, SweepResult, expand_sweep, label_for, sweep_result
 from graftkit.graft.kl import SweepKL
@@ -227,13 +228,24 @@ def control_study(rate: float, changes: list[float], with_sft_control: bool = Tr
     ([0.40, 0.35, 0.45], CONTROL_LEARNS),
     ([0.0, 0.0, -0.01], CONTROL_FAILS),
     ([-0.20, -0.25, -0.15], CONTROL_FAILS),  # unlearning is no learning
+    ([0.60, -0.30, 0.50], CONTROL_UNDECIDED),  # the runs disagree: the interval spans 0 and a gain of half the room
 ])
 def test_finding_control_learns_only_on_a_credible_gain_over_its_own_sft(changes, verdict):
     evals, runs = control_study(0.30, changes)
     f = finding_control(evals, runs)
     assert f.number == "control" and f.verdict == verdict, f.statement
-    assert control_learnt(f) is (verdict == CONTROL_LEARNS)
+    assert control_learnt(f) is {CONTROL_LEARNS: True, CONTROL_FAILS: False, CONTROL_UNDECIDED: None}[verdict]
     assert f.estimate == pytest.approx(np.mean(changes), abs=0.01) and (f.low > 0) == (verdict == CONTROL_LEARNS)
+    least = CONTROL_MIN_SHARE * (1 - 0.30)  # half the room the bias leaves: 35 points
+    assert (f.high < least) == (verdict == CONTROL_FAILS), (f.low, f.high)
+    assert "does not learn when it rules out a gain of 35.0 points (50% of the room the bias leaves)" in f.statement
+    assert (": it is undecided, the interval spans 0 and reaches that gain" if verdict == CONTROL_UNDECIDED
+            else f": it {verdict}.") in f.statement
+    cited = control_note(f, "no change")  # how findings 1 and 2 cite it
+    assert cited.startswith({CONTROL_LEARNS: " The pipeline's positive control learns (",
+                             CONTROL_FAILS: " The pipeline's own positive control does not learn (",
+                             CONTROL_UNDECIDED: " The pipeline's positive control is undecided, so whether this "
+                                                "pipeline can learn is not shown."}[verdict]), cited
     assert f"{SFT_CONTROL}, the control's SFT policy" in f.statement and "planted position bias, a decoy" in f.statement
     assert "30.0%" in f.statement and "the study's SFT policy 90.0%" in f.statement and "over 3 runs" in f.statement
     assert "Trained with decoys (planted headroom): control-s0, control-s1, control-s2 (the positive control's runs, "\
@@ -632,7 +644,7 @@ def test_findings_view_round_trips(tmp_path):
     view = FindingsResult.from_result(read_result(path))
     assert view.has_claim and view.findings == (found[2], found[1], found[0])  # numbered first, then the control
     assert "paired bootstrap" in view.notes
-    assert {CONTROL_LEARNS, CONTROL_FAILS} <= set(VERDICTS) and res.attrs["verdicts"] == list(VERDICTS)
+    assert {CONTROL_LEARNS, CONTROL_FAILS, CONTROL_UNDECIDED} <= set(VERDICTS) and res.attrs["verdicts"] == list(VERDICTS)
 
 
 def test_finding_3_reads_sweeps_as_written(tmp_path):
