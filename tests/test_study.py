@@ -48,7 +48,7 @@ def test_presets_and_runs():
     assert len(control) == 4 and all(r.decoy and r.lr == full.headroom_lr for r in control)  # the positive control
     assert {r.lr for r in runs if r.suite == "headroom"} == {full.headroom_lr}  # the same recipe as the control
     mastered = [r for r in runs if r.suite == "mastered"]
-    assert len(mastered) == 18  # the control grid as the study ran it: lr x seeds, 6 seeds at the middle lr, knobs
+    assert len(mastered) == 19  # the control grid: lr x seeds, 6 seeds at the middle lr, the one-knob variants
     assert sum(r.regime == "degrade" and r.name.startswith("degrade-s") for r in runs) == 6
     assert len({r.seed for r in runs if r.regime == "headroom"}) >= 3
     lrs = [full.regimes[k] for k in ("null", "degrade", "collapse")]
@@ -334,7 +334,7 @@ def test_arithmetic_domain_presets_study_verifiable_tasks():
         assert cfg.probe_tasks == "multiples,arithmetic-2"
         assert set(cfg.sft_recipe.pools) == set(all_tasks(cfg)) == set(cfg.sft_b_recipe.pools)
     assert quick.sft_recipe.steps < full.sft_recipe.steps and quick.grpo_recipe.steps < full.grpo_recipe.steps
-    assert len([r for r in rl_runs(full) if r.suite == "mastered"]) == 18  # the same grid as the web study
+    assert len([r for r in rl_runs(full) if r.suite == "mastered"]) == 19  # the same grid as the web study
     assert StudyConfig.preset("w").domain == "web" and StudyConfig.preset("w").probe_tasks == "all"
     assert set(DOMAIN_PRESETS) == {"arithmetic"}
     with pytest.raises(GraftkitError, match="--domain"):
