@@ -28,8 +28,7 @@ What runs, each in its own process, alternating, one thread each (OMP/MKL/OPENBL
 
 Printed: wall and CPU seconds of each (min and median over the processes), graftkit / floor ratios, the load
 average before and after (a shared machine's figures swing: compare ratios from one run). Target: graftkit's
-CPU time ≤ 3× the svdvals floor's, and ≤ 2× the faster route to the
-decompositions the measures need. Exit status 1 when a worker fails; a missed target is reported, not failed.
+CPU time ≤ 3× the svdvals floor's, and ≤ 2× the faster route to the decompositions the measures need. Exit status 1 when a worker fails; a missed target is reported, not failed.
 
     python benchmarks/bench_rank_delta.py [--quick] [--repeats 2] [--also DIR] [--sft DIR --rl DIR]
 """
@@ -209,7 +208,8 @@ def compare(a: dict, b: dict) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="one process per tool; the floors by svdvals and the needed SVDs alone")
+    ap.add_argument("--quick", action="store_true",
+                    help="one process per tool; the floors by svdvals and the needed SVDs alone")
     ap.add_argument("--repeats", type=int, default=2, help="processes per tool, alternating (default 2)")
     ap.add_argument("--also", type=Path, help="another graftkit checkout, importable as DIR/graftkit, timed too")
     ap.add_argument("--sft", type=Path, help="the SFT folder (default: the SmolLM2 import under benchmarks/.work)")
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     route = min(("svd_needed", "gram_needed"), key=lambda r: floor[r]["cpu_s"]["min"])
     needed = gk["cpu_s"]["min"] / floor[route]["cpu_s"]["min"]
     record["ratio_to_needed"] = {"route": route, "cpu_s": needed}
-    print(f"graftkit / the decompositions its measures need (σ(Δ), and W₀'s and W₁'s values and vectors, float64; "
+    print(f"graftkit / the decompositions its measures need (σ(Δ), W₀'s and W₁'s values and vectors, float64; "
           f"the faster route, {route}), CPU: {needed:.2f} (target ≤ {TARGETS['needed_ratio']:g}: "
           f"{'met' if needed <= TARGETS['needed_ratio'] else 'MISSED'})")
     if args.also:

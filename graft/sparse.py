@@ -299,8 +299,9 @@ def _abs_deltas(flat_b: np.ndarray, flat_r: np.ndarray, code: str, rl_code: str,
 
 @functools.lru_cache(maxsize=16)
 def sample_positions(n: int) -> np.ndarray | None:
-    """Where a per-tensor cut samples an ``n``-entry tensor's keys (:func:`_bound`): ``SAMPLE`` positions drawn uniformly with a fixed
-    seed, ascending (read-only, shared by the tensors of that size); None (every entry) when ``n`` ≤ ``SAMPLE``."""
+    """Where a per-tensor cut samples an ``n``-entry tensor's keys (:func:`_bound`): ``SAMPLE`` positions drawn
+    uniformly with a fixed seed, ascending (read-only, shared by the tensors of that size); None (every entry) when
+    ``n`` ≤ ``SAMPLE``."""
     import numpy as np
 
     if n <= SAMPLE:

@@ -313,10 +313,10 @@ def finding_control(evals: Mapping[str, Result | EvalResult], runs: Sequence[RLR
     Verdict: the interval lies above 0 → "learns" (:data:`CONTROL_LEARNS`); its upper end below
     :data:`CONTROL_MIN_SHARE` of the room the bias leaves (1 − p₀, p₀ the control SFT's success) → "does not learn"
     (:data:`CONTROL_FAILS`); an interval that spans 0 and reaches such a gain → "undecided"
-    (:data:`CONTROL_UNDECIDED`: too few episodes or runs to tell); the control's SFT policy at 100% greedy success on the suite (the bias was not
-    planted: nothing to raise) → not testable here; no control run, no evaluation of :data:`SFT_CONTROL` or no
-    control suite → not measured. Findings 1 and 2 cite it (:func:`control_learnt`): a null result of a pipeline
-    whose own control does not learn says nothing about GRPO.
+    (:data:`CONTROL_UNDECIDED`: too few episodes or runs to tell); the control's SFT policy at 100% greedy success
+    on the suite (the bias was not planted: nothing to raise) → not testable here; no control run, no evaluation of
+    :data:`SFT_CONTROL` or no control suite → not measured. Findings 1 and 2 cite it (:func:`control_learnt`): a
+    null result of a pipeline whose own control does not learn, or is undecided, says nothing about GRPO.
     """
     ctrl = [r for r in runs if r.suite == CONTROL]
     if not ctrl:
