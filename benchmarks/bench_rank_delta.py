@@ -27,8 +27,9 @@ What runs, each in its own process, alternating, one thread each (OMP/MKL/OPENBL
   the same run; its values are compared with graftkit's, metric by metric.
 
 Printed: wall and CPU seconds of each (min and median over the processes), graftkit / floor ratios, the load
-average before and after (a shared machine's figures swing: compare ratios from one run). Target: graftkit's
-CPU time ≤ 3× the svdvals floor's, and ≤ 2× the faster route to the decompositions the measures need. Exit status 1 when a worker fails; a missed target is reported, not failed.
+average before and after (a shared machine's figures swing: compare ratios from one run). Targets: graftkit's
+CPU time ≤ 3× the svdvals floor's, and ≤ 2× the faster route to the decompositions the measures need. Exit status 1
+when a worker fails; a missed target is reported, not failed.
 
     python benchmarks/bench_rank_delta.py [--quick] [--repeats 2] [--also DIR] [--sft DIR --rl DIR]
 """
