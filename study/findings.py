@@ -22,8 +22,7 @@ Verdicts: "reproduced", "partly reproduced" (some of a claim's parts hold), "not
 testable here" (this run's design could not have shown the claim: no headroom to gain, a baseline that
 cannot improve, too few runs in a direction), "not measured" (the results it reads were not produced); the
 positive control (:func:`finding_control`, the row numbered "control") "learns", "does not learn" or is
-"undecided" (too few episodes or runs to tell). A
-statement names every run or the SFT policy trained with decoys.
+"undecided" (too few episodes or runs to tell). A statement names every run or the SFT policy trained with decoys.
 
 Behaviour as well as success: where the graft sweeps were scored by KL (``graft --metric both``), finding 3 decides
 each of its sub-rules on the fraction of RL's behavioural change a graft reproduces
