@@ -3,10 +3,11 @@
 SFT on oracle demonstrations → headroom of the SFT policy → the control grid on the ``mastered`` suite
 (19 runs: learning rates null / degrade / collapse at 3 training seeds, 6 at the middle rate, KL weight,
 a second initialisation, two updates per batch alone and with clipping) plus GRPO on the ``headroom`` suite
-(3 seeds) → greedy evaluation of every policy on identical held-out items (25 seeds × 2 episodes; training never draws them) with paired
-tests against SFT → delta anatomy → graft sweeps (full factorial over every group that moves) on three
-degraded and three collapsed runs, with a double dissociation → weight, delta and activation ranks and their coupling to success → the four findings of
-docs/design.md, each stated with its interval, whatever it came out as → the HTML report.
+(3 seeds) → greedy evaluation of every policy on identical held-out items (25 seeds × 2 episodes; training
+never draws them) with paired tests against SFT → delta anatomy → graft sweeps (full factorial over every
+group that moves) on three degraded and three collapsed runs, with a double dissociation → weight, delta and
+activation ranks and their coupling to success → the four findings of docs/design.md, each stated with its
+interval, whatever it came out as → the HTML report.
 
 Each stage writes its outputs (a policy folder, or one result file) atomically and is skipped when its
 output already exists, so a run killed mid-way resumes where it stopped without redoing finished work;
